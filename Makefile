@@ -1,0 +1,27 @@
+# The two commands of the README, plus the pieces they are made of.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/.tools/bin:$(PATH)
+
+.PHONY: setup demo test lint check unit bench
+
+setup:
+	bash scripts/setup.sh
+
+## make demo: the embedded lab with the gateway agents running against live daemons, until Ctrl-C
+demo: setup
+	$(PY) -m lab demo
+
+## make test: quality gates, then every test tier (lab tests need root; CI runs as root)
+test: setup lint
+	$(PY) -m pytest -p no:cacheprovider
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+bench: setup
+	$(PY) -m bench

@@ -1,0 +1,1 @@
+"""The lean controller: validate, allocate, render the gateway plan; own the pod and cloud objects."""

@@ -1,0 +1,1 @@
+"""Prometheus exporter for IPsec (VICI) and WireGuard gateways."""

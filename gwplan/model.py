@@ -1,0 +1,432 @@
+"""The gateway PLAN: the one document the controller hands to a gateway pod.
+
+The controller renders it (pure, deterministic), stores it in the gateway's ConfigMap, and the pod's
+containers read it from the mounted file:
+
+* ``init-nat`` takes ``nic`` and ``nat`` (policy routing, NAT/authz rules, conntrack marks);
+* ``status-agent`` takes ``ipsec`` (VICI connection dicts and secret references) or ``wireguard``
+  (device and peers), and writes status for ``gateway``;
+* the exporter takes tunnel and peer names, so configured-but-down tunnels still have a row.
+
+Rules of the contract:
+
+* Secret VALUES never appear here, only references (Secret name and key). A pod reads a value from
+  ``<secrets-dir>/<name>/<key>``, the layout of a Kubernetes Secret volume.
+* charon connections are structured VICI dicts (never swanctl.conf text), so no value can be parsed
+  as syntax anywhere between the CR and charon.
+* The serialised form is canonical JSON (sorted keys, no whitespace) and carries ``hash``, the SHA-256 of
+  that form without the hash itself; same input, same bytes.
+
+This module is pure: dataclasses and the JSON codec only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+PLAN_VERSION = "plan.vpn.bnerd.net/v1"
+
+GatewayType: TypeAlias = Literal["ipsec", "wireguard"]
+Protocol_: TypeAlias = Literal["TCP", "UDP"]
+GrantKind: TypeAlias = Literal["exposure", "reverse"]
+# A VICI message section: values are str, list[str] or nested sections (see strongSwan's vici README).
+ViciDict: TypeAlias = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """A key of a Kubernetes Secret, mounted into the pod as ``<secrets-dir>/<name>/<key>``."""
+
+    name: str
+    key: str
+
+    def path(self, secrets_dir: Path) -> Path:
+        return secrets_dir / self.name / self.key
+
+
+@dataclass(frozen=True)
+class GatewayRef:
+    """The custom resource whose status the pod writes."""
+
+    kind: str  # VPNGateway | IPsecGateway
+    api_version: str  # vpn.bnerd.net/v1alpha1 | ipsec.bnerd.net/v1alpha1
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Nic:
+    """NIC2: the Neutron port moved into the pod by Multus. Found by MAC, never by name."""
+
+    mac: str | None = None
+    """The port's MAC address; None means "ask Multus' network-status annotation or --nic-mac"."""
+    address: str | None = None
+    """The port's fixed IP with prefix (e.g. 10.254.0.5/24); None: read it from the interface."""
+    gateway: str | None = None
+    """The subnet's router on NIC2; replies to traffic that arrived on NIC2 leave via it."""
+    table: int = 100
+    """Routing table of the source-policy route."""
+    rule_priority: int = 1000
+    """Priority of the ``from <address> lookup <table>`` rule."""
+
+
+@dataclass(frozen=True)
+class IkeSecret:
+    """One ``load-shared`` call: an IKE PSK for the given identities."""
+
+    id: str
+    """Stable VICI id of the shared secret; loading the same id again replaces the key."""
+    owners: tuple[str, ...]
+    """IKE identities the key is for (our local id and the peer's id)."""
+    ref: SecretRef
+
+
+@dataclass(frozen=True)
+class Child:
+    """One CHILD_SA of a tunnel: exactly one remote subnet (never comma-joined)."""
+
+    name: str
+    """Child name inside the connection (also the key in conn[...]['children'])."""
+    remote_subnet: str
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """One IKE connection = one VPNPeer (unified model) or one tunnels[] entry (legacy model)."""
+
+    name: str
+    """Connection name in charon and ``status.tunnels[].name``."""
+    initiate: bool
+    """True for site peers with a literal endpoint: the agent initiates and keeps them up."""
+    children: tuple[Child, ...]
+    conn: ViciDict
+    """``load-conn`` payload: ``{name: {...}}``, structured, no secrets."""
+
+
+@dataclass(frozen=True)
+class Ipsec:
+    secrets: tuple[IkeSecret, ...] = ()
+    tunnels: tuple[Tunnel, ...] = ()
+
+
+@dataclass(frozen=True)
+class WgPeer:
+    name: str
+    """VPNPeer name: ``status.peers[].name`` and the exporter's ``peer`` label."""
+    public_key: str
+    """Base64 public key (public, not a secret)."""
+    allowed_ips: tuple[str, ...]
+    endpoint: str | None = None
+    """``host:port``; host is an IPv4 literal or a hostname the agent resolves and re-resolves."""
+    preshared_key_ref: SecretRef | None = None
+    persistent_keepalive: int | None = None
+
+
+@dataclass(frozen=True)
+class WireGuard:
+    interface: str
+    listen_port: int
+    address: str
+    """The gateway's tunnel address with prefix, e.g. 10.99.0.1/24."""
+    private_key_ref: SecretRef
+    peers: tuple[WgPeer, ...] = ()
+
+
+@dataclass(frozen=True)
+class Port:
+    port: int
+    protocol: Protocol_ = "TCP"
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """A fabric-side service reachable from peers at ``virtual_ip`` (DNAT to the target via NIC2)."""
+
+    name: str
+    virtual_ip: str
+    ports: tuple[Port, ...]
+    target_address: str | None = None
+    target_host: str | None = None
+    """A hostname resolved by init-nat when target_address is None."""
+
+
+@dataclass(frozen=True)
+class ReverseExposure:
+    """A peer-side service reachable from internalSourceCIDRs at ``virtual_ip``."""
+
+    name: str
+    virtual_ip: str
+    target_address: str
+    ports: tuple[Port, ...]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Permission for a peer to use one exposure (or to be reached through one reverse exposure).
+
+    ``sources`` are the addresses allowed to open NEW connections: the peer's subnets for an
+    exposure, internalSourceCIDRs for a reverse exposure. Every NEW connection admitted by this
+    grant carries ``mark`` (within ``Nat.mark_mask``) in conntrack, so revoking the grant can delete
+    exactly its flows. Marks are stable across renders while the grant exists.
+    """
+
+    peer: str
+    exposure: str
+    kind: GrantKind
+    sources: tuple[str, ...]
+    mark: int
+
+
+@dataclass(frozen=True)
+class Nat:
+    service_cidr: str | None = None
+    source_address: str | None = None
+    """Our own address inside serviceCIDR (its first host): SNAT source for reverse exposures, so
+    that their traffic matches the tunnels' local traffic selector."""
+    internal_source_cidrs: tuple[str, ...] = ()
+    exposures: tuple[Exposure, ...] = ()
+    reverse_exposures: tuple[ReverseExposure, ...] = ()
+    grants: tuple[Grant, ...] = ()
+    mark_mask: int = 0x0FFF0000
+
+
+@dataclass(frozen=True)
+class Plan:
+    gateway: GatewayRef
+    type: GatewayType
+    nic: Nic = field(default_factory=Nic)
+    ipsec: Ipsec | None = None
+    wireguard: WireGuard | None = None
+    nat: Nat = field(default_factory=Nat)
+    version: str = PLAN_VERSION
+
+
+class PlanError(ValueError):
+    """The plan document is not a valid plan; the message names the field path."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# JSON codec. Keys are camelCase in the document; the hash covers everything but itself.
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def to_dict(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        out: dict[str, Any] = {}
+        for name in obj.__dataclass_fields__:
+            value = getattr(obj, name)
+            if value is None:
+                continue
+            out[_camel(name)] = to_dict(value)
+        return out
+    if isinstance(obj, tuple | list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def _canonical(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def content_hash(doc: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in doc.items() if k != "hash"}
+    return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def dumps(plan: Plan) -> bytes:
+    """Canonical bytes of the plan, with its content hash."""
+    doc = to_dict(plan)
+    doc["hash"] = content_hash(doc)
+    return _canonical(doc) + b"\n"
+
+
+def plan_hash(plan: Plan) -> str:
+    return content_hash(to_dict(plan))
+
+
+# --- parsing: strict, with field paths in every error ------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, doc: Any, path: str) -> None:
+        if not isinstance(doc, Mapping):
+            raise PlanError(f"{path or 'plan'}: expected an object, got {type(doc).__name__}")
+        self.doc = doc
+        self.path = path
+
+    def _p(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., /) -> Any:
+        if key not in self.doc:
+            if default is ...:
+                raise PlanError(f"{self._p(key)}: required")
+            return default
+        value = self.doc[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise PlanError(f"{self._p(key)}: expected {getattr(kind, '__name__', kind)}")
+        return value
+
+    def str_(self, key: str, default: Any = ..., /) -> Any:
+        return self.get(key, str, default)
+
+    def strs(self, key: str) -> tuple[str, ...]:
+        items = self.get(key, list, [])
+        for i, v in enumerate(items):
+            if not isinstance(v, str):
+                raise PlanError(f"{self._p(key)}[{i}]: expected str")
+        return tuple(items)
+
+    def sub(self, key: str) -> _Reader:
+        return _Reader(self.get(key, Mapping), self._p(key))
+
+    def subs(self, key: str) -> list[_Reader]:
+        return [_Reader(v, f"{self._p(key)}[{i}]") for i, v in enumerate(self.get(key, list, []))]
+
+    def ref(self, key: str) -> SecretRef:
+        r = self.sub(key)
+        return SecretRef(name=r.str_("name"), key=r.str_("key"))
+
+    def opt_ref(self, key: str) -> SecretRef | None:
+        return self.ref(key) if key in self.doc else None
+
+    def literal(self, key: str, allowed: tuple[str, ...], default: Any = ..., /) -> Any:
+        value = self.str_(key, default)
+        if value not in allowed:
+            raise PlanError(f"{self._p(key)}: {value!r} is not one of {', '.join(allowed)}")
+        return value
+
+
+def _ports(r: _Reader) -> tuple[Port, ...]:
+    return tuple(
+        Port(port=p.get("port", int), protocol=p.literal("protocol", ("TCP", "UDP"), "TCP"))
+        for p in r.subs("ports")
+    )
+
+
+def from_dict(doc: Any) -> Plan:
+    r = _Reader(doc, "")
+    version = r.str_("version")
+    if version != PLAN_VERSION:
+        raise PlanError(f"version: {version!r} is not supported (this build reads {PLAN_VERSION})")
+    if "hash" in r.doc and r.doc["hash"] != content_hash(r.doc):
+        raise PlanError("hash: does not match the document (truncated or edited by hand?)")
+    g = r.sub("gateway")
+    gateway = GatewayRef(
+        kind=g.str_("kind"),
+        api_version=g.str_("apiVersion"),
+        namespace=g.str_("namespace"),
+        name=g.str_("name"),
+    )
+    gw_type = r.literal("type", ("ipsec", "wireguard"))
+    nic = Nic()
+    if "nic" in r.doc:
+        n = r.sub("nic")
+        nic = Nic(
+            mac=n.str_("mac", None),
+            address=n.str_("address", None),
+            gateway=n.str_("gateway", None),
+            table=n.get("table", int, 100),
+            rule_priority=n.get("rulePriority", int, 1000),
+        )
+    ipsec = None
+    if "ipsec" in r.doc:
+        i = r.sub("ipsec")
+        ipsec = Ipsec(
+            secrets=tuple(
+                IkeSecret(id=s.str_("id"), owners=s.strs("owners"), ref=s.ref("ref"))
+                for s in i.subs("secrets")
+            ),
+            tunnels=tuple(
+                Tunnel(
+                    name=t.str_("name"),
+                    initiate=t.get("initiate", bool),
+                    children=tuple(
+                        Child(name=c.str_("name"), remote_subnet=c.str_("remoteSubnet"))
+                        for c in t.subs("children")
+                    ),
+                    conn=t.get("conn", Mapping),
+                )
+                for t in i.subs("tunnels")
+            ),
+        )
+    wireguard = None
+    if "wireguard" in r.doc:
+        w = r.sub("wireguard")
+        wireguard = WireGuard(
+            interface=w.str_("interface"),
+            listen_port=w.get("listenPort", int),
+            address=w.str_("address"),
+            private_key_ref=w.ref("privateKeyRef"),
+            peers=tuple(
+                WgPeer(
+                    name=p.str_("name"),
+                    public_key=p.str_("publicKey"),
+                    allowed_ips=p.strs("allowedIps"),
+                    endpoint=p.str_("endpoint", None),
+                    preshared_key_ref=p.opt_ref("presharedKeyRef"),
+                    persistent_keepalive=p.get("persistentKeepalive", int, None),
+                )
+                for p in w.subs("peers")
+            ),
+        )
+    nat = Nat()
+    if "nat" in r.doc:
+        n = r.sub("nat")
+        nat = Nat(
+            service_cidr=n.str_("serviceCidr", None),
+            source_address=n.str_("sourceAddress", None),
+            internal_source_cidrs=n.strs("internalSourceCidrs"),
+            exposures=tuple(
+                Exposure(
+                    name=e.str_("name"),
+                    virtual_ip=e.str_("virtualIp"),
+                    ports=_ports(e),
+                    target_address=e.str_("targetAddress", None),
+                    target_host=e.str_("targetHost", None),
+                )
+                for e in n.subs("exposures")
+            ),
+            reverse_exposures=tuple(
+                ReverseExposure(
+                    name=e.str_("name"),
+                    virtual_ip=e.str_("virtualIp"),
+                    target_address=e.str_("targetAddress"),
+                    ports=_ports(e),
+                )
+                for e in n.subs("reverseExposures")
+            ),
+            grants=tuple(
+                Grant(
+                    peer=gr.str_("peer"),
+                    exposure=gr.str_("exposure"),
+                    kind=gr.literal("kind", ("exposure", "reverse")),
+                    sources=gr.strs("sources"),
+                    mark=gr.get("mark", int),
+                )
+                for gr in n.subs("grants")
+            ),
+            mark_mask=n.get("markMask", int, 0x0FFF0000),
+        )
+    return Plan(
+        gateway=gateway, type=gw_type, nic=nic, ipsec=ipsec, wireguard=wireguard, nat=nat, version=version
+    )
+
+
+def loads(data: bytes | str) -> Plan:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlanError(f"plan: not JSON: {exc}") from exc
+    return from_dict(doc)

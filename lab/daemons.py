@@ -1,0 +1,229 @@
+"""Live daemons of the lab: a strongSwan charon or a wireguard-go per namespace, kept as our children.
+
+Facts these rely on (LAB-FACTS.md, re-checked here):
+* charon's pid file ``/var/run/charon.pid`` is compiled in, so each daemon gets a private /run by a bind
+  mount inside the mount namespace ``ip netns exec`` gives it.
+* the kernel has no ESP: ``kernel-libipsec`` (userspace ESP over the TUN ``ipsec0``) must load before
+  ``kernel-netlink``; ``kdf`` is required; ``counters`` gives ``get-counters``.
+* charon is our own child and we ``wait()`` it: PID 1 here reaps orphans late and charon's
+  "already running" check trusts a zombie's pid file.
+* wireguard-go puts its UAPI socket in /run/wireguard; the same private-/run bind mount makes it land in
+  the instance's directory, reachable from outside the namespace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.netns import LabError, ns_exec
+
+log = logging.getLogger(__name__)
+
+CHARON = "/usr/lib/ipsec/charon"
+CHARON_PLUGINS = (
+    "random nonce openssl kdf pem pkcs1 pkcs8 x509 pubkey revocation constraints counters "
+    "kernel-libipsec kernel-netlink socket-default vici"
+)
+
+STRONGSWAN_CONF = """\
+charon {{
+  load_modular = no
+  load = {plugins}
+  # Quick failure detection in a lab where every peer is one veth away.
+  retransmit_timeout = 1.0
+  retransmit_tries = 3
+  retransmit_base = 1.4
+  install_virtual_ip = no
+  plugins {{
+    vici {{
+      socket = unix://{dir}/charon.vici
+    }}
+  }}
+  filelog {{
+    log {{
+      path = {dir}/charon.log
+      flush_line = yes
+      time_format = %H:%M:%S
+      default = 1
+      ike = 1
+      cfg = 1
+    }}
+  }}
+}}
+"""
+
+
+def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], deadline: float, what: str) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LabError(f"{what} exited with {proc.returncode} before its socket appeared")
+        if path.exists():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(str(path))
+                return
+            except OSError:
+                pass
+            finally:
+                s.close()
+        time.sleep(0.005)
+    raise LabError(f"{what}: socket {path} did not answer in time")
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.kill(proc.pid, signal.SIGCONT)  # a SIGSTOPped daemon cannot act on SIGTERM
+        proc.send_signal(sig)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace)
+    except ProcessLookupError:
+        proc.wait(timeout=grace)
+
+
+@dataclass
+class Charon:
+    """A live charon in namespace ``ns`` with its own config, /run and VICI socket under ``dir``."""
+
+    ns: str
+    dir: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    starts: int = 0
+
+    @property
+    def vici_socket(self) -> Path:
+        return self.dir / "charon.vici"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "charon.log"
+
+    @property
+    def conf_path(self) -> Path:
+        return self.dir / "strongswan.conf"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.poll() is None else None
+
+    def write_config(self) -> None:
+        (self.dir / "run").mkdir(parents=True, exist_ok=True)
+        (self.dir / "swanctl").mkdir(parents=True, exist_ok=True)
+        self.conf_path.write_text(STRONGSWAN_CONF.format(plugins=CHARON_PLUGINS, dir=self.dir))
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.pid is not None:
+            raise LabError(f"charon in {self.ns} is already running (pid {self.pid})")
+        self.write_config()
+        self.vici_socket.unlink(missing_ok=True)  # a stale socket from a killed daemon is no liveness signal
+        env = {**os.environ, "STRONGSWAN_CONF": str(self.conf_path)}
+        argv = ns_exec(self.ns, "sh", "-c", f'mount --bind "{self.dir}/run" /run && exec {CHARON}')
+        with open(self.dir / "charon.stderr", "ab") as err:
+            self.proc = subprocess.Popen(argv, env=env, stdout=err, stderr=err, stdin=subprocess.DEVNULL)
+        self.starts += 1
+        _wait_for_socket(self.vici_socket, self.proc, time.monotonic() + timeout, f"charon in {self.ns}")
+        log.debug("lab.charon.started ns=%s pid=%s", self.ns, self.proc.pid)
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+    def kill(self) -> None:
+        """kill -9: the fault the seed's status-agent could not survive."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP: the socket stays open but nothing answers."""
+        if self.proc:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def swanctl(self, command: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        """Run ``swanctl COMMAND ARGS`` against this daemon (from the root ns: VICI is a unix socket)."""
+        argv = ["swanctl", command, "--uri", f"unix://{self.vici_socket}", *args]
+        res = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        if check and res.returncode != 0:
+            raise LabError(f"{' '.join(argv)}: {res.stdout.decode()} {res.stderr.decode()}")
+        return res
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+@dataclass
+class WireGuardGo:
+    """A userspace WireGuard interface (wireguard-go) in namespace ``ns``, UAPI socket under ``dir``."""
+
+    ns: str
+    dir: Path
+    interface: str = "wg0"
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def uapi_dir(self) -> Path:
+        return self.dir / "run" / "wireguard"
+
+    @property
+    def uapi_socket(self) -> Path:
+        return self.uapi_dir / f"{self.interface}.sock"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.poll() is None else None
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.pid is not None:
+            raise LabError(f"wireguard-go in {self.ns} is already running")
+        self.uapi_dir.mkdir(parents=True, exist_ok=True)
+        self.uapi_socket.unlink(missing_ok=True)
+        env = {**os.environ, "WG_PROCESS_FOREGROUND": "1", "LOG_LEVEL": "error"}
+        argv = ns_exec(
+            self.ns,
+            "sh",
+            "-c",
+            f'mount --bind "{self.dir}/run" /run && exec wireguard-go -f {self.interface}',
+        )
+        with open(self.dir / f"wireguard-go-{self.interface}.log", "ab") as out:
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        _wait_for_socket(
+            self.uapi_socket, self.proc, time.monotonic() + timeout, f"wireguard-go in {self.ns}"
+        )
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def wg(self, *args: str, input: bytes | None = None) -> str:
+        """Run the ``wg`` tool against this interface (it finds the UAPI socket through our /run)."""
+        argv = ns_exec(
+            self.ns, "sh", "-c", f'mount --bind "{self.dir}/run" /run && exec wg "$@"', "wg", *args
+        )
+        res = subprocess.run(argv, input=input, capture_output=True, timeout=30, check=False)
+        if res.returncode != 0:
+            raise LabError(f"wg {' '.join(args)}: {res.stderr.decode(errors='replace').strip()}")
+        return res.stdout.decode()

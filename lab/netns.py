@@ -1,0 +1,96 @@
+"""Network namespaces, veth links and addresses for the lab, driven through iproute2.
+
+Every name carries the run's prefix ``vg<pid>x<rand>`` so that two runs never collide and a later run
+can tell a dead run's leftovers (its pid is gone) from a live one's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+PREFIX = "vg"
+_NAME = re.compile(rf"^{PREFIX}(\d+)x[0-9a-f]+-")
+
+
+class LabError(RuntimeError):
+    """The lab could not be built or torn down; the message carries the failing command."""
+
+
+def run(
+    cmd: Sequence[str], *, check: bool = True, input: bytes | None = None, timeout: float = 30.0
+) -> subprocess.CompletedProcess[bytes]:
+    res = subprocess.run(list(cmd), input=input, capture_output=True, timeout=timeout, check=False)
+    if check and res.returncode != 0:
+        raise LabError(
+            f"{' '.join(cmd)}: exit {res.returncode}: {res.stderr.decode(errors='replace').strip()}"
+        )
+    return res
+
+
+def ns_exec(ns: str, *cmd: str) -> list[str]:
+    """The argv that runs ``cmd`` inside namespace ``ns`` (with its own mount namespace)."""
+    return ["ip", "netns", "exec", ns, *cmd]
+
+
+def list_namespaces() -> list[str]:
+    out = run(["ip", "netns", "list"]).stdout.decode()
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def add_ns(name: str) -> None:
+    run(["ip", "netns", "add", name])
+    run(["ip", "-n", name, "link", "set", "lo", "up"])
+    # A gateway forwards between NIC2, the tunnel and its inner addresses.
+    run(ns_exec(name, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"))
+    run(ns_exec(name, "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0"))
+    run(ns_exec(name, "sysctl", "-q", "-w", "net.ipv4.conf.default.rp_filter=0"))
+
+
+def del_ns(name: str) -> None:
+    # Deleting a namespace destroys the veth ends inside it, and their peers with them.
+    run(["ip", "netns", "del", name], check=False)
+
+
+def veth(ns_a: str, if_a: str, ns_b: str, if_b: str, *, mac_a: str | None = None) -> None:
+    """A veth pair created directly inside the two namespaces (no name ever exists in the root ns)."""
+    cmd = ["ip", "-n", ns_a, "link", "add", if_a]
+    if mac_a:
+        cmd += ["address", mac_a]
+    cmd += ["type", "veth", "peer", "name", if_b, "netns", ns_b]
+    run(cmd)
+    run(["ip", "-n", ns_a, "link", "set", if_a, "up"])
+    run(["ip", "-n", ns_b, "link", "set", if_b, "up"])
+
+
+def addr(ns: str, dev: str, cidr: str) -> None:
+    run(["ip", "-n", ns, "addr", "add", cidr, "dev", dev])
+
+
+def route(ns: str, *args: str) -> None:
+    run(["ip", "-n", ns, "route", "replace", *args])
+
+
+def owner_pid(ns_name: str) -> int | None:
+    m = _NAME.match(ns_name)
+    return int(m.group(1)) if m else None
+
+
+def stale_namespaces() -> list[str]:
+    """Lab namespaces whose owning process is gone (a crashed or SIGKILLed run)."""
+    stale = []
+    for ns in list_namespaces():
+        pid = owner_pid(ns)
+        if pid is not None and not os.path.exists(f"/proc/{pid}"):
+            stale.append(ns)
+    return stale
+
+
+def pids_in(ns: str) -> list[int]:
+    res = run(["ip", "netns", "pids", ns], check=False)
+    return [int(p) for p in res.stdout.split()]
