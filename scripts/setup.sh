@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   strongswan-charon strongswan-swanctl libcharon-extra-plugins libstrongswan-extra-plugins
   wireguard-go wireguard-tools iptables conntrack iproute2 procps kmod prometheus make
-  ca-certificates unzip iputils-ping socat
+  ca-certificates unzip iputils-ping socat curl
 )
 # npm comes with the machine's Node.js; install Debian's only where there is none.
 command -v npm >/dev/null 2>&1 || APT_PACKAGES+=(nodejs npm)

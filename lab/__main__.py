@@ -1,0 +1,5 @@
+import sys
+
+from lab.demo import main
+
+sys.exit(main())

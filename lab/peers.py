@@ -1,0 +1,79 @@
+"""The far side of the lab's tunnels: remote sites configured independently of our code, over VICI.
+
+A tenant's firewall does not run our agent, so remote sites are set up here by hand-written VICI
+dictionaries (what a network admin's swanctl.conf would say), never by the gateway's renderer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.vici import ViciSession
+
+
+def site_conn(
+    name: str,
+    *,
+    local_addr: str,
+    remote_addr: str,
+    local_id: str,
+    remote_id: str,
+    local_ts: list[str],
+    remote_ts: list[str],
+    child_options: dict[str, str] | None = None,
+    proposals: str = "aes256-sha256-modp2048",
+    esp: str = "aes256gcm16-modp2048",
+) -> dict[str, Any]:
+    """A site-to-site connection with one CHILD_SA per local subnet (as the tenant side would write it)."""
+    children = {
+        f"{name}-{i}": {
+            "local_ts": [ts],
+            "remote_ts": remote_ts,
+            "esp_proposals": [esp],
+            **(child_options or {}),
+        }
+        for i, ts in enumerate(local_ts)
+    }
+    return {
+        name: {
+            "version": "2",
+            "local_addrs": [local_addr],
+            "remote_addrs": [remote_addr],
+            "proposals": [proposals],
+            "local": {"auth": "psk", "id": local_id},
+            "remote": {"auth": "psk", "id": remote_id},
+            "children": children,
+        }
+    }
+
+
+async def configure_site(
+    session: ViciSession,
+    *,
+    name: str,
+    psk: str,
+    local_addr: str,
+    remote_addr: str,
+    local_id: str,
+    remote_id: str,
+    local_ts: list[str],
+    remote_ts: list[str],
+    child_options: dict[str, str] | None = None,
+) -> None:
+    """Load the PSK and the connection into a remote site's charon (the site only responds)."""
+    await session.call(
+        "load-shared", {"id": f"psk-{name}", "type": "IKE", "data": psk, "owners": [local_id, remote_id]}
+    )
+    await session.call(
+        "load-conn",
+        site_conn(
+            name,
+            local_addr=local_addr,
+            remote_addr=remote_addr,
+            local_id=local_id,
+            remote_id=remote_id,
+            local_ts=local_ts,
+            remote_ts=remote_ts,
+            child_options=child_options,
+        ),
+    )
