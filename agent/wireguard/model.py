@@ -45,6 +45,8 @@ class PeerState:
     tx_bytes: int = 0
     persistent_keepalive: int = 0
     has_preshared_key: bool = False
+    preshared_key: str | None = field(default=None, repr=False, compare=False)
+    """Base64 preshared key as the device reports it (a secret: kept out of repr, compared by diff only)."""
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,67 @@ class DeviceState:
     public_key: str | None = None
     peers: tuple[PeerState, ...] = ()
     private_key: str | None = field(default=None, repr=False, compare=False)
+
+
+ZERO_KEY = base64.b64encode(bytes(32)).decode()
+"""Setting a peer's preshared key to 32 zero bytes removes it (kernel and userspace implementations)."""
+
+
+@dataclass(frozen=True)
+class DesiredPeer:
+    """A peer as the plan wants it, secrets resolved, endpoint resolved to ``ip:port`` (or None)."""
+
+    public_key: str
+    allowed_ips: tuple[str, ...] = ()
+    endpoint: str | None = None
+    """``ip:port`` (``[ip]:port`` for IPv6); None: the peer roams, whatever the device learnt stays."""
+    preshared_key: str | None = field(default=None, repr=False)
+    persistent_keepalive: int = 0
+
+
+@dataclass(frozen=True)
+class DesiredDevice:
+    private_key: str = field(repr=False)
+    listen_port: int
+    peers: tuple[DesiredPeer, ...] = ()
+
+    def __repr__(self) -> str:  # the private key must never reach a log line
+        return f"DesiredDevice(listen_port={self.listen_port}, peers={len(self.peers)})"
+
+
+@dataclass(frozen=True)
+class PeerUpdate:
+    """One peer operation. ``remove`` alone, or the fields to set (None: leave as the device has it)."""
+
+    public_key: str
+    remove: bool = False
+    endpoint: str | None = None
+    preshared_key: str | None = field(default=None, repr=False)
+    """Base64; ``ZERO_KEY`` clears it."""
+    persistent_keepalive: int | None = None
+    allowed_ips: tuple[str, ...] | None = None
+    """Replace the peer's allowed IPs with exactly these."""
+    new: bool = False
+    """The peer is not on the device yet."""
+
+
+@dataclass(frozen=True)
+class DeviceUpdate:
+    """The minimal change that turns the device's state into the desired one."""
+
+    private_key: str | None = field(default=None, repr=False)
+    listen_port: int | None = None
+    peers: tuple[PeerUpdate, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.private_key is None and self.listen_port is None and not self.peers
+
+    def summary(self) -> str:
+        """Counts only (safe to log)."""
+        added = sum(1 for p in self.peers if p.new)
+        removed = sum(1 for p in self.peers if p.remove)
+        return (
+            f"private_key_changed={self.private_key is not None} listen_port={self.listen_port} "
+            f"added={added} updated={len(self.peers) - added - removed} removed={removed}"
+        )

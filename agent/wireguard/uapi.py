@@ -12,13 +12,21 @@ from pathlib import Path
 
 import anyio
 
-from agent.wireguard.model import DeviceState, PeerState, b64_from_hex
+from agent.wireguard.model import DeviceState, DeviceUpdate, PeerState, b64_from_hex, hex_from_b64
 
 DEFAULT_DIR = Path("/var/run/wireguard")
 
 
 class UapiError(Exception):
     """The UAPI socket is missing, closed, or answered errno != 0."""
+
+
+class UapiUnavailable(UapiError):
+    """No answer: the socket is missing, refuses, closed mid-reply or timed out (daemon gone: retry)."""
+
+
+class UapiRejected(UapiError):
+    """The daemon answered errno != 0: retrying the same request will not help."""
 
 
 def parse_get(text: str) -> DeviceState:
@@ -44,9 +52,9 @@ def parse_get(text: str) -> DeviceState:
         else:
             device[key] = value
     if errno is None:
-        raise UapiError("truncated reply: no errno line")
+        raise UapiUnavailable("truncated reply: no errno line")
     if errno != 0:
-        raise UapiError(f"get failed: errno={errno}")
+        raise UapiRejected(f"get failed: errno={errno}")
     out_peers = []
     for p in peers:
         sec, nsec = (
@@ -64,6 +72,7 @@ def parse_get(text: str) -> DeviceState:
                 tx_bytes=int(str(p.get("tx_bytes", 0))),
                 persistent_keepalive=int(str(p.get("persistent_keepalive_interval", 0))),
                 has_preshared_key=psk.strip("0") != "",
+                preshared_key=b64_from_hex(psk) if psk.strip("0") else None,
             )
         )
     private_hex = device.get("private_key", "")
@@ -82,14 +91,40 @@ def format_set(lines: Iterable[tuple[str, str | int]]) -> bytes:
     return f"set=1\n{body}\n".encode()
 
 
+def update_lines(update: DeviceUpdate) -> list[tuple[str, str | int]]:
+    """The ``set=1`` body for a DeviceUpdate (pure). Keys become hex here and nowhere else."""
+    lines: list[tuple[str, str | int]] = []
+    if update.private_key is not None:
+        lines.append(("private_key", hex_from_b64(update.private_key, "private key")))
+    if update.listen_port is not None:
+        lines.append(("listen_port", update.listen_port))
+    for p in update.peers:
+        lines.append(("public_key", hex_from_b64(p.public_key, "peer public key")))
+        if p.remove:
+            lines.append(("remove", "true"))
+            continue
+        if not p.new:
+            lines.append(("update_only", "true"))
+        if p.preshared_key is not None:
+            lines.append(("preshared_key", hex_from_b64(p.preshared_key, "preshared key")))
+        if p.endpoint is not None:
+            lines.append(("endpoint", p.endpoint))
+        if p.persistent_keepalive is not None:
+            lines.append(("persistent_keepalive_interval", p.persistent_keepalive))
+        if p.allowed_ips is not None:
+            lines.append(("replace_allowed_ips", "true"))
+            lines.extend(("allowed_ip", a) for a in p.allowed_ips)
+    return lines
+
+
 def parse_set_reply(text: str) -> None:
     for line in text.splitlines():
         if line.startswith("errno="):
             errno = int(line.split("=", 1)[1])
             if errno != 0:
-                raise UapiError(f"set failed: errno={errno}")
+                raise UapiRejected(f"set failed: errno={errno}")
             return
-    raise UapiError("truncated reply: no errno line")
+    raise UapiUnavailable("truncated reply: no errno line")
 
 
 def socket_path(interface: str, directory: Path = DEFAULT_DIR) -> Path:
@@ -109,9 +144,9 @@ async def _exchange(path: Path, request: bytes, timeout: float) -> str:
                         break
                 return data.decode(errors="replace")
     except TimeoutError as exc:
-        raise UapiError(f"{path}: no answer in {timeout:.1f}s") from exc
+        raise UapiUnavailable(f"{path}: no answer in {timeout:.1f}s") from exc
     except OSError as exc:
-        raise UapiError(f"{path}: {exc.strerror or exc}") from exc
+        raise UapiUnavailable(f"{path}: {exc.strerror or exc}") from exc
 
 
 async def get(path: Path, timeout: float = 2.0) -> DeviceState:

@@ -1,0 +1,76 @@
+"""Desired device vs. what the device reports -> the minimal update (pure: no I/O, no clock).
+
+The rule is ``wg syncconf``'s: peers not in the plan are removed, new peers are added, and a peer that
+is on the device already gets only the fields that differ (``update_only``), so an unchanged peer is not
+touched at all and its handshake, session and counters survive a plan reload. A peer without a planned
+endpoint roams: whatever endpoint the device learnt is left alone. Allowed IPs are compared as sets of
+normalised networks (``10.0.0.1/24`` and ``10.0.0.0/24`` are the same route for WireGuard).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from agent.wireguard.model import (
+    ZERO_KEY,
+    DesiredDevice,
+    DesiredPeer,
+    DeviceState,
+    DeviceUpdate,
+    PeerState,
+    PeerUpdate,
+)
+
+
+def normalise_ip(cidr: str) -> str:
+    """``10.1.2.3/24`` -> ``10.1.2.0/24``; a bare address gets its full prefix."""
+    return str(ipaddress.ip_network(cidr.strip(), strict=False))
+
+
+def _ips(ips: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(normalise_ip(a) for a in ips)
+
+
+def _peer_update(want: DesiredPeer, have: PeerState | None) -> PeerUpdate | None:
+    if have is None:
+        return PeerUpdate(
+            public_key=want.public_key,
+            new=True,
+            endpoint=want.endpoint,
+            preshared_key=want.preshared_key,
+            persistent_keepalive=want.persistent_keepalive or None,
+            allowed_ips=tuple(normalise_ip(a) for a in want.allowed_ips),
+        )
+    endpoint = want.endpoint if want.endpoint is not None and want.endpoint != have.endpoint else None
+    psk: str | None = None
+    if want.preshared_key is not None and want.preshared_key != have.preshared_key:
+        psk = want.preshared_key
+    elif want.preshared_key is None and (have.has_preshared_key or have.preshared_key is not None):
+        psk = ZERO_KEY
+    keepalive = want.persistent_keepalive if want.persistent_keepalive != have.persistent_keepalive else None
+    allowed = (
+        tuple(normalise_ip(a) for a in want.allowed_ips)
+        if _ips(want.allowed_ips) != _ips(have.allowed_ips)
+        else None
+    )
+    if endpoint is None and psk is None and keepalive is None and allowed is None:
+        return None
+    return PeerUpdate(
+        public_key=want.public_key,
+        endpoint=endpoint,
+        preshared_key=psk,
+        persistent_keepalive=keepalive,
+        allowed_ips=allowed,
+    )
+
+
+def diff(want: DesiredDevice, have: DeviceState) -> DeviceUpdate:
+    """The minimal update. Removals come first, so an allowed IP moving between peers is never held by
+    two peers in one request (WireGuard would silently move it to whichever was written last)."""
+    current = {p.public_key: p for p in have.peers}
+    wanted = {p.public_key for p in want.peers}
+    removals = [PeerUpdate(public_key=k, remove=True) for k in current if k not in wanted]
+    changes = [u for p in want.peers if (u := _peer_update(p, current.get(p.public_key))) is not None]
+    private_key = want.private_key if want.private_key != have.private_key else None
+    listen_port = want.listen_port if want.listen_port != have.listen_port else None
+    return DeviceUpdate(private_key=private_key, listen_port=listen_port, peers=(*removals, *changes))

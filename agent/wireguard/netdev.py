@@ -1,0 +1,112 @@
+"""The device's IP side, as wg-quick would leave it: address, link up, routes for peer networks.
+
+rtnetlink through pyroute2's ``AsyncIPRoute`` (the agent runs inside the pod's network namespace; tests
+may pass ``netns=`` instead, pyroute2 then works through a forked helper and this process never changes
+namespace). Routes we own are the main-table, ``proto static`` routes out of the WireGuard device; the
+connected route of the address is the kernel's (``proto kernel``) and is left alone.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from pyroute2 import AsyncIPRoute
+
+log = logging.getLogger(__name__)
+
+RTPROT_KERNEL = 2
+RTPROT_STATIC = 4
+MAIN_TABLE = 254
+
+
+class NetDevError(OSError):
+    """rtnetlink refused a change, or the device vanished under us."""
+
+
+def peer_routes(address: str, allowed_ips: Iterable[str]) -> tuple[str, ...]:
+    """The routes wg-quick would add (pure): every allowed IP not inside the address's own subnet (the
+    connected route covers those), IPv4 only here, sorted and de-duplicated. ``0.0.0.0/0`` is skipped:
+    a default route into the tunnel is a policy-routing decision, not ours."""
+    own = ipaddress.ip_interface(address).network
+    out: set[ipaddress.IPv4Network] = set()
+    for cidr in allowed_ips:
+        net = ipaddress.ip_network(cidr, strict=False)
+        if not isinstance(net, ipaddress.IPv4Network) or net.prefixlen == 0:
+            continue
+        if isinstance(own, ipaddress.IPv4Network) and net.subnet_of(own):
+            continue
+        out.add(net)
+    return tuple(str(n) for n in sorted(out))
+
+
+class NetDev(Protocol):
+    async def configure(self, interface: str, address: str, routes: tuple[str, ...]) -> tuple[int, int]:
+        """Address on, link up, exactly ``routes`` (ours) via the device. Returns (added, removed)
+        routes. Raises NetDevError."""
+        ...
+
+
+class IpRouteLinks:
+    """``LinkControl`` for the kernel backend: look up / create a ``wireguard`` link."""
+
+    def __init__(self, netns: str | None = None) -> None:
+        self.netns = netns
+
+    def _ipr(self) -> Any:
+        return AsyncIPRoute(netns=self.netns, flags=0) if self.netns else AsyncIPRoute()
+
+    async def exists(self, interface: str) -> bool:
+        async with self._ipr() as ipr:
+            return bool(await ipr.link_lookup(ifname=interface))
+
+    async def create_wireguard(self, interface: str) -> None:
+        async with self._ipr() as ipr:
+            await ipr.link("add", ifname=interface, kind="wireguard")
+
+
+class IpRouteNetDev:
+    """``NetDev`` over a fresh AsyncIPRoute per call (a call is rare: on plan change and on resync)."""
+
+    def __init__(self, netns: str | None = None) -> None:
+        self.netns = netns
+
+    def _ipr(self) -> Any:
+        return AsyncIPRoute(netns=self.netns, flags=0) if self.netns else AsyncIPRoute()
+
+    async def configure(self, interface: str, address: str, routes: tuple[str, ...]) -> tuple[int, int]:
+        iface = ipaddress.ip_interface(address)
+        try:
+            async with self._ipr() as ipr:
+                found = await ipr.link_lookup(ifname=interface)
+                if not found:
+                    raise NetDevError(f"{interface}: no such device")
+                index = found[0]
+                family = 2 if iface.version == 4 else 10
+                have = {
+                    (a.get("IFA_ADDRESS"), a["prefixlen"])
+                    async for a in await ipr.get_addr(index=index, family=family)
+                }
+                want = (str(iface.ip), iface.network.prefixlen)
+                for addr, plen in have - {want}:  # a changed plan address replaces the old one
+                    await ipr.addr("del", index=index, address=addr, prefixlen=plen)
+                if want not in have:
+                    await ipr.addr("add", index=index, address=want[0], prefixlen=want[1])
+                await ipr.link("set", index=index, state="up")
+                current = {
+                    f"{r.get('RTA_DST')}/{r['dst_len']}"
+                    async for r in await ipr.get_routes(oif=index, family=2, table=MAIN_TABLE)
+                    if r["proto"] == RTPROT_STATIC and r.get("RTA_DST")
+                }
+                wanted = set(routes)
+                for dst in sorted(wanted - current):
+                    await ipr.route("replace", dst=dst, oif=index, proto=RTPROT_STATIC, table=MAIN_TABLE)
+                for dst in sorted(current - wanted):
+                    await ipr.route("del", dst=dst, oif=index, proto=RTPROT_STATIC, table=MAIN_TABLE)
+        except OSError as exc:
+            if isinstance(exc, NetDevError):
+                raise
+            raise NetDevError(f"{interface}: {exc.strerror or exc}") from exc
+        return len(wanted - current), len(current - wanted)
