@@ -1,0 +1,303 @@
+"""``python -m agent``: the gateway pod's status-agent. Wiring only: parse the command line into
+``Settings``, build the plan source, secrets, status sink and health server, read the first plan and hand
+everything to the backend its ``type`` names (IPsec over VICI, or WireGuard).
+
+Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agent.health import HealthState, serve, split_listen
+from agent.runtime import Backend, PlanSource, Settings, StatusSink
+from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink
+from agent.sources import FilePlanSource, FileSecrets
+from gwplan import Plan
+
+log = logging.getLogger("agent")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command line or input: exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m agent",
+        description=(
+            "Gateway-pod status-agent: applies the rendered gateway plan to charon (over VICI) or to "
+            "wireguard-go, keeps tunnels up (reconnect-and-re-push, watchdog), and writes status.tunnels / "
+            "status.peers. Plan and secret files are watched; changes apply within 2 s without a restart."
+        ),
+        epilog="Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage.",
+    )
+    p.add_argument("--plan", required=True, type=Path, help="the rendered plan file (ConfigMap volume)")
+    p.add_argument(
+        "--secrets-dir",
+        required=True,
+        type=Path,
+        help="Secret volumes: a value is read from DIR/<name>/<key>",
+    )
+    p.add_argument(
+        "--vici-socket",
+        type=Path,
+        default=Path("/var/run/charon.vici"),
+        help="charon's VICI socket (default: %(default)s)",
+    )
+    p.add_argument("--status-file", type=Path, help="write the status JSON here (atomically, on change)")
+    p.add_argument("--health-listen", metavar="HOST:PORT", help="serve /healthz and /readyz here")
+    p.add_argument(
+        "--kube-status",
+        action="store_true",
+        help="patch the owning CR's status subresource (in-cluster config, else kubeconfig)",
+    )
+    p.add_argument(
+        "--wireguard-uapi-dir", type=Path, help="wireguard-go's UAPI sockets (default /var/run/wireguard)"
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.5,
+        help="seconds between plan/secret checks (default: %(default)s)",
+    )
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=30.0,
+        help="full status resync period even without events (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="(default: %(default)s)",
+    )
+    return p
+
+
+def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
+    """Settings and log level; raises UsageError naming the option and the rule."""
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse printed usage (or --help)
+        raise _ArgparseExit(int(exc.code or 0)) from None
+    if ns.health_listen is not None:
+        try:
+            split_listen(ns.health_listen)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if not 0.05 <= ns.poll_interval <= 10:
+        raise UsageError("--poll-interval: must be between 0.05 and 10 seconds")
+    if ns.resync_seconds <= 0:
+        raise UsageError("--resync-seconds: must be positive")
+    settings = Settings(
+        plan=ns.plan,
+        secrets_dir=ns.secrets_dir,
+        vici_socket=ns.vici_socket,
+        status_file=ns.status_file,
+        kube_status=ns.kube_status,
+        health_listen=ns.health_listen,
+        wireguard_uapi_dir=ns.wireguard_uapi_dir,
+        poll_interval=ns.poll_interval,
+        resync_seconds=ns.resync_seconds,
+    )
+    return settings, str(ns.log_level)
+
+
+class _ArgparseExit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class SameTypePlans:
+    """Passes plans of the first plan's type only: switching a running gateway between IPsec and WireGuard
+    needs a new pod, so such a plan is rejected and the last good one stays (``last_error`` says why)."""
+
+    def __init__(self, inner: PlanSource, gateway_type: str) -> None:
+        self._inner = inner
+        self._type = gateway_type
+        self._error: str | None = None
+
+    @property
+    def last_error(self) -> str | None:
+        return self._error or self._inner.last_error
+
+    async def _iterate(self) -> AsyncIterator[Plan]:
+        async for plan in self._inner:
+            if plan.type != self._type:
+                self._error = f"type: {plan.type!r} differs from the running {self._type!r}; restart the pod"
+                log.error("plan.rejected reason=%r", self._error)
+                continue
+            self._error = None
+            yield plan
+
+    def __aiter__(self) -> AsyncIterator[Plan]:
+        return self._iterate()
+
+
+def load_backend(gateway_type: str) -> Backend:
+    if gateway_type == "ipsec":
+        from agent.ipsec.run import run as ipsec_run
+
+        ipsec: Backend = ipsec_run
+        return ipsec
+    if gateway_type == "wireguard":
+        try:
+            from agent.wireguard.run import run as wg_run  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise RuntimeError(f"the WireGuard backend is not available: {exc}") from exc
+        backend: Backend = wg_run
+        return backend
+    raise UsageError(f"type: {gateway_type!r} is not ipsec or wireguard")
+
+
+async def first_plan(plans: FilePlanSource) -> Plan:
+    async for plan in plans:
+        return plan
+    raise RuntimeError("plan source ended")  # pragma: no cover - FilePlanSource never ends
+
+
+async def _heartbeat_until_first_plan(plans: FilePlanSource, health: HealthState) -> Plan:
+    """Wait for the first good plan; the agent is live (but not ready) while it waits."""
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+
+            async def beat() -> None:
+                while True:
+                    health.beat()
+                    if plans.last_error:
+                        health.set_ready(False, f"no valid plan: {plans.last_error}")
+                    await anyio.sleep(1)
+
+            tg.start_soon(beat)
+            plan = await first_plan(plans)
+            scope.cancel()
+    return plan
+
+
+async def main_async(settings: Settings) -> int:
+    health = HealthState(stale_after=max(60.0, 3 * settings.resync_seconds))
+    plans = FilePlanSource(settings.plan, settings.poll_interval)
+    secrets = FileSecrets(settings.secrets_dir)
+    async with anyio.create_task_group() as tg:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("agent.stopping signal=%s", signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(stop_on_signal)
+        if settings.health_listen:
+            await tg.start(serve, settings.health_listen, health)
+        plan = await _heartbeat_until_first_plan(plans, health)
+        backend = load_backend(plan.type)
+        sink: StatusSink
+        if settings.kube_status:
+            kube = KubeStatusSink(
+                plan.gateway, await anyio.to_thread.run_sync(KubeStatusApi.from_environment)
+            )
+            tg.start_soon(kube.run)
+            sink = kube
+            if settings.status_file:
+                sink = _Both(FileStatusSink(settings.status_file), kube)
+        elif settings.status_file:
+            sink = FileStatusSink(settings.status_file)
+        else:
+            sink = _LogOnly()
+        log.info(
+            "agent.started type=%s gateway=%s/%s plan=%s",
+            plan.type,
+            plan.gateway.namespace,
+            plan.gateway.name,
+            settings.plan,
+        )
+        await backend(settings, SameTypePlans(plans, plan.type), secrets, sink, health)
+        tg.cancel_scope.cancel()
+    return EXIT_OK
+
+
+class _Both:
+    def __init__(self, *sinks: StatusSink) -> None:
+        self._sinks = sinks
+
+    async def publish(self, status: Any) -> None:
+        for s in self._sinks:
+            await s.publish(status)
+
+
+class _LogOnly:
+    """No status destination configured: log a one-line summary when it changes."""
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    async def publish(self, status: Any) -> None:
+        items = status.get("tunnels") or status.get("peers") or []
+        summary = " ".join(f"{t.get('name')}={t.get('state')}" for t in items)
+        if summary != self._last:
+            self._last = summary
+            log.info("status.changed %s", summary or "none")
+
+
+class _UtcFormatter(logging.Formatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        t = time.gmtime(record.created)
+        return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_UtcFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("kubernetes", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings, level = parse_settings(sys.argv[1:] if argv is None else argv)
+    except _ArgparseExit as exc:
+        return EXIT_USAGE if exc.code else EXIT_OK
+    except UsageError as exc:
+        print(f"python -m agent: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(level)
+    try:
+        return anyio.run(main_async, settings)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:
+        leaf = _leaf(exc)
+        if isinstance(leaf, UsageError):
+            log.error("agent.bad_input error=%r", str(leaf))
+            return EXIT_USAGE
+        log.error("agent.failed error=%r", f"{type(leaf).__name__}: {leaf}", exc_info=leaf)
+        return EXIT_FAILURE
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups from task groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The IPsec backend: keeps charon configured over VICI and reports status.tunnels."""

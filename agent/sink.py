@@ -1,0 +1,244 @@
+"""Where the agent's status goes: a JSON file, or the owning CR's status subresource (both backends).
+
+``FileStatusSink`` writes the status atomically (temp file in the same directory + rename) and only when
+its content changed. ``KubeStatusSink`` never blocks its caller: ``publish`` only records the latest status
+and wakes a writer task (``run``), which merge-patches ``.../<plural>/<name>/status`` through the official
+``kubernetes`` client on a worker thread. Statuses published while a write is in flight are coalesced
+(latest wins); conflicts and transient errors (409, 429, 5xx, connection errors) are retried with
+backoff, always with the newest status. The Kubernetes call itself sits behind the small ``StatusApi``
+Protocol: ``KubeStatusApi`` is the real one, ``FakeStatusApi`` (next to it) is an in-memory fake that
+models resourceVersion conflicts, which the kmock emulator used in tests does not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+
+from agent.runtime import StatusSink
+from gwplan import GatewayRef
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def render(status: Mapping[str, Any]) -> bytes:
+    """Canonical JSON of a status (pure): equal statuses give equal bytes."""
+    return json.dumps(status, sort_keys=True, indent=2, ensure_ascii=False).encode() + b"\n"
+
+
+class FileStatusSink:
+    """Writes the status as JSON to ``path``: temp file + rename, and only when it changed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last: bytes | None = None
+        self.writes = 0
+
+    async def publish(self, status: Mapping[str, Any]) -> None:
+        data = render(status)
+        if data == self._last:
+            return
+        await anyio.to_thread.run_sync(_atomic_write, self.path, data)
+        self._last = data
+        self.writes += 1
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- Kubernetes ---------------------------------------------------------------------------------------
+
+
+class StatusWriteError(Exception):
+    """Writing the status failed. ``retry``: whether the same write can succeed later."""
+
+    def __init__(self, message: str, *, retry: bool, conflict: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+        self.conflict = conflict
+
+
+class StatusApi(Protocol):
+    def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
+        """Merge-patch ``{"status": status}`` into the CR (blocking; raises StatusWriteError)."""
+        ...
+
+
+def plural(kind: str) -> str:
+    """``VPNGateway`` -> ``vpngateways`` (our CRDs use the default lower-case plural)."""
+    return kind.lower() + "s"
+
+
+def _group_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.partition("/")
+    if not version:
+        raise ValueError(f"gateway.apiVersion {api_version!r}: expected group/version")
+    return group, version
+
+
+class KubeStatusApi:
+    """The official ``kubernetes`` client (synchronous; the sink calls it on a worker thread)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._api = client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_environment(cls) -> KubeStatusApi:
+        """In-cluster service-account config, else the kubeconfig (``KUBECONFIG`` or ~/.kube/config)."""
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient())
+
+    def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        group, version = _group_version(gateway.api_version)
+        try:
+            self._api.patch_namespaced_custom_object_status(
+                group,
+                version,
+                gateway.namespace,
+                plural(gateway.kind),
+                gateway.name,
+                {"status": dict(status)},
+                _request_timeout=10,
+            )
+        except ApiException as exc:
+            code = int(exc.status or 0)
+            reason = f"HTTP {code} {exc.reason or ''}".strip()
+            raise StatusWriteError(
+                reason, retry=code in (409, 429) or code >= 500 or code == 0, conflict=code == 409
+            ) from None
+        except Exception as exc:  # urllib3 connection errors, timeouts: the API server may come back
+            raise StatusWriteError(f"{type(exc).__name__}: {exc}", retry=True) from None
+
+
+@dataclass
+class FakeStatusApi:
+    """In-memory ``StatusApi`` that models resourceVersion conflicts (kmock does not).
+
+    Each write reads the object's resourceVersion and writes it back incremented; ``conflicts`` writes
+    by "someone else" (e.g. the controller updating conditions) land in between and make that many
+    patches fail with 409, as the API server's optimistic concurrency would. ``failures`` are other
+    errors raised first (e.g. a 503).
+    """
+
+    conflicts: int = 0
+    failures: list[StatusWriteError] = field(default_factory=list)
+    resource_version: int = 1
+    status: dict[str, Any] = field(default_factory=dict)
+    writes: list[dict[str, Any]] = field(default_factory=list)
+    attempts: int = 0
+
+    def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
+        self.attempts += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        seen = self.resource_version
+        if self.conflicts:
+            self.conflicts -= 1
+            self.resource_version += 1  # another writer got in first
+        if seen != self.resource_version:
+            raise StatusWriteError("HTTP 409 Conflict", retry=True, conflict=True)
+        self.resource_version += 1
+        self.status = {**self.status, **json.loads(json.dumps(status))}
+        self.writes.append(dict(self.status))
+
+
+_conforms_api: StatusApi = FakeStatusApi()
+
+
+def backoff(failures: int, base: float = 0.2, cap: float = 30.0) -> float:
+    """Seconds to wait after ``failures`` consecutive failed writes (pure)."""
+    return float(min(cap, base * 2 ** max(0, failures - 1)))
+
+
+class KubeStatusSink:
+    """``runtime.StatusSink`` for the CR's status subresource; start ``run()`` in a task group."""
+
+    def __init__(self, gateway: GatewayRef, api: StatusApi, *, sleep: Sleep = anyio.sleep) -> None:
+        self.gateway = gateway
+        self._api = api
+        self._sleep = sleep
+        self._latest: bytes | None = None
+        self._written: bytes | None = None
+        self._wake: anyio.Event | None = None  # created in the running loop
+        self.failures = 0
+        self.last_error: str | None = None
+
+    async def publish(self, status: Mapping[str, Any]) -> None:
+        data = render(status)
+        if data == self._latest:
+            return
+        self._latest = data
+        if self._wake is not None:
+            self._wake.set()
+
+    @property
+    def pending(self) -> bool:
+        return self._latest is not None and self._latest != self._written
+
+    async def run(self) -> None:
+        """The writer: runs until cancelled."""
+        while True:
+            if not self.pending:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+            while self.pending:
+                data = self._latest
+                assert data is not None
+                try:
+                    body = json.loads(data)
+                    await anyio.to_thread.run_sync(self._api.patch_status, self.gateway, body)
+                except StatusWriteError as exc:
+                    self.failures += 1
+                    self.last_error = str(exc)
+                    delay = backoff(self.failures) if exc.retry else max(backoff(self.failures), 10.0)
+                    level = logging.INFO if exc.conflict else logging.WARNING
+                    log.log(
+                        level,
+                        "status.write_failed gateway=%s/%s error=%r retry_in=%.1f failures=%d",
+                        self.gateway.namespace,
+                        self.gateway.name,
+                        str(exc),
+                        delay,
+                        self.failures,
+                    )
+                    await self._sleep(delay)
+                    continue
+                self._written = data
+                if self.failures:
+                    log.info("status.write_recovered failures=%d", self.failures)
+                self.failures = 0
+                self.last_error = None
+
+
+_conforms_file: StatusSink = FileStatusSink(Path("/nonexistent"))

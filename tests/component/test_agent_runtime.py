@@ -1,0 +1,292 @@
+"""The agent's shared runtime against real files, real sockets and an emulated Kubernetes API.
+
+KubeStatusSink is tested through the official ``kubernetes`` client against kmock, a real HTTP server that
+EMULATES the Kubernetes API (it stores objects and serves PATCH .../status). kmock does not model
+resourceVersion conflicts, so the conflict/retry path uses ``FakeStatusApi``, a small in-memory fake.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import kmock
+import pytest
+from kubernetes import client
+
+from agent.health import HealthState, serve
+from agent.runtime import SecretError
+from agent.sink import FakeStatusApi, FileStatusSink, KubeStatusApi, KubeStatusSink, StatusWriteError
+from agent.sources import FilePlanSource, FileSecrets
+from gwplan import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, dumps
+
+pytestmark = pytest.mark.anyio
+
+GW = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-a", "gw1")
+PSK = b"runtime-test-psk-9c1d"  # test-only value
+
+
+async def eventually(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not cond():  # noqa: ASYNC110 - polling a condition another task changes
+            await anyio.sleep(0.01)
+
+
+def plan(*names: str) -> Plan:
+    tunnels = tuple(Tunnel(n, True, (Child(f"{n}-0", "10.0.0.0/24"),), {n: {"version": "2"}}) for n in names)
+    return Plan(gateway=GW, type="ipsec", ipsec=Ipsec(tunnels=tunnels))
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def kubelet_swap(volume: Path, n: int, data: bytes) -> None:
+    """What a kubelet does for a ConfigMap volume: new timestamped dir, then swap the ..data symlink."""
+    stamp = volume / f"..2026_11_30_00_00_0{n}.{n:04d}"
+    stamp.mkdir()
+    (stamp / "plan.json").write_bytes(data)
+    tmp_link = volume / "..data_tmp"
+    tmp_link.symlink_to(stamp.name)
+    os.replace(tmp_link, volume / "..data")
+    if not (volume / "plan.json").is_symlink():
+        (volume / "plan.json").symlink_to("..data/plan.json")
+
+
+# --- plan source ---------------------------------------------------------------------------------------
+
+
+def test_plan_atomic_rename_yields_only_on_content_change(tmp_path: Path) -> None:
+    f = tmp_path / "plan.json"
+    f.write_bytes(dumps(plan("a")))
+    src = FilePlanSource(f)
+    first = src.poll()
+    assert first is not None and [t.name for t in first.ipsec.tunnels] == ["a"]  # type: ignore[union-attr]
+    assert src.poll() is None
+    replace_atomically(f, dumps(plan("a")))  # new inode, same content
+    assert src.poll() is None
+    replace_atomically(f, dumps(plan("a", "b")))
+    second = src.poll()
+    assert second is not None and [t.name for t in second.ipsec.tunnels] == ["a", "b"]  # type: ignore[union-attr]
+
+
+def test_plan_kubelet_symlink_swap_is_noticed(tmp_path: Path) -> None:
+    kubelet_swap(tmp_path, 1, dumps(plan("a")))
+    src = FilePlanSource(tmp_path / "plan.json")
+    assert src.poll() is not None
+    kubelet_swap(tmp_path, 2, dumps(plan("a", "c")))
+    new = src.poll()
+    assert new is not None and len(new.ipsec.tunnels) == 2  # type: ignore[union-attr]
+
+
+def test_invalid_plan_keeps_last_good_and_says_why_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = tmp_path / "plan.json"
+    f.write_bytes(dumps(plan("a")))
+    src = FilePlanSource(f)
+    good = src.poll()
+    doc = json.loads(dumps(plan("a")))
+    doc["ipsec"]["tunnels"][0]["initiate"] = "yes"
+    del doc["hash"]
+    caplog.set_level(logging.INFO, logger="agent.sources")
+    replace_atomically(f, json.dumps(doc).encode())
+    assert src.poll() is None
+    assert src.last_error is not None and "ipsec.tunnels[0].initiate" in src.last_error
+    os.utime(f)  # the same bad content again: no second log line
+    assert src.poll() is None
+    assert len([r for r in caplog.records if "plan.rejected" in r.getMessage()]) == 1
+    assert src.current == good
+    replace_atomically(f, dumps(plan("a")))  # back to the running plan: nothing new to apply
+    assert src.poll() is None and src.last_error is None
+
+
+def test_missing_plan_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    src = FilePlanSource(tmp_path / "nope.json")
+    assert src.poll() is None
+    assert src.last_error is not None and "nope.json" in src.last_error
+
+
+async def test_iterating_yields_current_then_changes(tmp_path: Path) -> None:
+    f = tmp_path / "plan.json"
+    f.write_bytes(dumps(plan("a")))
+    src = FilePlanSource(f, poll_interval=0.01)
+    seen: list[int] = []
+    with anyio.fail_after(5):
+        async for p in src:
+            seen.append(len(p.ipsec.tunnels))  # type: ignore[union-attr]
+            if len(seen) == 1:
+                replace_atomically(f, dumps(plan("a", "b")))
+            else:
+                break
+        async for p in src:  # a second iteration restarts from the current good plan
+            seen.append(len(p.ipsec.tunnels))  # type: ignore[union-attr]
+            break
+    assert seen == [1, 2, 2]
+
+
+# --- secrets --------------------------------------------------------------------------------------------
+
+
+def test_secrets_read_and_version_changes_with_value(tmp_path: Path) -> None:
+    ref = SecretRef("psk", "key")
+    (tmp_path / "psk").mkdir()
+    (tmp_path / "psk" / "key").write_bytes(PSK)
+    s = FileSecrets(tmp_path)
+    assert s.read(ref) == PSK
+    v1 = s.version(ref)
+    assert s.version(ref) == v1 and PSK.decode() not in v1
+    (tmp_path / "psk" / "key").write_bytes(PSK + b"-rotated")
+    assert s.version(ref) != v1
+
+
+@pytest.mark.parametrize(
+    "ref, setup, needle",
+    [
+        pytest.param(SecretRef("psk", "key"), None, "not mounted", id="missing"),
+        pytest.param(SecretRef("psk", "key"), b"", "empty", id="empty"),
+        pytest.param(SecretRef("..", "key"), None, "one path component", id="traversal"),
+    ],
+)
+def test_secret_errors_name_the_secret_never_the_value(
+    tmp_path: Path, ref: SecretRef, setup: bytes | None, needle: str
+) -> None:
+    if setup is not None:
+        (tmp_path / ref.name).mkdir()
+        (tmp_path / ref.name / ref.key).write_bytes(setup)
+    with pytest.raises(SecretError) as info:
+        FileSecrets(tmp_path).read(ref)
+    assert needle in str(info.value) and ref.key in str(info.value)
+    assert PSK.decode() not in str(info.value)
+
+
+# --- status sinks --------------------------------------------------------------------------------------
+
+
+async def test_file_sink_writes_atomically_and_only_on_change(tmp_path: Path) -> None:
+    f = tmp_path / "out" / "status.json"
+    sink = FileStatusSink(f)
+    await sink.publish({"tunnels": [{"name": "a", "state": "Down"}]})
+    ino = f.stat().st_ino
+    await sink.publish({"tunnels": [{"name": "a", "state": "Down"}]})
+    assert sink.writes == 1 and f.stat().st_ino == ino
+    await sink.publish({"tunnels": [{"name": "a", "state": "Established"}]})
+    assert sink.writes == 2 and f.stat().st_ino != ino  # replaced by rename, never rewritten in place
+    assert json.loads(f.read_text())["tunnels"][0]["state"] == "Established"
+    assert [p.name for p in f.parent.iterdir()] == ["status.json"]
+
+
+async def test_kube_sink_patches_status_through_the_official_client_on_kmock() -> None:
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k):
+        res = kmock.resource("vpn.bnerd.net", "v1alpha1", "vpngateways")
+        k.objects[res, "tenant-a", "gw1"] = {
+            "apiVersion": "vpn.bnerd.net/v1alpha1",
+            "kind": "VPNGateway",
+            "metadata": {"name": "gw1", "namespace": "tenant-a"},
+            "spec": {"type": "ipsec"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        cfg = client.Configuration()
+        cfg.host = str(k.url).rstrip("/")
+        sink = KubeStatusSink(GW, KubeStatusApi(client.ApiClient(cfg)))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sink.run)
+            await sink.publish({"tunnels": [{"name": "a", "state": "Connecting"}]})
+            await sink.publish({"tunnels": [{"name": "a", "state": "Established"}]})
+            await eventually(lambda: not sink.pending)
+            tg.cancel_scope.cancel()
+        obj = k.objects[res, "tenant-a", "gw1"]
+        assert obj["status"]["tunnels"] == [{"name": "a", "state": "Established"}]
+        assert obj["status"]["conditions"] == [{"type": "Ready", "status": "True"}], (
+            "merge patch, not replace"
+        )
+        patches = list(k["patch"])
+        assert patches and all(r.subresource == "status" for r in patches)
+        assert all(r.headers["Content-Type"] == "application/merge-patch+json" for r in patches)
+
+
+async def test_kube_sink_reports_missing_cr_as_failure_and_keeps_going() -> None:
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k):
+        k.resources["vpn.bnerd.net/v1alpha1/vpngateways"] = {}
+        cfg = client.Configuration()
+        cfg.host = str(k.url).rstrip("/")
+        slept: list[float] = []
+
+        async def sleep(s: float) -> None:
+            slept.append(s)
+            await anyio.lowlevel.checkpoint()
+
+        sink = KubeStatusSink(GW, KubeStatusApi(client.ApiClient(cfg)), sleep=sleep)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sink.run)
+            await sink.publish({"tunnels": []})
+            await eventually(lambda: bool(slept))
+            tg.cancel_scope.cancel()
+        assert sink.last_error is not None and "404" in sink.last_error
+        assert slept[0] >= 10, "a 404 cannot succeed soon: wait long, do not hammer the API server"
+
+
+async def test_kube_sink_retries_conflicts_and_writes_only_the_latest() -> None:
+    api = FakeStatusApi(conflicts=2, failures=[StatusWriteError("HTTP 503", retry=True)])
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+        await sink.publish({"n": 99})  # statuses published during the backoff replace the pending one
+        await anyio.lowlevel.checkpoint()
+
+    sink = KubeStatusSink(GW, api, sleep=sleep)
+    for n in range(5):
+        await sink.publish({"n": n})  # never blocks: nothing is running yet
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sink.run)
+        await eventually(lambda: not sink.pending and bool(api.writes))
+        tg.cancel_scope.cancel()
+    assert api.attempts == 4 and len(slept) == 3
+    assert api.writes == [{"n": 99}], "only the newest status is written, once"
+    assert slept == sorted(slept), "backoff grows"
+
+
+# --- health -------------------------------------------------------------------------------------------
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    async with await anyio.connect_tcp("127.0.0.1", port) as s:
+        await s.send(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        try:
+            while True:
+                data += await s.receive()
+        except anyio.EndOfStream:
+            pass
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_health_server_liveness_and_readiness() -> None:
+    now = [100.0]
+    state = HealthState(stale_after=10, clock=lambda: now[0])
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve, "127.0.0.1:0", state)
+        state.beat()
+        assert await _get(port, "/healthz") == (200, "ok\n")
+        assert (await _get(port, "/readyz"))[0] == 503
+        state.set_ready(False, "charon unreachable: connect refused")
+        now[0] += 9  # the daemon is down but the loop still runs: live, not ready
+        assert (await _get(port, "/healthz"))[0] == 200
+        code, body = await _get(port, "/readyz")
+        assert code == 503 and "charon unreachable" in body
+        state.set_ready(True, "plan pushed")
+        assert (await _get(port, "/readyz"))[0] == 200
+        now[0] += 20  # no beat for 29 s: the loop is stuck
+        code, body = await _get(port, "/healthz")
+        assert code == 503 and "no heartbeat" in body
+        assert (await _get(port, "/nope"))[0] == 404
+        tg.cancel_scope.cancel()
