@@ -1,0 +1,249 @@
+"""``python -m initnat --plan PLAN [--nic-mac MAC] [--watch]``: the gateway pod's data plane.
+
+Wires the pieces together, nothing else: read the plan -> validate NIC and NAT sections (rules.py, pure)
+-> find NIC2 by MAC and ensure its policy routing (routing.py) -> apply our chains in one
+``iptables-restore`` transaction (iptables.py) -> delete the conntrack entries of revoked grants
+(conntrack.py), strictly in that order. Everything is validated before anything is changed.
+
+Exit codes: 0 applied (or, with --watch, stopped by SIGTERM/SIGINT); 1 the kernel refused a change
+(previous rules kept); 2 bad input (unreadable or invalid plan, NIC2 absent, bad --nic-mac).
+With --watch a bad or failing plan is logged and the last good ruleset stays; the loop keeps going.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
+from types import FrameType
+
+from gwplan import Plan, PlanError, loads
+from initnat import rules
+from initnat.conntrack import ConntrackError, Flusher, NetlinkFlusher, flush_marks
+from initnat.iptables import Iptables, IptablesError, detect_variant
+from initnat.routing import Netlink, NicError, RoutingError, ensure, find_nic, open_netlink
+from initnat.rules import NatConfigError, Policy
+
+log = logging.getLogger("initnat")
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+BAD_INPUT = (PlanError, NatConfigError, NicError)
+FAILED = (IptablesError, RoutingError, ConntrackError, OSError)
+
+Resolver = Callable[[str], IPv4Address]
+
+
+def resolve(host: str) -> IPv4Address:
+    """The lowest IPv4 address of ``host`` (deterministic when a name has several)."""
+    infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    return min(IPv4Address(i[4][0]) for i in infos)
+
+
+def resolve_targets(plan: Plan, resolver: Resolver) -> dict[str, IPv4Address]:
+    out: dict[str, IPv4Address] = {}
+    for i, e in enumerate(plan.nat.exposures):
+        if e.target_address is None and e.target_host is not None:
+            host = rules.hostname(e.target_host, f"nat.exposures[{i}].targetHost")
+            if host not in out:
+                try:
+                    out[host] = resolver(host)
+                except (OSError, ValueError) as exc:
+                    raise OSError(f"nat.exposures[{i}].targetHost: cannot resolve {host}: {exc}") from exc
+    return out
+
+
+@dataclass
+class Gateway:
+    """The state between applies: the last policy applied (to compute revocations)."""
+
+    iptables: Iptables
+    netlink: Netlink
+    flusher: Flusher
+    nic_mac: str | None = None
+    """--nic-mac, or the MAC from Multus' network-status; the plan's ``nic.mac`` is the fallback."""
+    resolver: Resolver = resolve
+    last: Policy | None = field(default=None)
+
+    def apply(self, plan: Plan) -> None:
+        started = time.monotonic()
+        nic_cfg = rules.validate_nic(plan.nic)
+        mac = self.nic_mac or nic_cfg.mac
+        if mac is None:
+            raise NatConfigError(
+                "nic.mac: not in the plan, and neither --nic-mac nor --network-status gave one"
+            )
+        nic = find_nic(self.netlink, nic_cfg, mac)
+        policy = rules.validate(
+            plan.nat, nic2_address=nic.address.ip, resolved=resolve_targets(plan, self.resolver)
+        )
+        ruleset = rules.render(policy)
+        # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).
+        routed = ensure(self.netlink, nic, nic_cfg)
+        applied = self.iptables.apply(ruleset)
+        # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
+        if self.last is not None:
+            gone = {g.mark for g in rules.revoked(self.last, policy)}
+        else:
+            gone = set(rules.stale_marks(applied.marks_before, policy))
+        self.last = policy
+        flushed = flush_marks(self.flusher, gone, policy.mask)
+        log.info(
+            "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
+            "revoked_marks=%s restore_s=%.3f total_s=%.3f",
+            nic.name,
+            mac,
+            nic.address,
+            applied.rules,
+            applied.changed,
+            routed.changed,
+            ",".join(f"{m:#x}" for m in flushed) or "-",
+            applied.seconds,
+            time.monotonic() - started,
+        )
+
+
+def read_plan(path: Path) -> tuple[bytes, Plan]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PlanError(f"plan: cannot read {path}: {exc.strerror or exc}") from exc
+    return data, loads(data)
+
+
+def _describe(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def run_once(gw: Gateway, path: Path) -> int:
+    try:
+        _, plan = read_plan(path)
+        gw.apply(plan)
+    except BAD_INPUT as exc:
+        log.error("initnat.rejected plan=%s error=%s", path, _describe(exc))
+        return EXIT_BAD_INPUT
+    except FAILED as exc:
+        log.error("initnat.failed plan=%s error=%s", path, _describe(exc))
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25, resync: float = 30.0) -> int:
+    """Apply now, then whenever the plan's bytes change (atomic rename and kubelet's ``..data`` symlink
+    swap alike: the path is re-read each poll), and every ``resync`` seconds to repair drift. A bad plan
+    is reported once per distinct content and the last good ruleset stays; a failed apply is retried."""
+    seen: str | None = None
+    next_sync = 0.0
+    while not stop.is_set():
+        now = time.monotonic()
+        try:
+            data = path.read_bytes()
+            digest = hashlib.sha256(data).hexdigest()[:16]
+        except OSError as exc:
+            if seen != "unreadable":
+                log.error("initnat.rejected plan=%s error=cannot read: %s", path, exc.strerror or exc)
+            seen, next_sync = "unreadable", 0.0
+            stop.wait(poll)
+            continue
+        if digest != seen or now >= next_sync:
+            first_look = digest != seen
+            seen = digest
+            next_sync = now + resync
+            try:
+                gw.apply(loads(data))
+            except BAD_INPUT as exc:
+                next_sync = float("inf")  # same bytes, same verdict: wait for a change
+                if first_look:
+                    log.error(
+                        "initnat.rejected plan=%s digest=%s error=%s kept=last-good",
+                        path,
+                        digest,
+                        _describe(exc),
+                    )
+            except FAILED as exc:
+                next_sync = now + min(resync, 2.0)
+                log.error(
+                    "initnat.failed plan=%s digest=%s error=%s kept=last-good", path, digest, _describe(exc)
+                )
+        stop.wait(poll)
+    log.info("initnat.stopped plan=%s", path)
+    return EXIT_OK
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m initnat",
+        description=(
+            "Gateway pod data plane: find NIC2 by MAC, source-policy routing on it, NAT/authorisation rules "
+            "of the plan as one atomic iptables-restore transaction on the VPNGW-* chains, and deletion of "
+            "revoked grants' conntrack entries. Acts on the network namespace it runs in."
+        ),
+        epilog="Exit codes: 0 ok, 1 the kernel refused a change (previous rules kept), 2 bad input.",
+    )
+    p.add_argument(
+        "--plan", type=Path, required=True, help="the gateway plan JSON (the mounted ConfigMap file)"
+    )
+    p.add_argument("--nic-mac", help="NIC2's MAC address (overrides the plan's nic.mac)")
+    p.add_argument(
+        "--network-status",
+        type=Path,
+        help="a downward-API file holding Multus' network-status annotation; NIC2's MAC is taken from it "
+        "when --nic-mac is not given",
+    )
+    p.add_argument("--watch", action="store_true", help="keep running; re-apply within 2 s of a plan change")
+    p.add_argument("--poll-interval", type=float, default=0.25, help="seconds between plan checks (--watch)")
+    p.add_argument("--resync", type=float, default=30.0, help="seconds between drift repairs (--watch)")
+    p.add_argument(
+        "--iptables",
+        choices=("auto", "legacy", "nft"),
+        default="auto",
+        help="iptables variant; auto decides like kube-proxy (the variant holding the rules)",
+    )
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
+    )
+    try:
+        nic_mac = None
+        if args.nic_mac is not None:
+            nic_mac = rules.mac(args.nic_mac, "--nic-mac")
+        elif args.network_status is not None:
+            nic_mac = rules.mac_from_network_status(args.network_status.read_text())
+    except (NatConfigError, OSError) as exc:
+        log.error("initnat.rejected error=%s", _describe(exc))
+        return EXIT_BAD_INPUT
+    variant = detect_variant() if args.iptables == "auto" else args.iptables
+    flusher = NetlinkFlusher()
+    with open_netlink() as ipr:
+        gw = Gateway(iptables=Iptables(variant), netlink=ipr, flusher=flusher, nic_mac=nic_mac)
+        if not args.watch:
+            return run_once(gw, args.plan)
+        stop = threading.Event()
+
+        def _stop(signum: int, frame: FrameType | None) -> None:
+            log.info("initnat.signal signal=%s", signal.Signals(signum).name)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        try:
+            return watch(gw, args.plan, stop, poll=args.poll_interval, resync=args.resync)
+        finally:
+            flusher.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Applies a :class:`~initnat.rules.Ruleset` with ``iptables-restore --noflush --wait`` (thin I/O shell).
+
+One apply = save (to compare and to snapshot) -> nothing to do if the kernel already matches ->
+``--test`` of the whole payload -> the real transaction -> on failure, put back the snapshot of our
+chains and report. ``iptables-restore`` commits table by table (tables.py), so the snapshot is what makes
+"nothing is half-applied" true. Only our chains (``:VPNGW-... - [0:0]`` flushes just those under
+``--noflush``) and our jumps are ever written; foreign rules and chains are never named.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from initnat import tables
+from initnat.rules import Ruleset
+from initnat.tables import Variant
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Runner(Protocol):
+    def __call__(self, argv: Sequence[str], input: str | None = None) -> Completed:
+        """Run ``argv`` to completion (raises OSError when it cannot be started)."""
+        ...
+
+
+def run_process(argv: Sequence[str], input: str | None = None) -> Completed:
+    res = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=60, check=False)
+    return Completed(res.returncode, res.stdout, res.stderr)
+
+
+@dataclass
+class FakeRunner:
+    """In-memory stand-in for tests of the shell's control flow: answers by argv[0]; records calls."""
+
+    replies: dict[str, list[Completed]] = field(default_factory=dict)
+    calls: list[tuple[tuple[str, ...], str | None]] = field(default_factory=list)
+
+    def __call__(self, argv: Sequence[str], input: str | None = None) -> Completed:
+        self.calls.append((tuple(argv), input))
+        queue = self.replies.get(argv[0], [])
+        if not queue:
+            return Completed(0, "", "")
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+
+_conforms: Runner = FakeRunner()
+
+
+class IptablesError(Exception):
+    """The ruleset could not be applied. ``rolled_back`` says the previous content was put back."""
+
+    def __init__(self, message: str, *, rolled_back: bool = True) -> None:
+        super().__init__(message)
+        self.rolled_back = rolled_back
+
+
+@dataclass(frozen=True)
+class Applied:
+    changed: bool
+    rules: int
+    seconds: float
+    """Time of the restore transaction itself (0 when nothing changed)."""
+    marks_before: frozenset[int]
+    """Marks our chain set before this apply (from the kernel)."""
+
+
+def _err(res: Completed) -> str:
+    return " ".join((res.stderr or res.stdout).split())[:500]
+
+
+def detect_variant(run: Runner = run_process) -> Variant:
+    """Legacy or nft, the way kube-proxy's iptables wrapper decides (tables.choose_variant)."""
+    saves = {}
+    for variant in ("legacy", "nft"):
+        try:
+            res = run([f"iptables-{variant}-save"])
+        except OSError:
+            saves[variant] = ""
+            continue
+        saves[variant] = res.stdout if res.returncode == 0 else ""
+    chosen = tables.choose_variant(saves["legacy"], saves["nft"])
+    log.info(
+        "iptables.variant chosen=%s legacy_rules=%d nft_rules=%d",
+        chosen,
+        tables.count_rules(saves["legacy"]),
+        tables.count_rules(saves["nft"]),
+    )
+    return chosen
+
+
+@dataclass
+class Iptables:
+    variant: Variant
+    run: Runner = run_process
+
+    def _save(self) -> str:
+        res = self.run([f"iptables-{self.variant}-save"])
+        if res.returncode != 0:
+            raise IptablesError(f"iptables-{self.variant}-save failed: {_err(res)}", rolled_back=False)
+        return res.stdout
+
+    def saved(self) -> dict[str, tables.SavedTable]:
+        return tables.parse_save(self._save())
+
+    def _restore(self, payload: str, *, test: bool = False) -> Completed:
+        argv = [f"iptables-{self.variant}-restore", "--noflush", "--wait"]
+        if test:
+            argv.append("--test")
+        return self.run(argv, payload)
+
+    def apply(self, ruleset: Ruleset) -> Applied:
+        saved = self.saved()
+        before = tables.marks_in(saved)
+        if tables.in_sync(saved, ruleset):
+            return Applied(False, ruleset.rule_count, 0.0, before)
+        text = tables.payload(ruleset, saved)
+        res = self._restore(text, test=True)
+        if res.returncode != 0:
+            raise IptablesError(f"the new ruleset was refused by --test, nothing changed: {_err(res)}")
+        started = time.monotonic()
+        res = self._restore(text)
+        seconds = time.monotonic() - started
+        if res.returncode != 0:
+            cause = _err(res)
+            back = self._restore(tables.snapshot_payload(saved, ruleset))
+            if back.returncode != 0:
+                raise IptablesError(
+                    f"apply failed ({cause}) and restoring the previous rules failed too: {_err(back)}",
+                    rolled_back=False,
+                )
+            raise IptablesError(f"apply failed, previous rules restored: {cause}")
+        return Applied(True, ruleset.rule_count, seconds, before)

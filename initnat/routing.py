@@ -1,0 +1,163 @@
+"""NIC2 by MAC and its source-policy routing, over netlink (pyroute2; thin I/O shell).
+
+A pod's default route points at eth0 (the cluster network). Traffic that arrives on NIC2 (IKE, ESP-in-UDP,
+WireGuard, exposure replies) must leave through NIC2 again, so::
+
+    ip rule add from <NIC2 address>/32 lookup <table> priority <prio>
+    ip route replace default via <NIC2 gateway> dev <NIC2> table <table>
+
+Ours are: the rule at OUR priority that looks up OUR table, and the default route in OUR table. Nothing
+else is read for writing or removed. The NIC is found by MAC (Multus may name it anything, not net1).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Interface
+from typing import Any, Protocol
+
+from pyroute2 import IPRoute
+
+from initnat.rules import NicConfig
+
+log = logging.getLogger(__name__)
+
+
+class NicError(Exception):
+    """NIC2 is absent or unusable (bad input: the pod has no such interface, or it lacks an address)."""
+
+
+class RoutingError(Exception):
+    """Netlink refused a change to our rule or route."""
+
+
+@dataclass(frozen=True)
+class Nic2:
+    index: int
+    name: str
+    mac: str
+    address: IPv4Interface
+    gateway: IPv4Address
+
+
+@dataclass(frozen=True)
+class RoutingChange:
+    rule: bool
+    route: bool
+    address: bool
+
+    @property
+    def changed(self) -> bool:
+        return self.rule or self.route or self.address
+
+
+class Netlink(Protocol):
+    """The part of pyroute2's IPRoute we use (the real one in production, in a throwaway netns in tests)."""
+
+    def link_lookup(self, **kwarg: Any) -> list[int]: ...
+    def get_links(self, *argv: Any, **kwarg: Any) -> Any: ...
+    def get_addr(self, **kwarg: Any) -> Any: ...
+    def get_rules(self, **kwarg: Any) -> Any: ...
+    def get_routes(self, **kwarg: Any) -> Any: ...
+    def rule(self, command: str, **kwarg: Any) -> Any: ...
+    def route(self, command: str, **kwarg: Any) -> Any: ...
+    def addr(self, command: str, **kwarg: Any) -> Any: ...
+    def link(self, command: str, **kwarg: Any) -> Any: ...
+
+
+def open_netlink() -> IPRoute:
+    """IPRoute on the namespace this process runs in."""
+    return IPRoute()
+
+
+def find_nic(ipr: Netlink, cfg: NicConfig, mac: str) -> Nic2:
+    """NIC2 by ``mac``; its address and gateway from ``cfg`` or, when absent there, the interface."""
+    found = ipr.link_lookup(address=mac)
+    if not found:
+        raise NicError(f"nic: no interface with MAC {mac} in this network namespace")
+    index = found[0]
+    link = ipr.get_links(index)[0]
+    name = str(link.get_attr("IFLA_IFNAME"))
+    have = [
+        IPv4Interface(f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}")
+        for a in ipr.get_addr(index=index, family=2)
+    ]
+    addr = cfg.address
+    if addr is None:
+        if not have:
+            raise NicError(f"nic.address: not in the plan and {name} ({mac}) has no IPv4 address")
+        addr = have[0]
+    gateway = cfg.gateway or _gateway_via(ipr, index)
+    if gateway is None:
+        raise NicError(f"nic.gateway: not in the plan and no route via {name} ({mac}) names a gateway")
+    if gateway not in addr.network:
+        raise NicError(f"nic.gateway: {gateway} is not on NIC2's subnet {addr.network}")
+    return Nic2(index=index, name=name, mac=mac, address=addr, gateway=gateway)
+
+
+def _gateway_via(ipr: Netlink, index: int) -> IPv4Address | None:
+    for r in ipr.get_routes(family=2, table=254):
+        gw = r.get_attr("RTA_GATEWAY")
+        if gw and r.get_attr("RTA_OIF") == index:
+            return IPv4Address(gw)
+    return None
+
+
+def ensure(ipr: Netlink, nic: Nic2, cfg: NicConfig) -> RoutingChange:
+    """Idempotently: NIC2 up with its address, our rule, our table's default route. Reports changes."""
+    try:
+        return _ensure(ipr, nic, cfg)
+    except NicError:
+        raise
+    except Exception as exc:  # pyroute2 raises NetlinkError (an OSError) and friends; translate once here
+        raise RoutingError(f"netlink refused a change on {nic.name}: {exc}") from exc
+
+
+def _ensure(ipr: Netlink, nic: Nic2, cfg: NicConfig) -> RoutingChange:
+    added_address = False
+    link = ipr.get_links(nic.index)[0]
+    if not link["flags"] & 1:  # IFF_UP
+        ipr.link("set", index=nic.index, state="up")
+        added_address = True
+    have = {(str(a.get_attr("IFA_ADDRESS")), a["prefixlen"]) for a in ipr.get_addr(index=nic.index, family=2)}
+    if (str(nic.address.ip), nic.address.network.prefixlen) not in have:
+        ipr.addr("add", index=nic.index, address=str(nic.address.ip), prefixlen=nic.address.network.prefixlen)
+        added_address = True
+
+    src = str(nic.address.ip)
+    ours = [
+        r
+        for r in ipr.get_rules(family=2)
+        if r.get_attr("FRA_PRIORITY") == cfg.rule_priority and _rule_table(r) == cfg.table
+    ]
+    good = [r for r in ours if r.get_attr("FRA_SRC") == src and r["src_len"] == 32]
+    rule_changed = not (len(ours) == 1 and len(good) == 1)
+    if rule_changed:
+        for r in ours:  # ours, but stale (NIC2's address changed) or duplicated: replace as a whole
+            ipr.rule(
+                "del",
+                priority=cfg.rule_priority,
+                table=cfg.table,
+                src=r.get_attr("FRA_SRC"),
+                src_len=r["src_len"],
+            )
+        ipr.rule("add", src=src, src_len=32, table=cfg.table, priority=cfg.rule_priority)
+
+    route_changed = True
+    for r in ipr.get_routes(family=2, table=cfg.table):
+        if (
+            r["dst_len"] == 0
+            and r.get_attr("RTA_TABLE") == cfg.table
+            and r.get_attr("RTA_GATEWAY") == str(nic.gateway)
+            and r.get_attr("RTA_OIF") == nic.index
+        ):
+            route_changed = False
+    if route_changed:
+        ipr.route("replace", dst="0.0.0.0/0", gateway=str(nic.gateway), oif=nic.index, table=cfg.table)
+    return RoutingChange(rule=rule_changed, route=route_changed, address=added_address)
+
+
+def _rule_table(r: Any) -> int:
+    table = r.get_attr("FRA_TABLE")
+    return int(table if table is not None else r["table"])

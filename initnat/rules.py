@@ -1,0 +1,456 @@
+"""The plan's NAT/authz section as data: validated values and the rules of the chains we own.
+
+Model (one gateway pod, one network namespace)::
+
+    peer --tunnel--> gw: PREROUTING  VPNGW-PREROUTING   DNAT  <virtual ip>:<port> -> <target>:<port>
+                         FORWARD     VPNGW-FORWARD      authz: a grant's sources may open NEW connections
+                                                        to its exposure; they get the grant's conntrack
+                                                        mark; established flows pass while their mark is
+                                                        still granted; everything else to a virtual IP drops
+                         POSTROUTING VPNGW-POSTROUTING  SNAT  exposures -> NIC2's address (targets reply
+                                                        to us); reverse exposures -> Nat.source_address
+                                                        (inside serviceCIDR: the tunnels' traffic selector)
+
+Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
+filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
+form ``iptables-save`` prints them (``-d x/32``, ``-p tcp -m tcp --dport``, ``0x`` marks), so comparing
+the kernel's state with the wanted state is a string comparison (no-op re-applies touch nothing).
+
+Every plan value that reaches iptables is validated here (addresses and networks through ``ipaddress``,
+ports as ints 1..65535, marks within the mask) and re-rendered from the parsed value, never copied as
+text. Names only ever appear inside ``--comment "..."`` after :func:`comment` reduced them to a safe
+alphabet. Errors name the plan field (``nat.exposures[2].virtualIp: ...``).
+
+This module is pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from typing import Literal
+
+from gwplan import Exposure, Grant, Nat, Nic, ReverseExposure
+
+FILTER_CHAIN = "VPNGW-FORWARD"
+DNAT_CHAIN = "VPNGW-PREROUTING"
+SNAT_CHAIN = "VPNGW-POSTROUTING"
+OWN_PREFIX = "VPNGW-"
+Table = Literal["filter", "nat"]
+
+JUMPS: tuple[tuple[Table, str, str], ...] = (
+    ("filter", "FORWARD", FILTER_CHAIN),
+    ("nat", "PREROUTING", DNAT_CHAIN),
+    ("nat", "POSTROUTING", SNAT_CHAIN),
+)
+"""(table, built-in chain, our chain): each jump is kept exactly once, as the built-in chain's FIRST
+rule, so a foreign ACCEPT cannot bypass our authorisation."""
+
+_MAX_NAME = 100  # per name inside a comment
+_MAX_COMMENT = 250  # xt_comment holds 255 characters (256 bytes with the NUL)
+_COMMENT_SAFE = re.compile(r"[^A-Za-z0-9._:/@=+-]")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+_MAC = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+_RESERVED_TABLES = frozenset({0, 253, 254, 255})  # unspec, default, main, local
+
+
+class NatConfigError(ValueError):
+    """A plan value that would reach iptables or netlink is invalid; the message names the field."""
+
+
+# --- validation helpers -----------------------------------------------------------------------------
+
+
+def _str(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise NatConfigError(f"{field}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def address(value: object, field: str) -> IPv4Address:
+    """An IPv4 address literal (dotted quad, nothing else)."""
+    text = _str(value, field)
+    try:
+        return IPv4Address(text)
+    except ValueError:
+        raise NatConfigError(f"{field}: {_show(text)} is not an IPv4 address") from None
+
+
+def network(value: object, field: str) -> IPv4Network:
+    """An IPv4 address or CIDR; host bits are cleared (iptables would do the same)."""
+    text = _str(value, field)
+    try:
+        net = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise NatConfigError(f"{field}: {_show(text)} is not an IPv4 address or CIDR") from None
+    if not isinstance(net, IPv4Network):
+        raise NatConfigError(f"{field}: {_show(text)} is IPv6; this gateway's rules are IPv4 only")
+    return net
+
+
+def interface(value: object, field: str) -> IPv4Interface:
+    text = _str(value, field)
+    try:
+        iface = IPv4Interface(text)
+    except ValueError:
+        raise NatConfigError(f"{field}: {_show(text)} is not an IPv4 address with prefix") from None
+    return iface
+
+
+def port(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise NatConfigError(f"{field}: {_show(value)} is not a port number (an integer 1..65535)")
+    return value
+
+
+def protocol(value: object, field: str) -> Literal["tcp", "udp"]:
+    if value == "TCP":
+        return "tcp"
+    if value == "UDP":
+        return "udp"
+    raise NatConfigError(f"{field}: {_show(value)} is not TCP or UDP")
+
+
+def hostname(value: object, field: str) -> str:
+    text = _str(value, field)
+    if not _HOSTNAME.match(text) or text.replace(".", "").isdigit():
+        raise NatConfigError(f"{field}: {_show(text)} is not a DNS hostname (RFC 1123)")
+    return text.rstrip(".").lower()
+
+
+def mac(value: object, field: str) -> str:
+    text = _str(value, field)
+    if not _MAC.match(text):
+        raise NatConfigError(f"{field}: {_show(text)} is not a MAC address (aa:bb:cc:dd:ee:ff)")
+    return text.lower()
+
+
+def _int(value: object, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise NatConfigError(f"{field}: {_show(value)} is not an integer {lo}..{hi}")
+    return value
+
+
+def _show(value: object) -> str:
+    """A bounded, printable rendering of a bad value for an error message."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def comment(text: str) -> str:
+    """``text`` (a plan name) reduced to characters that are inert inside a double-quoted iptables
+    argument: no quotes, backslashes, whitespace, control or non-ASCII characters."""
+    return _COMMENT_SAFE.sub("_", text)[:_MAX_NAME]
+
+
+_NO_QUOTE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def quoted(text: str) -> str:
+    """``text`` as ``iptables-save`` prints an argument (xtables_save_string): bare when it is only
+    ``[A-Za-z0-9_-]``, else in double quotes. ``text`` never holds a quote or backslash (see comment)."""
+    return text if _NO_QUOTE.match(text) else f'"{text}"'
+
+
+# --- validated model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NicConfig:
+    """NIC2 as the plan describes it, validated. ``None`` fields are read from the interface."""
+
+    mac: str | None
+    address: IPv4Interface | None
+    gateway: IPv4Address | None
+    table: int
+    rule_priority: int
+
+
+def validate_nic(nic: Nic) -> NicConfig:
+    return NicConfig(
+        mac=None if nic.mac is None else mac(nic.mac, "nic.mac"),
+        address=None if nic.address is None else interface(nic.address, "nic.address"),
+        gateway=None if nic.gateway is None else address(nic.gateway, "nic.gateway"),
+        table=_checked_table(nic.table),
+        rule_priority=_int(nic.rule_priority, "nic.rulePriority", 1, 32765),
+    )
+
+
+def _checked_table(value: object) -> int:
+    table = _int(value, "nic.table", 1, 2**32 - 1)
+    if table in _RESERVED_TABLES:
+        raise NatConfigError(f"nic.table: {table} is reserved (253 default, 254 main, 255 local)")
+    return table
+
+
+@dataclass(frozen=True, order=True)
+class Service:
+    """One (virtual IP, protocol, port) -> target mapping."""
+
+    vip: IPv4Address
+    proto: Literal["tcp", "udp"]
+    port: int
+    target: IPv4Address
+    name: str
+    kind: Literal["exposure", "reverse"]
+
+
+@dataclass(frozen=True, order=True)
+class Admission:
+    """What one grant admits: NEW connections from ``source`` to one service."""
+
+    mark: int
+    source: IPv4Network
+    service: Service
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The NAT section, validated and flattened. Input of rendering and of :func:`revoked`."""
+
+    services: tuple[Service, ...]
+    admissions: tuple[Admission, ...]
+    grants: tuple[Grant, ...]
+    """The plan's grants, in plan order, each with a valid, unique mark."""
+    mask: int
+    exposure_snat: IPv4Address
+    reverse_snat: IPv4Address | None
+
+    @property
+    def marks(self) -> frozenset[int]:
+        return frozenset(g.mark for g in self.grants)
+
+
+def validate(
+    nat: Nat, *, nic2_address: IPv4Address, resolved: Mapping[str, IPv4Address] | None = None
+) -> Policy:
+    """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to addresses."""
+    resolved = resolved or {}
+    mask = _int(nat.mark_mask, "nat.markMask", 1, 2**32 - 1)
+    cidr = None if nat.service_cidr is None else network(nat.service_cidr, "nat.serviceCidr")
+    source = None if nat.source_address is None else address(nat.source_address, "nat.sourceAddress")
+    if source is not None and cidr is not None and source not in cidr:
+        raise NatConfigError(f"nat.sourceAddress: {source} is outside nat.serviceCidr {cidr}")
+    internal = tuple(
+        network(c, f"nat.internalSourceCidrs[{i}]") for i, c in enumerate(nat.internal_source_cidrs)
+    )
+    services: list[Service] = []
+    by_name: dict[tuple[str, str], list[Service]] = {}
+    seen: dict[tuple[IPv4Address, str, int], str] = {}
+
+    def add(
+        kind: Literal["exposure", "reverse"], e: Exposure | ReverseExposure, path: str, target: IPv4Address
+    ) -> None:
+        name = _str(e.name, f"{path}.name")
+        if not name:
+            raise NatConfigError(f"{path}.name: must not be empty")
+        if (kind, name) in by_name:
+            raise NatConfigError(f"{path}.name: {_show(name)} is used twice")
+        vip = address(e.virtual_ip, f"{path}.virtualIp")
+        if cidr is not None and vip not in cidr:
+            raise NatConfigError(f"{path}.virtualIp: {vip} is outside nat.serviceCidr {cidr}")
+        if vip == source:
+            raise NatConfigError(f"{path}.virtualIp: {vip} is nat.sourceAddress (the gateway's own)")
+        if not e.ports:
+            raise NatConfigError(f"{path}.ports: at least one port is required")
+        mine: list[Service] = []
+        for j, p in enumerate(e.ports):
+            proto = protocol(p.protocol, f"{path}.ports[{j}].protocol")
+            number = port(p.port, f"{path}.ports[{j}].port")
+            key = (vip, proto, number)
+            if key in seen:
+                raise NatConfigError(
+                    f"{path}.ports[{j}]: {vip} {proto}/{number} is already used by {seen[key]}"
+                )
+            seen[key] = path
+            mine.append(Service(vip, proto, number, target, name, kind))
+        by_name[(kind, name)] = mine
+        services.extend(mine)
+
+    for i, e in enumerate(nat.exposures):
+        path = f"nat.exposures[{i}]"
+        if e.target_address is not None:
+            target = address(e.target_address, f"{path}.targetAddress")
+        elif e.target_host is not None:
+            host = hostname(e.target_host, f"{path}.targetHost")
+            if host not in resolved:
+                raise NatConfigError(f"{path}.targetHost: {host} has not been resolved")
+            target = address(str(resolved[host]), f"{path}.targetHost")
+        else:
+            raise NatConfigError(f"{path}: targetAddress or targetHost is required")
+        add("exposure", e, path, target)
+    for i, r in enumerate(nat.reverse_exposures):
+        path = f"nat.reverseExposures[{i}]"
+        if source is None:
+            raise NatConfigError(f"{path}: reverse exposures need nat.sourceAddress (the SNAT source)")
+        if not internal:
+            raise NatConfigError(f"{path}: reverse exposures need nat.internalSourceCidrs")
+        add("reverse", r, path, address(r.target_address, f"{path}.targetAddress"))
+
+    admissions: list[Admission] = []
+    marks: dict[int, str] = {}
+    for i, g in enumerate(nat.grants):
+        path = f"nat.grants[{i}]"
+        _str(g.peer, f"{path}.peer")
+        mark = _int(g.mark, f"{path}.mark", 1, 2**32 - 1)
+        if mark & ~mask or not mark & mask:
+            raise NatConfigError(
+                f"{path}.mark: {mark:#x} is not a non-zero value within nat.markMask {mask:#x}"
+            )
+        if mark in marks:
+            raise NatConfigError(f"{path}.mark: {mark:#x} is already the mark of {marks[mark]}")
+        marks[mark] = path
+        if g.kind not in ("exposure", "reverse"):
+            raise NatConfigError(f"{path}.kind: {_show(g.kind)} is not exposure or reverse")
+        targets = by_name.get((g.kind, _str(g.exposure, f"{path}.exposure")))
+        if targets is None:
+            what = "nat.exposures" if g.kind == "exposure" else "nat.reverseExposures"
+            raise NatConfigError(f"{path}.exposure: {_show(g.exposure)} is not in {what}")
+        for j, s in enumerate(g.sources):
+            src = network(s, f"{path}.sources[{j}]")
+            if g.kind == "reverse" and not any(src.subnet_of(c) for c in internal):
+                raise NatConfigError(f"{path}.sources[{j}]: {src} is not inside nat.internalSourceCidrs")
+            admissions.extend(Admission(mark, src, svc) for svc in targets)
+    return Policy(
+        services=tuple(services),
+        admissions=tuple(admissions),
+        grants=tuple(nat.grants),
+        mask=mask,
+        exposure_snat=nic2_address,
+        reverse_snat=source,
+    )
+
+
+# --- rendering ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableRules:
+    table: Table
+    chains: tuple[str, ...]
+    rules: tuple[str, ...]
+    """``-A <our chain> ...`` lines, exactly as ``iptables-save`` prints them."""
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    tables: tuple[TableRules, ...]
+    marks: frozenset[int]
+    mask: int
+
+    @property
+    def rule_count(self) -> int:
+        return sum(len(t.rules) for t in self.tables)
+
+
+def _hex(n: int) -> str:
+    return f"{n:#x}"
+
+
+def _c(*words: str) -> str:
+    """A comment match: fixed words and sanitised names, space-separated."""
+    return f"-m comment --comment {quoted(' '.join(words)[:_MAX_COMMENT])}"
+
+
+def render(policy: Policy) -> Ruleset:
+    """The rules of our three chains for ``policy`` (deterministic: same policy, same lines)."""
+    m = _hex(policy.mask)
+    filter_rules: list[str] = []
+    grant_names = {g.mark: f"peer={comment(g.peer)} {g.kind}={comment(g.exposure)}" for g in policy.grants}
+    for g in policy.grants:
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -m connmark --mark {_hex(g.mark)}/{m} "
+            f"-m conntrack --ctstate RELATED,ESTABLISHED {_c('vpngw established', grant_names[g.mark])} "
+            "-j ACCEPT"
+        )
+    for a in policy.admissions:
+        s = a.service
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -s {a.source} -p {s.proto} -m conntrack --ctstate NEW "
+            f"-m conntrack --ctorigdst {s.vip} --ctorigdstport {s.port} -m connmark --mark 0x0/{m} "
+            f"{_c('vpngw grant', grant_names[a.mark])} -j CONNMARK --set-xmark {_hex(a.mark)}/{m}"
+        )
+    filter_rules.append(
+        f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m connmark ! --mark 0x0/{m} -j ACCEPT"
+    )
+    vips = sorted({s.vip for s in policy.services})
+    filter_rules.extend(
+        f"-A {FILTER_CHAIN} -m conntrack --ctorigdst {vip} {_c('vpngw not granted')} -j DROP" for vip in vips
+    )
+
+    dnat: list[str] = []
+    snat: list[str] = []
+    snat_done: set[IPv4Address] = set()
+    for s in policy.services:
+        label = f"vpngw {s.kind}={comment(s.name)}"
+        dnat.append(
+            f"-A {DNAT_CHAIN} -d {s.vip}/32 -p {s.proto} -m {s.proto} --dport {s.port} {_c(label)} "
+            f"-j DNAT --to-destination {s.target}:{s.port}"
+        )
+        if s.vip not in snat_done:
+            snat_done.add(s.vip)
+            to = policy.exposure_snat if s.kind == "exposure" else policy.reverse_snat
+            snat.append(
+                f"-A {SNAT_CHAIN} -m conntrack --ctorigdst {s.vip} {_c(label)} -j SNAT --to-source {to}"
+            )
+    return Ruleset(
+        tables=(
+            TableRules("filter", (FILTER_CHAIN,), tuple(filter_rules)),
+            TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
+        ),
+        marks=policy.marks,
+        mask=policy.mask,
+    )
+
+
+# --- revocation --------------------------------------------------------------------------------------
+
+
+def _admitted(policy: Policy) -> dict[int, frozenset[Admission]]:
+    out: dict[int, set[Admission]] = {g.mark: set() for g in policy.grants}
+    for a in policy.admissions:
+        out[a.mark].add(a)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def revoked(before: Policy | None, after: Policy) -> tuple[Grant, ...]:
+    """Grants of ``before`` whose conntrack entries must go once ``after``'s rules are in place.
+
+    A grant is revoked when its mark is gone, or when its mark now admits less than before (a source,
+    port or target removed or changed: flows marked under the old admission may be ones the new rules
+    would refuse). Grants that only gained admissions keep their flows.
+    """
+    if before is None:
+        return ()
+    was, now = _admitted(before), _admitted(after)
+    return tuple(
+        sorted(
+            (g for g in before.grants if g.mark not in now or not was[g.mark] <= now[g.mark]),
+            key=lambda g: g.mark,
+        )
+    )
+
+
+def stale_marks(in_kernel: Iterable[int], after: Policy) -> frozenset[int]:
+    """Marks our chain set before this process started that ``after`` no longer grants."""
+    return frozenset(in_kernel) - after.marks
+
+
+def mac_from_network_status(text: str) -> str | None:
+    """NIC2's MAC from Multus' ``k8s.v1.cni.cncf.io/network-status`` annotation (a downward-API file):
+    the first attached (non-default) network that reports a MAC."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise NatConfigError(f"network-status: not JSON: {exc}") from None
+    if not isinstance(doc, list):
+        raise NatConfigError("network-status: expected a JSON list of networks")
+    for i, net in enumerate(doc):
+        if isinstance(net, dict) and not net.get("default") and net.get("mac"):
+            return mac(net["mac"], f"network-status[{i}].mac")
+    return None

@@ -1,0 +1,158 @@
+"""``iptables-save`` text in, ``iptables-restore --noflush`` payloads out (pure).
+
+* :func:`payload` declares our chains (``:CHAIN - [0:0]``: under ``--noflush`` that flushes ONLY that
+  chain), fixes our jumps, and appends our rules: one ``*table ... COMMIT`` section per table.
+* ``iptables-restore`` commits table by table (measured here, legacy and nft alike: a failing ``*filter``
+  section after a good ``*nat`` section leaves the new nat rules in place). So the applier tests the
+  payload first and, if the real commit still fails half way, restores :func:`snapshot_payload`, the
+  previous content of our chains taken from the save output just before.
+* :func:`choose_variant` picks legacy or nft the way kube-proxy's iptables wrapper does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from initnat.rules import FILTER_CHAIN, JUMPS, OWN_PREFIX, Ruleset, Table
+
+Variant = Literal["legacy", "nft"]
+
+_SET_XMARK = re.compile(r"--set-xmark (0x[0-9a-f]+)/(0x[0-9a-f]+)")
+_HINT_CHAINS = ("KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY")
+
+
+@dataclass
+class SavedTable:
+    chains: list[str] = field(default_factory=list)
+    """Every chain declared in the table, built-in and user-defined, in save order."""
+    rules: dict[str, list[str]] = field(default_factory=dict)
+    """Chain -> its ``-A`` lines, in order."""
+
+
+def parse_save(text: str) -> dict[str, SavedTable]:
+    tables: dict[str, SavedTable] = {}
+    current: SavedTable | None = None
+    for line in text.splitlines():
+        if line.startswith("*"):
+            current = tables.setdefault(line[1:].strip(), SavedTable())
+        elif current is None or not line or line.startswith("#") or line == "COMMIT":
+            continue
+        elif line.startswith(":"):
+            chain = line[1:].split(" ", 1)[0]
+            current.chains.append(chain)
+            current.rules.setdefault(chain, [])
+        elif line.startswith("-A "):
+            chain = line.split(" ", 2)[1]
+            current.rules.setdefault(chain, []).append(line)
+    return tables
+
+
+def own_state(saved: dict[str, SavedTable]) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Per table: (our chains, their rules), as the kernel has them."""
+    out: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for name, t in saved.items():
+        chains = tuple(sorted(c for c in t.chains if c.startswith(OWN_PREFIX)))
+        if chains:
+            out[name] = (chains, tuple(r for c in chains for r in t.rules.get(c, [])))
+    return out
+
+
+def _jump(builtin: str, ours: str) -> str:
+    return f"-A {builtin} -j {ours}"
+
+
+def jump_fixes(saved: dict[str, SavedTable], table: Table) -> list[str]:
+    """Restore lines that leave each of our jumps in ``table`` exactly once, as the chain's first rule.
+
+    Nothing when that is already so; otherwise delete every copy of OUR jump (``-D`` deletes the first
+    exact match, so one line per copy) and insert it at position 1. Foreign rules are never named.
+    """
+    lines: list[str] = []
+    t = saved.get(table, SavedTable())
+    for tbl, builtin, ours in JUMPS:
+        if tbl != table:
+            continue
+        existing = t.rules.get(builtin, [])
+        want = _jump(builtin, ours)
+        copies = existing.count(want)
+        if copies == 1 and existing[0] == want:
+            continue
+        lines.extend([f"-D {builtin} -j {ours}"] * copies)
+        lines.append(f"-I {builtin} 1 -j {ours}")
+    return lines
+
+
+def in_sync(saved: dict[str, SavedTable], ruleset: Ruleset) -> bool:
+    """The kernel already has exactly ``ruleset`` in our chains, and our jumps in place."""
+    have = own_state(saved)
+    for t in ruleset.tables:
+        chains, rules = have.get(t.table, ((), ()))
+        if set(t.chains) - set(chains):
+            return False
+        mine = tuple(r for c in sorted(t.chains) for r in rules if r.split(" ", 2)[1] == c)
+        want = tuple(r for c in sorted(t.chains) for r in t.rules if r.split(" ", 2)[1] == c)
+        if mine != want or jump_fixes(saved, t.table):
+            return False
+    return True
+
+
+def payload(ruleset: Ruleset, saved: dict[str, SavedTable]) -> str:
+    out: list[str] = []
+    for t in ruleset.tables:
+        out.append(f"*{t.table}")
+        out.extend(f":{c} - [0:0]" for c in t.chains)
+        out.extend(jump_fixes(saved, t.table))
+        out.extend(t.rules)
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def snapshot_payload(saved: dict[str, SavedTable], ruleset: Ruleset) -> str:
+    """A payload that puts back what our chains held in ``saved`` (chains that did not exist yet are
+    left empty: a jump to an empty chain changes nothing)."""
+    have = own_state(saved)
+    out: list[str] = []
+    for t in ruleset.tables:
+        chains, rules = have.get(t.table, ((), ()))
+        out.append(f"*{t.table}")
+        out.extend(f":{c} - [0:0]" for c in sorted(set(chains) | set(t.chains)))
+        out.extend(rules)
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def marks_in(saved: dict[str, SavedTable]) -> frozenset[int]:
+    """Conntrack marks our filter chain currently sets (to find grants revoked while we were not running)."""
+    rules = saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, [])
+    return frozenset(int(m.group(1), 16) for r in rules if (m := _SET_XMARK.search(r)))
+
+
+def count_rules(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("-"))
+
+
+def choose_variant(legacy_save: str, nft_save: str) -> Variant:
+    """kube-proxy's rule (kubernetes-sigs/iptables-wrappers): a kubelet hint/canary chain in one
+    variant decides; otherwise the variant holding more rules wins, nft on a tie (the Debian default).
+    Our own chains count as a hint too: a restarted init-nat keeps using the variant it wrote to."""
+    for hint in (*_HINT_CHAINS, FILTER_CHAIN):
+        in_legacy, in_nft = f":{hint} " in legacy_save, f":{hint} " in nft_save
+        if in_legacy != in_nft:
+            return "legacy" if in_legacy else "nft"
+    return "legacy" if count_rules(legacy_save) > count_rules(nft_save) else "nft"
+
+
+def own_rules_text(saved: dict[str, SavedTable], tables: Iterable[str] = ("filter", "nat")) -> str:
+    """Our chains and jumps as text, for logs and tests that compare states."""
+    lines: list[str] = []
+    for name in tables:
+        t = saved.get(name)
+        if t is None:
+            continue
+        for _, builtin, ours in (j for j in JUMPS if j[0] == name):
+            lines.extend(f"{name} {r}" for r in t.rules.get(builtin, []) if r == _jump(builtin, ours))
+        lines.extend(f"{name} {r}" for c in sorted(t.rules) if c.startswith(OWN_PREFIX) for r in t.rules[c])
+    return "\n".join(lines)
