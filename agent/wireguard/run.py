@@ -1,0 +1,334 @@
+"""The WireGuard backend of the status-agent: keep the device equal to the plan, and report status.peers.
+
+One loop, one step per ``poll_interval`` (or at once when a new plan arrives)::
+
+    plan + secrets + resolved endpoints --config.desired--> DesiredDevice       (pure; bad input: keep
+    backend.get --------------------------------------------> DeviceState          the last good one)
+    diff.diff(desired, state) -> DeviceUpdate --> backend.apply (only if not empty: an unchanged peer
+                                                  is never touched, its handshake and counters survive)
+    netdev.configure(address, link up, peer routes)          (when they change, after a device reset,
+                                                              and every resync period)
+    status.peers_status(plan, state, clock()) --> sink.publish (only on change; counters alone at most
+                                                              once per resync period)
+
+Reconnect needs no special state: a dead daemon makes ``get`` raise DeviceUnavailable (not ready, peers
+not Connected); a restarted one reports an empty device, so the very same diff re-applies everything,
+and a changed private key (device reset or rotation) also re-runs the address/route configuration.
+Secrets are read through ``runtime.Secrets`` and live only in DesiredDevice/DeviceUpdate fields that are
+excluded from repr; log lines carry counts and names, never values.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agent.runtime import Health, PlanSource, SecretError, Secrets, Settings, StatusSink
+from agent.wireguard.backend import (
+    ApplyRejected,
+    BackendUnavailable,
+    DeviceUnavailable,
+    WireGuardBackend,
+    detect,
+)
+from agent.wireguard.config import ConfigError, desired, hostnames, secret_key
+from agent.wireguard.diff import diff
+from agent.wireguard.model import DesiredDevice, DeviceState
+from agent.wireguard.netdev import IpRouteNetDev, NetDev, NetDevError, peer_routes
+from agent.wireguard.status import peers_status, without_counters
+from gwplan import Plan, SecretRef, WireGuard
+
+log = logging.getLogger(__name__)
+
+Resolver = Callable[[str], Awaitable[str]]
+Opener = Callable[[str, Path | None], Awaitable[WireGuardBackend]]
+Clock = Callable[[], float]
+
+
+async def resolve_ipv4(host: str) -> str:
+    """The first IPv4 address of ``host`` (the lab and the tunnels are IPv4)."""
+    infos = await anyio.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_DGRAM)
+    if not infos:
+        raise OSError(f"{host}: no IPv4 address")
+    return str(infos[0][4][0])
+
+
+class Endpoints:
+    """Hostname endpoints, resolved and re-resolved every ``interval`` (``retry`` after a failure; the
+    last good address stays in use meanwhile)."""
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        monotonic: Clock,
+        interval: float = 60.0,
+        retry: float = 5.0,
+        timeout: float = 2.0,
+    ) -> None:
+        self.resolver = resolver
+        self.monotonic = monotonic
+        self.interval = interval
+        self.retry = retry
+        self.timeout = timeout
+        self.addresses: dict[str, str] = {}
+        self._due: dict[str, float] = {}
+        self._failing: set[str] = set()
+
+    async def refresh(self, hosts: frozenset[str]) -> bool:
+        """Resolve the hosts that are due; True if an address changed."""
+        changed = False
+        for gone in set(self._due) - hosts:
+            self._due.pop(gone, None)
+            self.addresses.pop(gone, None)
+            self._failing.discard(gone)
+        for host in sorted(hosts):
+            now = self.monotonic()
+            if self._due.get(host, 0.0) > now:
+                continue
+            try:
+                with anyio.fail_after(self.timeout):
+                    address = await self.resolver(host)
+            except (OSError, TimeoutError) as exc:
+                self._due[host] = now + self.retry
+                if host not in self._failing:
+                    self._failing.add(host)
+                    log.warning("wireguard.endpoint.unresolved host=%s error=%r", host, str(exc) or "timeout")
+                continue
+            self._failing.discard(host)
+            self._due[host] = now + self.interval
+            if self.addresses.get(host) != address:
+                log.info("wireguard.endpoint.resolved host=%s address=%s", host, address)
+                self.addresses[host] = address
+                changed = True
+        return changed
+
+
+class WireGuardAgent:
+    """The loop's state and its single step (``step``), so tests can drive it one step at a time."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        secrets: Secrets,
+        sink: StatusSink,
+        health: Health,
+        *,
+        open_backend: Opener = detect,
+        netdev: NetDev | None = None,
+        resolver: Resolver = resolve_ipv4,
+        clock: Clock = time.time,
+        monotonic: Clock = time.monotonic,
+        resolve_interval: float = 60.0,
+    ) -> None:
+        self.settings = settings
+        self.secrets = secrets
+        self.sink = sink
+        self.health = health
+        self.open_backend = open_backend
+        self.netdev: NetDev = netdev or IpRouteNetDev()
+        self.clock = clock
+        self.monotonic = monotonic
+        self.endpoints = Endpoints(resolver, monotonic, interval=resolve_interval)
+        self.plan: Plan | None = None
+        self.good: tuple[WireGuard, DesiredDevice] | None = None
+        """The last configuration that passed validation: it keeps running while newer input is bad."""
+        self.config_error: str | None = None
+        self.backend: WireGuardBackend | None = None
+        self.state: DeviceState | None = None
+        self.available = False
+        self._lost_reported: str | None = None
+        self._apply_error: str | None = None
+        self._net_applied: tuple[str, str, tuple[str, ...]] | None = None
+        self._net_dirty = True
+        self._net_at = 0.0
+        self._published: list[dict[str, Any]] | None = None
+        self._published_sig: list[dict[str, Any]] | None = None
+        self._published_at = 0.0
+        self.wake = anyio.Event()
+
+    # --- the loop -----------------------------------------------------------------------------------
+
+    async def run(self, plans: PlanSource) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def consume() -> None:
+                async for plan in plans:
+                    self.plan = plan
+                    self.wake.set()
+
+            tg.start_soon(consume)
+            try:
+                while True:
+                    await self.step()
+                    with anyio.move_on_after(self.settings.poll_interval):
+                        await self.wake.wait()
+                    self.wake = anyio.Event()
+            finally:
+                if self.backend is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self.backend.aclose()
+
+    async def step(self) -> None:
+        self.health.beat()
+        await self._accept_config()
+        if self.good is None:
+            self.health.set_ready(
+                False, f"no valid WireGuard configuration: {self.config_error or 'no plan'}"
+            )
+            return
+        wg, want = self.good
+        await self._sync(wg, want)
+        await self._publish(wg)
+
+    # --- configuration (plan + secrets + DNS) ---------------------------------------------------------
+
+    def _read_key(self, ref: SecretRef) -> str:
+        try:
+            raw = self.secrets.read(ref)
+        except SecretError as exc:
+            raise ConfigError(str(exc)) from None
+        return secret_key(raw, ref)
+
+    async def _accept_config(self) -> None:
+        plan = self.plan
+        if plan is None:
+            return
+        try:
+            if plan.wireguard is None:
+                raise ConfigError("wireguard: required for a gateway of type wireguard")
+            wg = plan.wireguard
+            await self.endpoints.refresh(hostnames(wg))
+            want = desired(wg, self._read_key, self.endpoints.addresses)
+        except ConfigError as exc:
+            if str(exc) != self.config_error:
+                self.config_error = str(exc)
+                log.error(
+                    "wireguard.config.rejected error=%r running=%s",
+                    self.config_error,
+                    "last-good" if self.good else "nothing",
+                )
+            return
+        if self.config_error is not None:
+            log.info("wireguard.config.accepted peers=%d", len(want.peers))
+            self.config_error = None
+        self.good = (wg, want)
+
+    # --- device ------------------------------------------------------------------------------------------
+
+    async def _sync(self, wg: WireGuard, want: DesiredDevice) -> None:
+        if self.backend is None:
+            try:
+                self.backend = await self.open_backend(wg.interface, self.settings.wireguard_uapi_dir)
+            except BackendUnavailable as exc:
+                self._lost(str(exc))
+                return
+        backend = self.backend
+        iface = wg.interface
+        try:
+            try:
+                state = await backend.get(iface)
+            except DeviceUnavailable:
+                await backend.ensure_device(iface)  # the kernel backend creates it; userspace re-raises
+                state = await backend.get(iface)
+                self._net_dirty = True
+            if self.available and not state.has_private_key:
+                log.warning("wireguard.device.reset interface=%s action=reapply", iface)
+            update = diff(want, state)
+            if not update.empty:
+                started = self.monotonic()
+                await backend.apply(iface, update)
+                log.info(
+                    "wireguard.applied backend=%s interface=%s %s ms=%.1f",
+                    backend.name,
+                    iface,
+                    update.summary(),
+                    (self.monotonic() - started) * 1000,
+                )
+                if update.private_key is not None:  # a fresh device (daemon restarted) or a rotated key
+                    self._net_dirty = True
+                state = await backend.get(iface)
+            self._apply_error = None
+            self.state = state
+            await self._configure_net(wg)
+        except DeviceUnavailable as exc:
+            self._net_dirty = True
+            self._lost(str(exc))
+            return
+        except ApplyRejected as exc:
+            if str(exc) != self._apply_error:
+                self._apply_error = str(exc)
+                log.error("wireguard.apply.rejected interface=%s error=%r", iface, self._apply_error)
+            self.health.set_ready(False, f"device rejected the configuration: {exc}")
+            return
+        except NetDevError as exc:
+            self._net_dirty = True
+            if str(exc) != self._apply_error:
+                self._apply_error = str(exc)
+                log.error("wireguard.netdev.failed interface=%s error=%r", iface, self._apply_error)
+            self.health.set_ready(False, f"address/routes not configured: {exc}")
+            return
+        if not self.available:
+            log.info(
+                "wireguard.device.ready backend=%s interface=%s peers=%d",
+                backend.name,
+                iface,
+                len(want.peers),
+            )
+        self.available = True
+        self._lost_reported = None
+        self.health.set_ready(True, f"{iface} configured with {len(want.peers)} peers ({backend.name})")
+
+    async def _configure_net(self, wg: WireGuard) -> None:
+        routes = peer_routes(wg.address, (ip for p in wg.peers for ip in p.allowed_ips))
+        target = (wg.interface, wg.address, routes)
+        now = self.monotonic()
+        if (
+            not self._net_dirty
+            and target == self._net_applied
+            and now - self._net_at < self.settings.resync_seconds
+        ):
+            return
+        added, removed = await self.netdev.configure(wg.interface, wg.address, routes)
+        if added or removed or target != self._net_applied:
+            log.info(
+                "wireguard.netdev.configured interface=%s address=%s routes=%d added=%d removed=%d",
+                wg.interface,
+                wg.address,
+                len(routes),
+                added,
+                removed,
+            )
+        self._net_applied, self._net_dirty, self._net_at = target, False, now
+
+    def _lost(self, reason: str) -> None:
+        self.available = False
+        if reason != self._lost_reported:
+            self._lost_reported = reason
+            log.warning("wireguard.device.unavailable error=%r", reason)
+        self.health.set_ready(False, f"WireGuard device unavailable: {reason}")
+
+    # --- status -----------------------------------------------------------------------------------------
+
+    async def _publish(self, wg: WireGuard) -> None:
+        peers = peers_status(wg.peers, self.state, self.clock(), available=self.available)
+        sig = without_counters(peers)
+        now = self.monotonic()
+        if sig == self._published_sig and (
+            peers == self._published or now - self._published_at < self.settings.resync_seconds
+        ):
+            return
+        await self.sink.publish({"peers": peers})
+        self._published, self._published_sig, self._published_at = peers, sig, now
+
+
+async def run(
+    settings: Settings, plans: PlanSource, secrets: Secrets, sink: StatusSink, health: Health
+) -> None:
+    """``runtime.Backend`` for WireGuard gateways: runs until cancelled."""
+    await WireGuardAgent(settings, secrets, sink, health).run(plans)

@@ -1,0 +1,346 @@
+"""Issue 5 acceptance against real daemons: a gateway wireguard-go programmed by ``python -m agent`` (run
+inside the gateway's network namespace with ``ip netns exec``, as in the pod), and two independent peers
+(a site with a LAN and a road-warrior-like peer), each its own wireguard-go configured with ``wg``.
+
+Nothing is faked here: the plan file, the secret files, the status file, the UAPI socket, the TUN device,
+addresses and routes are all real. The kernel NETLINK backend cannot run on this machine (no WireGuard
+module); it is covered at the pyroute2 boundary in tests/component/test_wireguard_backend.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.wireguard import uapi
+from agent.wireguard.model import DeviceState
+from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, dumps
+from lab import netns
+from lab.daemons import WireGuardGo
+from lab.world import Host, Lab
+
+pytestmark = [pytest.mark.lab]
+
+ROOT = Path(__file__).resolve().parents[2]
+GW_TUNNEL = "10.99.0.1"
+
+
+def keypair() -> tuple[str, str]:
+    private = subprocess.run(["wg", "genkey"], capture_output=True, check=True).stdout.strip()
+    public = subprocess.run(["wg", "pubkey"], input=private, capture_output=True, check=True).stdout.strip()
+    return private.decode(), public.decode()
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float = 15.0, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Peer:
+    host: Host
+    wg: WireGuardGo
+    private: str
+    public: str
+    tunnel_ip: str
+
+
+@dataclass
+class World:
+    lab: Lab
+    dir: Path
+    gw: WireGuardGo
+    gw_private: str
+    gw_public: str
+    site: Peer
+    roamer: Peer
+    plan_path: Path
+    secrets: Path
+    status_path: Path
+    log_path: Path
+    site_psk: str
+    agent: subprocess.Popen[bytes] | None = None
+
+    def plan(self, *peers: Peer, listen_port: int = 51820) -> Plan:
+        wg_peers = []
+        for p in peers:
+            if p is self.site:
+                wg_peers.append(
+                    WgPeer(
+                        name="site-a",
+                        public_key=p.public,
+                        allowed_ips=(f"{p.tunnel_ip}/32", p.host.lans[0]),
+                        endpoint=f"{p.host.addresses[0]}:51820",
+                        preshared_key_ref=SecretRef("site-a-psk", "psk"),
+                    )
+                )
+            else:
+                wg_peers.append(
+                    WgPeer(name="laptop-b", public_key=p.public, allowed_ips=(f"{p.tunnel_ip}/32",))
+                )
+        return Plan(
+            gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant", "gw"),
+            type="wireguard",
+            wireguard=WireGuard(
+                interface="wg0",
+                listen_port=listen_port,
+                address=f"{GW_TUNNEL}/24",
+                private_key_ref=SecretRef("gw-key", "privateKey"),
+                peers=tuple(wg_peers),
+            ),
+        )
+
+    def write_plan(self, plan: Plan) -> None:
+        tmp = self.plan_path.with_suffix(".tmp")
+        tmp.write_bytes(dumps(plan))
+        os.replace(tmp, self.plan_path)
+
+    def write_secret(self, name: str, key: str, value: str) -> None:
+        d = self.secrets / name
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{key}.tmp"
+        tmp.write_text(value + "\n")
+        os.replace(tmp, d / key)
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        try:
+            doc = json.loads(self.status_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return {p["name"]: p for p in doc.get("peers", [])}
+
+    def device(self) -> DeviceState:
+        return uapi.parse_get(_uapi_get(self.gw.uapi_socket))
+
+    def start_agent(self) -> None:
+        argv = netns.ns_exec(
+            self.lab.gw.ns,
+            sys.executable,
+            "-m",
+            "agent",
+            "--plan",
+            str(self.plan_path),
+            "--secrets-dir",
+            str(self.secrets),
+            "--status-file",
+            str(self.status_path),
+            "--wireguard-uapi-dir",
+            str(self.gw.uapi_dir),
+            "--poll-interval",
+            "0.2",
+            "--resync-seconds",
+            "5",
+            "--log-level",
+            "DEBUG",
+        )
+        with open(self.log_path, "ab") as out:
+            self.agent = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+
+    def stop_agent(self) -> int | None:
+        if self.agent is None or self.agent.poll() is not None:
+            return self.agent.returncode if self.agent else None
+        self.agent.send_signal(signal.SIGTERM)
+        try:
+            return self.agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.agent.kill()
+            self.agent.wait(timeout=5)
+            return None
+
+
+def state_of(world: World, name: str) -> str | None:
+    return world.status().get(name, {}).get("state")
+
+
+def ip_show(world: World, what: str) -> str:
+    return world.lab.gw.run("ip", "-4", what, "show", "dev", "wg0").stdout.decode()
+
+
+def _uapi_get(path: Path) -> str:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect(str(path))
+        s.sendall(b"get=1\n\n")
+        data = b""
+        while not data.endswith(b"\n\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data.decode()
+    finally:
+        s.close()
+
+
+def configure_peer(p: Peer, world: World, keyfile: Path, *, gw_public: str | None = None) -> None:
+    """A tenant's side, configured by hand with ``wg`` (no agent there)."""
+    keyfile.write_text(p.private + "\n")
+    args = ["set", "wg0", "private-key", str(keyfile)]
+    if p is world.site:  # the site has a fixed port: the gateway's plan names it as the endpoint
+        args += ["listen-port", "51820"]
+    args += ["peer", gw_public or world.gw_public, "allowed-ips", "10.99.0.0/24"]
+    args += ["endpoint", f"{world.lab.gw.addresses[0]}:51820"]
+    if p is world.site:
+        psk = keyfile.with_suffix(".psk")
+        psk.write_text(world.site_psk + "\n")
+        args += ["preshared-key", str(psk)]
+    p.wg.wg(*args)
+
+
+@pytest.fixture
+def world(lab: Lab, tmp_path: Path) -> Iterator[World]:
+    site_host, roam_host = lab.add_site(), lab.add_site()
+    gw = lab.start_wireguard(lab.gw)
+    peers = []
+    for host, ip in ((site_host, "10.99.0.2"), (roam_host, "10.99.0.3")):
+        daemon = lab.start_wireguard(host)
+        priv, pub = keypair()
+        netns.addr(host.ns, "wg0", f"{ip}/24")
+        netns.run(["ip", "-n", host.ns, "link", "set", "wg0", "up"])
+        peers.append(Peer(host, daemon, priv, pub, ip))
+    gw_priv, gw_pub = keypair()
+    secrets = tmp_path / "secrets"
+    w = World(
+        lab=lab,
+        dir=tmp_path,
+        gw=gw,
+        gw_private=gw_priv,
+        gw_public=gw_pub,
+        site=peers[0],
+        roamer=peers[1],
+        plan_path=tmp_path / "plan.json",
+        secrets=secrets,
+        status_path=tmp_path / "status" / "status.json",
+        log_path=tmp_path / "agent.log",
+        site_psk=keypair()[0],
+    )
+    w.write_secret("gw-key", "privateKey", gw_priv)
+    w.write_secret("site-a-psk", "psk", w.site_psk)
+    w.write_plan(w.plan(w.site, w.roamer))
+    w.start_agent()
+    try:
+        # The responder (gateway) is configured before the peers start talking (LAB-FACTS).
+        wait_for("the agent to configure the gateway", lambda: len(w.device().peers) == 2)
+        for p in peers:
+            configure_peer(p, w, tmp_path / f"{p.host.role}.key")
+        yield w
+    finally:
+        code = w.stop_agent()
+        log = w.log_path.read_text(errors="replace") if w.log_path.exists() else ""
+        secrets_in_log = [s for s in (gw_priv, w.site_psk, *(p.private for p in peers)) if s in log]
+        assert not secrets_in_log, "a secret reached the agent's log"
+        assert code == 0, f"agent exit code {code}; log tail:\n{log[-3000:]}"
+
+
+def test_both_peers_handshake_ping_through_tunnel_and_show_connected(world: World) -> None:
+    site, roamer = world.site, world.roamer
+    assert site.host.ping(GW_TUNNEL, count=2)
+    assert roamer.host.ping(GW_TUNNEL, count=2)
+    # The site's LAN (a /32 on its lo) is routed through the device by the agent (wg-quick's route).
+    assert world.lab.gw.ping(site.host.lan_host, count=2)
+    routes = ip_show(world, "route")
+    assert site.host.lans[0] in routes
+    status = wait_for(
+        "both peers Connected",
+        lambda: (s := world.status()) and all(p["state"] == "Connected" for p in s.values()) and s,
+    )
+    assert set(status) == {"site-a", "laptop-b"}
+    a = status["site-a"]
+    assert a["publicKey"] == site.public
+    assert a["allowedIPs"] == ["10.99.0.2/32", site.host.lans[0]]
+    assert a["endpoint"] == f"{site.host.addresses[0]}:51820"
+    assert a["latestHandshake"].endswith("Z") and a["bytesIn"] > 0 and a["bytesOut"] > 0
+    addr = ip_show(world, "addr")
+    assert f"{GW_TUNNEL}/24" in addr and "UP" in addr
+    text = world.status_path.read_text()
+    for secret in (world.gw_private, world.site_psk):
+        assert secret not in text
+
+
+def test_removing_a_peer_stops_its_traffic_and_leaves_the_other_untouched(world: World) -> None:
+    site, roamer = world.site, world.roamer
+    assert site.host.ping(GW_TUNNEL) and roamer.host.ping(GW_TUNNEL)
+    wait_for(
+        "both Connected", lambda: len([p for p in world.status().values() if p["state"] == "Connected"]) == 2
+    )
+    before = {p.public_key: p for p in world.device().peers}[roamer.public]
+    started = time.monotonic()
+    world.write_plan(world.plan(roamer))
+    wait_for(
+        "site-a removed from the device",
+        lambda: site.public not in {p.public_key for p in world.device().peers},
+        timeout=5,
+        every=0.02,
+    )
+    removed_after = time.monotonic() - started
+    assert removed_after < 2.0, f"peer removal took {removed_after:.2f}s"
+    assert not site.host.ping(GW_TUNNEL, wait=0.5)
+    wait_for("site-a dropped from status", lambda: set(world.status()) == {"laptop-b"})
+    after = {p.public_key: p for p in world.device().peers}[roamer.public]
+    assert after.last_handshake == before.last_handshake  # the reload did not touch the other peer
+    assert after.rx_bytes >= before.rx_bytes and after.tx_bytes >= before.tx_bytes
+    routes = ip_show(world, "route")
+    assert site.host.lans[0] not in routes  # its LAN route went with it
+    assert roamer.host.ping(GW_TUNNEL)
+
+
+def test_rotating_the_gateway_private_key_is_applied_and_updated_peers_reconnect(world: World) -> None:
+    roamer = world.roamer
+    assert roamer.host.ping(GW_TUNNEL)
+    new_private, new_public = keypair()
+    world.write_secret("gw-key", "privateKey", new_private)
+    wait_for("the new private key on the device", lambda: world.device().private_key == new_private)
+    # The tenant updates its side with the gateway's new public key.
+    roamer.wg.wg("set", "wg0", "peer", world.gw_public, "remove")
+    keyfile = world.dir / "roamer-rotated.key"
+    configure_peer(roamer, world, keyfile, gw_public=new_public)
+    assert wait_for("ping over the rotated key", lambda: roamer.host.ping(GW_TUNNEL), timeout=10)
+    wait_for(
+        "laptop-b Connected again", lambda: world.status().get("laptop-b", {}).get("state") == "Connected"
+    )
+    log = world.log_path.read_text()
+    assert new_private not in log
+
+
+def test_killing_and_restarting_wireguard_go_is_repaired_by_the_agent(world: World) -> None:
+    site = world.site
+    assert world.lab.gw.ping(site.host.lan_host)
+    first_pid = world.gw.pid
+    world.gw.kill()
+    world.gw.start()
+    assert world.gw.pid != first_pid
+    wait_for(
+        "config restored", lambda: len(world.device().peers) == 2 and world.device().listen_port == 51820
+    )
+    wait_for(
+        "address and route restored",
+        lambda: (
+            f"{GW_TUNNEL}/24" in world.lab.gw.run("ip", "-4", "addr", "show", "dev", "wg0").stdout.decode()
+            and site.host.lans[0]
+            in world.lab.gw.run("ip", "-4", "route", "show", "dev", "wg0").stdout.decode()
+        ),
+    )
+    # The gateway initiates to the site's planned endpoint: a fresh handshake, traffic flows again.
+    assert wait_for(
+        "ping through the restored tunnel", lambda: world.lab.gw.ping(site.host.lan_host), timeout=10
+    )
+    assert world.agent is not None and world.agent.poll() is None  # no restart of the agent needed
+    wait_for("site-a Connected", lambda: state_of(world, "site-a") == "Connected")
