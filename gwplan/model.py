@@ -87,6 +87,27 @@ class IkeSecret:
 
 
 @dataclass(frozen=True)
+class IkeCertificate:
+    """One ``load-cert`` call: an X.509 certificate (PEM) from a Secret key.
+
+    ``ca`` False: the gateway's own certificate (``flag: NONE``), whose subjectAltName must carry the
+    gateway's local IKE id, so charon finds it by identity; ``ca`` True: a CA trusted for peers'
+    certificates (``flag: CA``)."""
+
+    id: str
+    ref: SecretRef
+    ca: bool = False
+
+
+@dataclass(frozen=True)
+class IkePrivateKey:
+    """One ``load-key`` call (``type: any``): the private key (PEM) of the gateway's certificate."""
+
+    id: str
+    ref: SecretRef
+
+
+@dataclass(frozen=True)
 class Child:
     """One CHILD_SA of a tunnel: exactly one remote subnet (never comma-joined)."""
 
@@ -112,6 +133,9 @@ class Tunnel:
 class Ipsec:
     secrets: tuple[IkeSecret, ...] = ()
     tunnels: tuple[Tunnel, ...] = ()
+    certificates: tuple[IkeCertificate, ...] = ()
+    """For pubkey (certificate) peers; empty when every peer uses a PSK."""
+    private_keys: tuple[IkePrivateKey, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -359,6 +383,13 @@ def from_dict(doc: Any) -> Plan:
                     conn=t.get("conn", Mapping),
                 )
                 for t in i.subs("tunnels")
+            ),
+            certificates=tuple(
+                IkeCertificate(id=c.str_("id"), ref=c.ref("ref"), ca=c.get("ca", bool, False))
+                for c in i.subs("certificates")
+            ),
+            private_keys=tuple(
+                IkePrivateKey(id=k.str_("id"), ref=k.ref("ref")) for k in i.subs("privateKeys")
             ),
         )
     wireguard = None

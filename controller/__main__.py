@@ -1,0 +1,209 @@
+"""``python -m controller``: the controller's offline tools. Wiring only.
+
+* ``crds``: print the CustomResourceDefinitions (multi-document YAML).
+* ``render -f FILE ...``: validate one gateway and its peers and write the gateway plan (JSON) or an
+  equivalent swanctl.conf.
+
+Exit codes: 0 ok, 1 runtime failure (e.g. the output cannot be written), 2 bad usage or invalid input
+(every problem on stderr, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import gwplan
+from controller.crds import crds_yaml
+from controller.render import RenderOptions, render_documents
+from controller.swanctl import render_swanctl
+from controller.validate import InvalidInput, parse_cidrs
+
+log = logging.getLogger("controller")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+INTERNAL_CIDRS_ENV = "IPSEC_INTERNAL_SOURCE_CIDRS"
+
+
+class UsageError(Exception):
+    """Bad command line or unreadable input: exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m controller",
+        description="VPN gateway controller tools: print the CRDs, render a gateway's plan offline.",
+        epilog="Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input.",
+    )
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser(
+        "crds",
+        help="print the CustomResourceDefinitions as multi-document YAML",
+        description="Print the CRDs (VPNGateway, VPNPeer, IPsecGateway, ClusterLink) as multi-document YAML, "
+        "generated from the same rules the controller validates with.",
+    )
+    r = sub.add_parser(
+        "render",
+        help="render a gateway and its peers to the gateway plan (or swanctl.conf)",
+        description="Read YAML documents (one VPNGateway and its VPNPeers, or one legacy IPsecGateway; "
+        "ClusterLinks are validated and otherwise ignored), validate them, and write the gateway plan as "
+        "canonical JSON. Invalid input: every problem on stderr, exit 2, nothing written.",
+        epilog="Exit codes: 0 ok, 1 the output cannot be written, 2 bad usage or invalid input.",
+    )
+    r.add_argument(
+        "-f",
+        "--file",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="YAML file with one or more documents; '-' reads stdin; repeatable",
+    )
+    r.add_argument(
+        "--internal-source-cidrs",
+        metavar="CIDR[,CIDR]",
+        default=os.environ.get(INTERNAL_CIDRS_ENV, ""),
+        help=f"fabric-side sources allowed to reach reverse exposures (default: ${INTERNAL_CIDRS_ENV})",
+    )
+    r.add_argument(
+        "--previous",
+        type=Path,
+        metavar="PLAN",
+        help="the currently deployed plan: its virtual IPs and conntrack marks are kept where still valid",
+    )
+    r.add_argument(
+        "-o", "--output", type=Path, metavar="PLAN", help="write here (atomically) instead of stdout"
+    )
+    r.add_argument(
+        "--format", choices=("plan", "swanctl"), default="plan", help="output format (default: plan)"
+    )
+    r.add_argument("--nic-mac", help="NIC2's MAC address (the Neutron port's)")
+    r.add_argument("--nic-address", metavar="ADDR/PREFIX", help="NIC2's fixed IP with prefix")
+    r.add_argument("--nic-gateway", metavar="ADDR", help="the router on NIC2's subnet")
+    r.add_argument("--wireguard-interface", default="wg0", help="WireGuard interface name (default: wg0)")
+    return p
+
+
+def _load_documents(files: Sequence[str]) -> list[Any]:
+    docs: list[Any] = []
+    for name in files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        except OSError as exc:
+            raise UsageError(f"{name}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            docs += [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{name}: not YAML: {exc}") from exc
+    if not docs:
+        raise UsageError("no documents in the input")
+    return docs
+
+
+def _options(args: argparse.Namespace) -> RenderOptions:
+    cidrs = tuple(c.strip() for c in args.internal_source_cidrs.split(",") if c.strip())
+    problems = parse_cidrs(cidrs, "--internal-source-cidrs")
+    if problems:
+        raise InvalidInput(problems)
+    previous = None
+    if args.previous is not None:
+        try:
+            previous = gwplan.loads(args.previous.read_bytes())
+        except OSError as exc:
+            raise UsageError(f"--previous {args.previous}: cannot read: {exc.strerror or exc}") from exc
+        except gwplan.PlanError as exc:
+            raise UsageError(f"--previous {args.previous}: {exc}") from exc
+    nic = gwplan.Nic(mac=args.nic_mac, address=args.nic_address, gateway=args.nic_gateway)
+    return RenderOptions(
+        internal_source_cidrs=cidrs, previous=previous, nic=nic, wireguard_interface=args.wireguard_interface
+    )
+
+
+def _write(data: bytes, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    fd, tmp = tempfile.mkstemp(dir=output.parent or Path("."), prefix=f".{output.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def render_command(args: argparse.Namespace) -> int:
+    options = _options(args)
+    docs = _load_documents(args.files)
+    plan = render_documents(docs, options)
+    if options.previous is not None and options.previous.gateway != plan.gateway:
+        log.warning(
+            "render.previous_ignored previous=%s/%s/%s",
+            options.previous.gateway.kind,
+            options.previous.gateway.namespace,
+            options.previous.gateway.name,
+        )
+    data = render_swanctl(plan).encode() if args.format == "swanctl" else gwplan.dumps(plan)
+    _write(data, args.output)
+    g = plan.gateway
+    log.info(
+        "render.done gateway=%s/%s/%s type=%s tunnels=%d wg_peers=%d exposures=%d reverse=%d grants=%d "
+        "format=%s hash=%s",
+        g.kind,
+        g.namespace,
+        g.name,
+        plan.type,
+        len(plan.ipsec.tunnels) if plan.ipsec else 0,
+        len(plan.wireguard.peers) if plan.wireguard else 0,
+        len(plan.nat.exposures),
+        len(plan.nat.reverse_exposures),
+        len(plan.nat.grants),
+        args.format,
+        gwplan.plan_hash(plan),
+    )
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        if args.command == "crds":
+            sys.stdout.write(crds_yaml())
+            return EXIT_OK
+        return render_command(args)
+    except InvalidInput as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        log.error(
+            "render.invalid problems=%d reasons=%s",
+            len(exc.problems),
+            ",".join(sorted({p.reason for p in exc.problems})),
+        )
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:  # e.g. --format swanctl for a WireGuard gateway
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        log.error("render.write_failed error=%s", exc.strerror or exc)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

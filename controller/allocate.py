@@ -1,0 +1,121 @@
+"""Allocation of virtual IPs (from serviceCIDR) and per-grant conntrack marks. Pure.
+
+Both are *sticky*: an allocation from the previous plan is kept as long as it is still valid (the name or
+grant still exists, the value is still inside the pool, no earlier keeper took it). New names get a
+preferred slot from a hash of the name and probe linearly to the next free one. Hashing alone cannot be
+stable under collisions (a removed name could un-collide another and shift it), so the controller passes
+the current plan as ``previous``: with it, adding or removing an unrelated exposure never moves another.
+
+* The first host of serviceCIDR is reserved: it is the gateway's own address (``Nat.source_address``,
+  the SNAT source of reverse exposures; the pod puts it on ``lo``). Network and broadcast addresses are
+  never handed out either.
+* Marks live inside ``mark_mask`` (contiguous bits); 0 is "no mark". A mark is never given to two grants
+  of one render, and a grant keeps its mark while it exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+DEFAULT_MARK_MASK = 0x0FFF0000
+
+GrantKey = tuple[str, str, str]
+"""(kind, peer, exposure) with kind ``exposure`` or ``reverse``."""
+
+
+class AllocationError(ValueError):
+    """The pool is too small; the message says which pool and how many were needed."""
+
+
+def _slot(name: str, size: int) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % size
+
+
+def _sticky(
+    wanted: Iterable[str], previous: Mapping[str, int], valid: range, size: int, what: str
+) -> dict[str, int]:
+    names = sorted(set(wanted))
+    taken: dict[int, str] = {}
+    out: dict[str, int] = {}
+    for name in names:
+        value = previous.get(name)
+        if value is not None and value in valid and value not in taken:
+            taken[value] = name
+            out[name] = value
+    fresh = [n for n in names if n not in out]
+    if len(taken) + len(fresh) > size:
+        raise AllocationError(f"{what}: {len(names)} needed, only {size} available")
+    for name in fresh:
+        i = _slot(name, size)
+        while valid[i] in taken:
+            i = (i + 1) % size
+        taken[valid[i]] = name
+        out[name] = valid[i]
+    return out
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The usable virtual IPs of a serviceCIDR."""
+
+    network: ipaddress.IPv4Network
+
+    @classmethod
+    def of(cls, service_cidr: str) -> Pool:
+        return cls(ipaddress.IPv4Network(service_cidr, strict=False))
+
+    @property
+    def source_address(self) -> str:
+        return str(self.network.network_address + 1)
+
+    @property
+    def range(self) -> range:
+        base = int(self.network.network_address)
+        return range(base + 2, int(self.network.broadcast_address))
+
+    def __len__(self) -> int:
+        return len(self.range)
+
+
+def virtual_ips(service_cidr: str, names: Iterable[str], previous: Mapping[str, str]) -> dict[str, str]:
+    """Name -> virtual IP for every name, keeping every still-valid previous allocation."""
+    pool = Pool.of(service_cidr)
+    prev: dict[str, int] = {}
+    for name, ip in previous.items():
+        try:
+            prev[name] = int(ipaddress.IPv4Address(ip))
+        except ValueError:
+            continue  # a hand-edited previous plan: just allocate afresh
+    got = _sticky(names, prev, pool.range, len(pool), f"serviceCIDR {pool.network} (exposures)")
+    return {name: str(ipaddress.IPv4Address(v)) for name, v in got.items()}
+
+
+def _mask_bits(mask: int) -> tuple[int, int]:
+    if mask <= 0:
+        raise ValueError(f"mark mask {mask:#x} is empty")
+    shift = (mask & -mask).bit_length() - 1
+    width = mask >> shift
+    if width & (width + 1):
+        raise ValueError(f"mark mask {mask:#x} is not contiguous")
+    return shift, width
+
+
+def grant_key_text(key: GrantKey) -> str:
+    return "/".join(key)
+
+
+def marks(
+    keys: Iterable[GrantKey], previous: Mapping[GrantKey, int], mask: int = DEFAULT_MARK_MASK
+) -> dict[GrantKey, int]:
+    """Grant -> conntrack mark (inside ``mask``, never 0), keeping every still-valid previous mark."""
+    shift, width = _mask_bits(mask)
+    by_text = {grant_key_text(k): k for k in keys}
+    prev: dict[str, int] = {}
+    for key, mark in previous.items():
+        if mark & ~mask == 0 and mark >> shift:
+            prev[grant_key_text(key)] = mark >> shift
+    got = _sticky(by_text, prev, range(1, width + 1), width, f"conntrack marks in {mask:#x} (grants)")
+    return {by_text[t]: v << shift for t, v in got.items()}

@@ -1,0 +1,503 @@
+"""The four resources' schemas, written once in ``controller.schema``'s language.
+
+``controller.validate`` checks documents against them; ``controller.crds`` turns them into CRDs. Every
+string that can reach charon, swanctl.conf or iptables is constrained here by an allowlist pattern or
+enum: names are DNS labels, IKE ids use FQDN/IP/email characters only, addresses and CIDRs are dotted
+IPv4, hostnames are RFC 1123, proposals exact-match an allowlist.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.schema import Arr, Bool, Int, Obj, Rule, Str
+
+VPN_GROUP = "vpn.bnerd.net"
+LEGACY_GROUP = "ipsec.bnerd.net"
+VERSION = "v1alpha1"
+
+# --- patterns (RE2-compatible, unanchored; matched against the whole value) --------------------------
+
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}"
+CIDR = rf"{IPV4}/(3[0-2]|[12]?[0-9])"
+SERVICE_CIDR = rf"{IPV4}/(30|[12][0-9]|[89])"
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_HOST_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
+# RFC 1123 host name whose last label starts with a letter, so "300.1.1.1" is not a host name either.
+HOSTNAME = rf"({_HOST_LABEL}\.)*[A-Za-z]([-A-Za-z0-9]{{0,61}}[A-Za-z0-9])?"
+ENDPOINT = rf"({IPV4}|{HOSTNAME})"
+# FQDN, IPv4 or email-style identities; first and last character alphanumeric, so charon's prefixes
+# ("@", "%any", "#") and DN syntax ("=", ",", spaces) can never appear.
+IKE_ID = r"[A-Za-z0-9]([-A-Za-z0-9._@]{0,253}[A-Za-z0-9])?"
+SECRET_NAME = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"  # noqa: S105
+# Secret keys become file names under the secret volume: never "." or "..", never a path.
+SECRET_KEY = r"[-_A-Za-z0-9][-._A-Za-z0-9]*"  # noqa: S105
+# Exactly the canonical base64 of 32 bytes: 43 characters, the last one with its low 2 bits zero, and "=".
+WG_KEY = r"[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]="
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+IKE_PROPOSALS = (
+    "aes256-sha256-modp2048",
+    "aes256-sha256-modp3072",
+    "aes256-sha384-modp3072",
+    "aes256-sha256-ecp256",
+    "aes256-sha384-ecp384",
+    "aes128-sha256-modp2048",
+    "aes128-sha256-ecp256",
+    "aes256-sha256-curve25519",
+    "aes256gcm16-prfsha256-modp2048",
+    "aes256gcm16-prfsha384-ecp384",
+    "aes128gcm16-prfsha256-ecp256",
+    "aes256gcm16-prfsha256-curve25519",
+)
+ESP_PROPOSALS = (
+    "aes256gcm16-modp2048",
+    "aes256gcm16-ecp384",
+    "aes256gcm16-curve25519",
+    "aes256gcm16",
+    "aes128gcm16-ecp256",
+    "aes128gcm16",
+    "aes256-sha256-modp2048",
+    "aes256-sha256",
+    "aes256-sha384-ecp384",
+    "aes128-sha256-modp2048",
+    "aes128-sha256",
+)
+DEFAULT_IKE_PROPOSALS = ("aes256-sha256-modp2048",)
+DEFAULT_ESP_PROPOSALS = ("aes256gcm16-modp2048",)
+
+MAX_EXPOSURES = 1024
+MAX_REVERSE_EXPOSURES = 256
+MAX_SUBNETS = 64
+MAX_TUNNELS = 256
+
+# --- building blocks --------------------------------------------------------------------------------
+
+ipv4 = Str(
+    "IPv4 address, dotted quad.", pattern=IPV4, format="ipv4", max_length=15, rule="is not an IPv4 address"
+)
+cidr = Str("IPv4 CIDR.", pattern=CIDR, format="cidr", max_length=18, rule="is not an IPv4 CIDR")
+dns_label = Str("RFC 1123 DNS label.", pattern=DNS_LABEL, max_length=63, rule="is not a DNS label (RFC 1123)")
+hostname = Str(
+    "RFC 1123 host name.",
+    pattern=HOSTNAME,
+    format="hostname",
+    max_length=253,
+    rule="is not an RFC 1123 host name",
+)
+ike_id = Str(
+    "IKE identity: FQDN, IPv4 address or email-style (letters, digits, '.', '-', '_', '@').",
+    pattern=IKE_ID,
+    max_length=255,
+    rule="is not an IKE id (FQDN, IPv4 or email-style characters only)",
+)
+secret_ref = Obj(
+    {
+        "name": Str("Secret name.", pattern=SECRET_NAME, max_length=253, rule="is not a Secret name"),
+        "key": Str("Key in the Secret.", pattern=SECRET_KEY, max_length=253, rule="is not a Secret key"),
+    },
+    required=("name", "key"),
+    description="A key of a Secret in the resource's namespace (mounted into the gateway pod).",
+)
+
+
+def _ports() -> Arr:
+    port = Obj(
+        {
+            "port": Int("Port number.", minimum=1, maximum=65535),
+            "protocol": Str("Protocol.", enum=("TCP", "UDP"), default="TCP"),
+        },
+        required=("port",),
+    )
+    return Arr(port, "Ports exposed.", min_items=1, max_items=64)
+
+
+def _has(obj: Mapping[str, Any], key: str) -> bool:
+    return key in obj
+
+
+exposure = Obj(
+    {
+        "name": dns_label,
+        "target": Obj(
+            {"address": ipv4, "host": hostname},
+            rules=(
+                Rule(
+                    "has(self.address) != has(self.host)",
+                    "exactly one of address or host must be set",
+                    lambda o: _has(o, "address") != _has(o, "host"),
+                ),
+            ),
+            description="The fabric-side target: an IPv4 address or a host name init-nat resolves.",
+        ),
+        "ports": _ports(),
+    },
+    required=("name", "target", "ports"),
+    description="A fabric-side service that granted peers reach at a virtual IP from serviceCIDR.",
+)
+reverse_exposure = Obj(
+    {
+        "name": dns_label,
+        "target": Obj({"address": ipv4}, required=("address",), description="The peer-side target."),
+        "ports": _ports(),
+    },
+    required=("name", "target", "ports"),
+    description="A peer-side service that internalSourceCIDRs reach at a virtual IP from serviceCIDR.",
+)
+
+
+def _exposure_lists() -> dict[str, Arr]:
+    return {
+        "exposures": Arr(exposure, max_items=MAX_EXPOSURES, list_type="map", map_key="name"),
+        "reverseExposures": Arr(
+            reverse_exposure, max_items=MAX_REVERSE_EXPOSURES, list_type="map", map_key="name"
+        ),
+    }
+
+
+def _names_disjoint(o: Mapping[str, Any]) -> bool:
+    ex = {e["name"] for e in o.get("exposures", [])}
+    return not any(r["name"] in ex for r in o.get("reverseExposures", []))
+
+
+UNIQUE_EXPOSURE_NAMES = Rule(
+    "!has(self.exposures) || !has(self.reverseExposures) || "
+    "self.reverseExposures.all(r, !self.exposures.exists(e, e.name == r.name))",
+    "exposure names must be unique across exposures and reverseExposures",
+    _names_disjoint,
+    field_path=".reverseExposures",
+    reason="FieldValueDuplicate",
+)
+
+ike = Obj(
+    {
+        "version": Int(
+            "IKE version: 2 only.", minimum=2, maximum=2, rule="is not supported: IKE version 2 only"
+        ),
+        "proposals": Arr(
+            Str(enum=IKE_PROPOSALS), "IKE proposals (allowlist).", min_items=1, max_items=8, list_type="set"
+        ),
+    }
+)
+esp = Obj(
+    {
+        "proposals": Arr(
+            Str(enum=ESP_PROPOSALS), "ESP proposals (allowlist).", min_items=1, max_items=8, list_type="set"
+        )
+    }
+)
+ha = Obj(
+    {"enabled": Bool("Reserved: warm-standby HA is not built; only false is accepted.")},
+    rules=(
+        Rule(
+            "!has(self.enabled) || !self.enabled",
+            "is not supported: HA (a warm-standby gateway pod) is not built yet; set false or omit ha",
+            lambda o: not o.get("enabled", False),
+            field_path=".enabled",
+        ),
+    ),
+)
+
+
+def _name_rule(kind: str) -> Rule:
+    return Rule(
+        "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",
+        f"{kind} names must be DNS labels: they name charon connections and status entries",
+        _dns_label_name,
+        field_path=".metadata.name",
+        needs_valid=False,
+    )
+
+
+def _dns_label_name(o: Mapping[str, Any]) -> bool:
+    name = o.get("metadata", {}).get("name", "")
+    return isinstance(name, str) and len(name) <= 63 and re.fullmatch(DNS_LABEL, name) is not None
+
+
+# --- VPNGateway -------------------------------------------------------------------------------------
+
+GATEWAY_SPEC = Obj(
+    {
+        "type": Str("Gateway type.", enum=("ipsec", "wireguard")),
+        "serviceCIDR": Str(
+            "Virtual IPs for exposures are allocated from here; its first host is the gateway's own address.",
+            pattern=SERVICE_CIDR,
+            format="cidr",
+            max_length=18,
+            rule="is not an IPv4 CIDR with a prefix from /8 to /30",
+        ),
+        **_exposure_lists(),
+        "ipsec": Obj(
+            {
+                "localID": ike_id,
+                "ike": ike,
+                "esp": esp,
+                "pskSecretRef": secret_ref,
+                "certificateSecretRef": Obj(
+                    {
+                        "name": Str(
+                            "Secret name.", pattern=SECRET_NAME, max_length=253, rule="is not a Secret name"
+                        )
+                    },
+                    required=("name",),
+                    description="A kubernetes.io/tls Secret (tls.crt, tls.key, ca.crt) for pubkey peers.",
+                ),
+            },
+            required=("localID",),
+        ),
+        "wireguard": Obj(
+            {
+                "listenPort": Int("UDP listen port.", minimum=1, maximum=65535),
+                "address": Str(
+                    "The gateway's tunnel address with prefix, e.g. 10.99.0.1/24.",
+                    pattern=CIDR,
+                    max_length=18,
+                    rule="is not an IPv4 address with prefix",
+                ),
+                "privateKeySecretRef": secret_ref,
+            },
+            required=("listenPort", "address", "privateKeySecretRef"),
+        ),
+        "ha": ha,
+    },
+    required=("type", "serviceCIDR"),
+    rules=(
+        Rule(
+            "self.type != 'ipsec' || has(self.ipsec)",
+            "is required when type is ipsec",
+            lambda o: o["type"] != "ipsec" or _has(o, "ipsec"),
+            field_path=".ipsec",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            "self.type != 'wireguard' || has(self.wireguard)",
+            "is required when type is wireguard",
+            lambda o: o["type"] != "wireguard" or _has(o, "wireguard"),
+            field_path=".wireguard",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            "self.type == 'ipsec' || !has(self.ipsec)",
+            "is not allowed when type is wireguard",
+            lambda o: o["type"] == "ipsec" or not _has(o, "ipsec"),
+            field_path=".ipsec",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "self.type == 'wireguard' || !has(self.wireguard)",
+            "is not allowed when type is ipsec",
+            lambda o: o["type"] == "wireguard" or not _has(o, "wireguard"),
+            field_path=".wireguard",
+            reason="FieldValueForbidden",
+        ),
+        UNIQUE_EXPOSURE_NAMES,
+    ),
+)
+
+# --- VPNPeer ----------------------------------------------------------------------------------------
+
+PEER_SPEC = Obj(
+    {
+        "gatewayRef": Obj({"name": dns_label}, required=("name",)),
+        "type": Str(
+            "site: a fixed remote endpoint we initiate to; roadWarrior: dynamic.",
+            enum=("site", "roadWarrior"),
+        ),
+        "endpoint": Str(
+            "The peer's public address: an IPv4 literal or an RFC 1123 host name.",
+            pattern=ENDPOINT,
+            max_length=253,
+            rule="is not an IPv4 address or an RFC 1123 host name",
+        ),
+        "ipsec": Obj(
+            {
+                "id": ike_id,
+                "remoteSubnets": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
+                "auth": Str("psk (default) or pubkey (certificates).", enum=("psk", "pubkey")),
+                "pskSecretRef": secret_ref,
+            },
+            required=("id", "remoteSubnets"),
+            rules=(
+                Rule(
+                    "!has(self.auth) || self.auth != 'pubkey' || !has(self.pskSecretRef)",
+                    "is not allowed with auth pubkey",
+                    lambda o: o.get("auth") != "pubkey" or not _has(o, "pskSecretRef"),
+                    field_path=".pskSecretRef",
+                    reason="FieldValueForbidden",
+                ),
+            ),
+        ),
+        "wireguard": Obj(
+            {
+                "publicKey": Str(
+                    "The peer's public key (base64 of 32 bytes).",
+                    pattern=WG_KEY,
+                    max_length=44,
+                    rule="is not a WireGuard key (base64 of 32 bytes)",
+                ),
+                "allowedIPs": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
+                "presharedKeySecretRef": secret_ref,
+                "endpointPort": Int(
+                    "UDP port of the peer's endpoint (default 51820).", minimum=1, maximum=65535
+                ),
+                "persistentKeepalive": Int("Seconds; 0 disables.", minimum=0, maximum=65535),
+            },
+            required=("publicKey", "allowedIPs"),
+        ),
+        "authorization": Obj(
+            {
+                "exposures": Arr(dns_label, max_items=MAX_EXPOSURES, list_type="set"),
+                "reverseExposures": Arr(dns_label, max_items=MAX_REVERSE_EXPOSURES, list_type="set"),
+            },
+            description="Grants by exposure name.",
+        ),
+    },
+    required=("gatewayRef", "type"),
+    rules=(
+        Rule(
+            "self.type != 'site' || has(self.endpoint)",
+            "is required for site peers",
+            lambda o: o["type"] != "site" or _has(o, "endpoint"),
+            field_path=".endpoint",
+            reason="FieldValueRequired",
+        ),
+        Rule(
+            "self.type != 'roadWarrior' || !has(self.endpoint)",
+            "is not allowed for roadWarrior peers (their address is dynamic)",
+            lambda o: o["type"] != "roadWarrior" or not _has(o, "endpoint"),
+            field_path=".endpoint",
+            reason="FieldValueForbidden",
+        ),
+        Rule(
+            "has(self.ipsec) != has(self.wireguard)",
+            "exactly one of ipsec or wireguard must be set",
+            lambda o: _has(o, "ipsec") != _has(o, "wireguard"),
+        ),
+    ),
+)
+
+# --- legacy IPsecGateway ----------------------------------------------------------------------------
+
+ROUTED_MISSING = (
+    "mode routed is not implemented yet: it needs the remote subnets routed to the gateway "
+    "(allowed-address-pairs and router routes for remoteSubnets) and SNAT-free forwarding, "
+    "which are not built; use mode snat"
+)
+
+tunnel = Obj(
+    {
+        "name": dns_label,
+        "peer": Obj({"address": ipv4, "id": ike_id}, required=("address", "id")),
+        "remoteSubnets": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
+        "mode": Str("snat (default); routed is reserved.", enum=("snat", "routed")),
+    },
+    required=("name", "peer", "remoteSubnets"),
+    rules=(
+        Rule(
+            "!has(self.mode) || self.mode != 'routed'",
+            ROUTED_MISSING,
+            lambda o: o.get("mode") != "routed",
+            field_path=".mode",
+        ),
+    ),
+)
+
+LEGACY_GATEWAY_SPEC = Obj(
+    {
+        "serviceCIDR": GATEWAY_SPEC.fields["serviceCIDR"],
+        "localID": ike_id,
+        "ike": ike,
+        "esp": esp,
+        "auth": Obj({"pskSecretRef": secret_ref}, required=("pskSecretRef",)),
+        "tunnels": Arr(tunnel, min_items=1, max_items=MAX_TUNNELS, list_type="map", map_key="name"),
+        **_exposure_lists(),
+    },
+    required=("serviceCIDR", "localID", "auth", "tunnels"),
+    rules=(UNIQUE_EXPOSURE_NAMES,),
+)
+
+# --- legacy ClusterLink -----------------------------------------------------------------------------
+
+CLUSTER_LINK_SPEC = Obj(
+    {
+        "routerID": Str(
+            "The OpenStack router of the linked service cluster.", pattern=UUID, rule="is not a UUID"
+        ),
+        "gateways": Arr(
+            dns_label,
+            "Gateways (in this namespace) whose reverse routes this link carries (per-customer scoping).",
+            max_items=MAX_TUNNELS,
+            list_type="set",
+        ),
+    },
+    required=("routerID",),
+)
+
+
+# --- resources --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    kind: str
+    plural: str
+    short_names: tuple[str, ...]
+    spec: Obj
+    description: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{VERSION}"
+
+    @property
+    def root(self) -> Obj:
+        """The whole object's schema: metadata.name constrained by a root CEL rule (as CRDs allow)."""
+        return Obj(
+            {
+                "apiVersion": Str(),
+                "kind": Str(),
+                "metadata": Obj(preserve_unknown=True),
+                "spec": self.spec,
+                "status": Obj(preserve_unknown=True),
+            },
+            required=("metadata", "spec"),
+            rules=(_name_rule(self.kind),),
+            description=self.description,
+        )
+
+
+RESOURCES = (
+    Resource(
+        VPN_GROUP, "VPNGateway", "vpngateways", ("vpngw",), GATEWAY_SPEC, "An IPsec or WireGuard VPN gateway."
+    ),
+    Resource(
+        VPN_GROUP,
+        "VPNPeer",
+        "vpnpeers",
+        ("vpnpeer",),
+        PEER_SPEC,
+        "A remote site or road warrior of a gateway.",
+    ),
+    Resource(
+        LEGACY_GROUP,
+        "IPsecGateway",
+        "ipsecgateways",
+        ("ipsecgw",),
+        LEGACY_GATEWAY_SPEC,
+        "Legacy (frozen) IPsec gateway with tunnels[].",
+    ),
+    Resource(
+        LEGACY_GROUP,
+        "ClusterLink",
+        "clusterlinks",
+        ("clink",),
+        CLUSTER_LINK_SPEC,
+        "Legacy (frozen): a service cluster's router that carries reverse routes.",
+    ),
+)
+BY_KIND = {r.kind: r for r in RESOURCES}

@@ -1,0 +1,326 @@
+"""A small schema language: the ONE source of the per-object rules, read twice.
+
+* ``check(node, value, path)`` walks a raw document (a dict from YAML) and returns every violation as a
+  ``FieldError`` (field path, offending value, rule). ``controller.validate`` uses it.
+* ``openapi(node)`` turns the same nodes into a Kubernetes ``openAPIV3Schema`` (types, enums, patterns,
+  formats, bounds, list semantics, and ``x-kubernetes-validations`` CEL rules with messages).
+  ``controller.crds`` uses it, so the API server rejects at admission what ``check`` rejects.
+
+Each cross-field ``Rule`` carries its CEL text AND a Python twin (``holds``); tests evaluate both (schema
+with ``jsonschema``, CEL with ``celpy``) against one corpus and prove they give the same verdict.
+
+Semantics mirrored from the API server (and emulated the same way in the agreement test):
+
+* patterns are matched against the WHOLE string (Go's RE2 ``^...$`` has no "before a trailing newline"
+  exception, unlike Python's ``$``), so ``check`` uses ``re.fullmatch`` on the unanchored pattern;
+* unknown fields are errors (kubectl's default strict server-side field validation);
+* ``list_type="set"`` and ``list_type="map"`` reject duplicates (items / map keys);
+* cross-field rules of an object are evaluated only when the object is otherwise well-formed.
+
+Patterns avoid look-arounds and back-references: RE2 has neither.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Literal, TypeAlias
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One violation: ``path: "value" rule`` (value omitted when there is none, e.g. a missing field)."""
+
+    path: str
+    rule: str
+    value: str | None = None
+    reason: str = "FieldValueInvalid"
+    """Kubernetes' cause type (FieldValueInvalid, FieldValueRequired, FieldValueDuplicate, ...)."""
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path}: {self.value} {self.rule}"
+            if self.value is not None
+            else f"{self.path}: {self.rule}"
+        )
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """A value as it appears in an error: JSON-quoted (newlines and quotes escaped), long ones cut."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str | int | float):
+        text = str(value)
+    elif isinstance(value, Mapping):
+        return "(an object)"
+    elif isinstance(value, list | tuple):
+        return "(a list)"
+    elif value is None:
+        return "null"
+    else:
+        text = str(value)
+    if len(text) > limit:
+        text = f"{text[:limit]}...({len(text)} chars)"
+    return json.dumps(text, ensure_ascii=True)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: CEL for the API server, ``holds`` for Python; both on the same object."""
+
+    cel: str
+    message: str
+    holds: Callable[[Mapping[str, Any]], bool]
+    field_path: str = ""
+    """Relative path the error is reported at (CEL ``fieldPath``), e.g. ``.ha.enabled``."""
+    reason: str = "FieldValueInvalid"
+    needs_valid: bool = True
+    """Evaluate only when the object is otherwise well-formed (the Python twin may assume types)."""
+
+
+@dataclass(frozen=True)
+class Str:
+    description: str = ""
+    pattern: str | None = None
+    """Unanchored; matched against the whole value."""
+    enum: tuple[str, ...] = ()
+    format: str | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    rule: str = "is not valid"
+    """What a pattern violation says, e.g. ``is not an IPv4 CIDR``."""
+    default: str | None = None
+
+
+@dataclass(frozen=True)
+class Int:
+    description: str = ""
+    minimum: int | None = None
+    maximum: int | None = None
+    rule: str = ""
+    """What a bound violation says; default: ``must be between MIN and MAX``."""
+
+
+@dataclass(frozen=True)
+class Bool:
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Arr:
+    items: Node
+    description: str = ""
+    min_items: int | None = None
+    max_items: int | None = None
+    list_type: Literal["atomic", "set", "map"] = "atomic"
+    map_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Obj:
+    fields: Mapping[str, Node] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
+    rules: tuple[Rule, ...] = ()
+    description: str = ""
+    preserve_unknown: bool = False
+
+
+Node: TypeAlias = Str | Int | Bool | Arr | Obj
+
+
+@cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def matches(node: Str, value: str) -> bool:
+    return node.pattern is None or _compiled(node.pattern).fullmatch(value) is not None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# --- checking ---------------------------------------------------------------------------------------
+
+
+def check(node: Node, value: Any, path: str) -> list[FieldError]:
+    """Every violation of ``node`` by ``value`` (a raw, JSON-like document)."""
+    errors: list[FieldError] = []
+    _check(node, value, path, errors)
+    return errors
+
+
+def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
+    match node:
+        case Str():
+            if not isinstance(value, str):
+                errors.append(FieldError(path, "must be a string", show(value), "FieldValueTypeInvalid"))
+            elif node.enum and value not in node.enum:
+                errors.append(
+                    FieldError(
+                        path, f"is not one of: {', '.join(node.enum)}", show(value), "FieldValueNotSupported"
+                    )
+                )
+            elif node.min_length is not None and len(value) < node.min_length:
+                errors.append(FieldError(path, f"must be at least {node.min_length} characters", show(value)))
+            elif node.max_length is not None and len(value) > node.max_length:
+                errors.append(
+                    FieldError(
+                        path,
+                        f"must be at most {node.max_length} characters",
+                        show(value),
+                        "FieldValueTooLong",
+                    )
+                )
+            elif not matches(node, value):
+                errors.append(FieldError(path, node.rule, show(value)))
+        case Bool():
+            if not isinstance(value, bool):
+                errors.append(FieldError(path, "must be a boolean", show(value), "FieldValueTypeInvalid"))
+        case Int():
+            if not isinstance(value, int) or isinstance(value, bool):
+                errors.append(FieldError(path, "must be an integer", show(value), "FieldValueTypeInvalid"))
+            elif (node.minimum is not None and value < node.minimum) or (
+                node.maximum is not None and value > node.maximum
+            ):
+                errors.append(
+                    FieldError(
+                        path, node.rule or f"must be between {node.minimum} and {node.maximum}", show(value)
+                    )
+                )
+        case Arr():
+            if not isinstance(value, list):
+                errors.append(FieldError(path, "must be a list", show(value), "FieldValueTypeInvalid"))
+                return
+            if node.min_items is not None and len(value) < node.min_items:
+                errors.append(
+                    FieldError(
+                        path, f"must have at least {node.min_items} item(s)", None, "FieldValueRequired"
+                    )
+                )
+            if node.max_items is not None and len(value) > node.max_items:
+                errors.append(
+                    FieldError(path, f"must have at most {node.max_items} items", None, "FieldValueTooMany")
+                )
+                return  # the API server stops here too; don't flood with per-item errors
+            before = len(errors)
+            for i, item in enumerate(value):
+                _check(node.items, item, f"{path}[{i}]", errors)
+            if len(errors) == before:
+                _duplicates(node, value, path, errors)
+        case Obj():
+            if not isinstance(value, Mapping):
+                errors.append(FieldError(path, "must be an object", show(value), "FieldValueTypeInvalid"))
+                return
+            before = len(errors)
+            if not node.preserve_unknown:
+                for key in value:
+                    if key not in node.fields:
+                        errors.append(
+                            FieldError(
+                                _join(path, str(key)), "is not a known field", None, "FieldValueForbidden"
+                            )
+                        )
+            for key in node.required:
+                if key not in value:
+                    errors.append(FieldError(_join(path, key), "is required", None, "FieldValueRequired"))
+            for key, sub in node.fields.items():
+                if key in value:
+                    _check(sub, value[key], _join(path, key), errors)
+            valid = len(errors) == before
+            for rule in node.rules:
+                if (valid or not rule.needs_valid) and not rule.holds(value):
+                    errors.append(_rule_error(rule, value, path))
+
+
+def _duplicates(node: Arr, value: list[Any], path: str, errors: list[FieldError]) -> None:
+    if node.list_type == "atomic":
+        return
+    seen: set[Any] = set()
+    for i, item in enumerate(value):
+        key = item if node.list_type == "set" else item.get(node.map_key or "")
+        if key in seen:
+            sub = f"{path}[{i}]" if node.list_type == "set" else f"{path}[{i}].{node.map_key}"
+            errors.append(FieldError(sub, "is a duplicate", show(key), "FieldValueDuplicate"))
+        seen.add(key)
+
+
+def _rule_error(rule: Rule, obj: Mapping[str, Any], path: str) -> FieldError:
+    at = path + rule.field_path if path else rule.field_path.lstrip(".")
+    value: Any = obj
+    for part in rule.field_path.strip(".").split(".") if rule.field_path else []:
+        value = value.get(part) if isinstance(value, Mapping) else None
+    shown = show(value) if isinstance(value, str | int | bool) and rule.field_path else None
+    return FieldError(at, rule.message, shown, rule.reason)
+
+
+# --- OpenAPI ----------------------------------------------------------------------------------------
+
+
+def openapi(node: Node) -> dict[str, Any]:
+    """The Kubernetes structural-schema form of ``node``."""
+    out: dict[str, Any] = {}
+    match node:
+        case Str():
+            out["type"] = "string"
+            if node.description:
+                out["description"] = node.description
+            if node.enum:
+                out["enum"] = list(node.enum)
+            if node.pattern is not None:
+                out["pattern"] = f"^{node.pattern}$"
+            if node.format:
+                out["format"] = node.format
+            if node.min_length is not None:
+                out["minLength"] = node.min_length
+            if node.max_length is not None:
+                out["maxLength"] = node.max_length
+            if node.default is not None:
+                out["default"] = node.default
+        case Int():
+            out["type"] = "integer"
+            if node.description:
+                out["description"] = node.description
+            if node.minimum is not None:
+                out["minimum"] = node.minimum
+            if node.maximum is not None:
+                out["maximum"] = node.maximum
+        case Bool():
+            out["type"] = "boolean"
+            if node.description:
+                out["description"] = node.description
+        case Arr():
+            out["type"] = "array"
+            if node.description:
+                out["description"] = node.description
+            out["items"] = openapi(node.items)
+            if node.min_items is not None:
+                out["minItems"] = node.min_items
+            if node.max_items is not None:
+                out["maxItems"] = node.max_items
+            out["x-kubernetes-list-type"] = node.list_type
+            if node.list_type == "map":
+                out["x-kubernetes-list-map-keys"] = [node.map_key]
+        case Obj():
+            out["type"] = "object"
+            if node.description:
+                out["description"] = node.description
+            if node.fields:
+                out["properties"] = {k: openapi(v) for k, v in node.fields.items()}
+            if node.required:
+                out["required"] = list(node.required)
+            if node.preserve_unknown:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            if node.rules:
+                rules = []
+                for r in node.rules:
+                    rule: dict[str, Any] = {"rule": r.cel, "message": r.message, "reason": r.reason}
+                    if r.field_path:
+                        rule["fieldPath"] = r.field_path
+                    rules.append(rule)
+                out["x-kubernetes-validations"] = rules
+    return out

@@ -1,0 +1,330 @@
+"""Validation: pure functions from documents (and operator options) to a list of problems.
+
+Two tiers, one set of rules:
+
+* ``validate_object(doc)``: everything decidable from one object alone. These rules live in
+  ``controller.api`` (schema + CEL twins) and are ALSO enforced at admission by the generated CRDs;
+  tests prove both give the same verdict on one corpus.
+* ``validate_gateway(gateway, peers, options)``: rules that need other objects or the operator's own
+  configuration, so no admission schema can express them (a CRD's CEL sees one object): grants naming
+  the gateway's exposures, overlapping subnets across peers, internalSourceCIDRs (an operator flag, not
+  part of any CR) and its disjointness from every peer's subnets, duplicate IKE ids / public keys across
+  peers, a peer's kind matching its gateway's type. docs/api.md lists them.
+
+Every problem names the resource, the field path and the rule, e.g.
+``VPNPeer/tenant-acme/hq: spec.ipsec.remoteSubnets[1]: "192.168.20.0/33" is not an IPv4 CIDR``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.api import BY_KIND, CIDR
+from controller.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of
+from controller.schema import FieldError, check, show
+
+REVERSE_NEEDS_INTERNAL = "ReverseExposuresRequireInternalSourceCIDRs"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason an input is rejected. ``str()`` is the line users see."""
+
+    resource: str
+    """``Kind/namespace/name`` (or ``operator`` for the operator's own configuration)."""
+    error: FieldError
+
+    @property
+    def reason(self) -> str:
+        return self.error.reason
+
+    def __str__(self) -> str:
+        return f"{self.resource}: {self.error}"
+
+
+class InvalidInput(ValueError):
+    """The input cannot be rendered; ``problems`` says every reason (the message lists them all)."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+# --- one object -------------------------------------------------------------------------------------
+
+
+def validate_object(doc: Any) -> list[Problem]:
+    """Every per-object problem of a raw document (what admission would reject)."""
+    if not isinstance(doc, Mapping):
+        return [Problem("?", FieldError("(document)", "must be an object", show(doc)))]
+    meta = meta_of(doc)
+    resource = BY_KIND.get(meta.kind)
+    if resource is None:
+        kinds = ", ".join(sorted(BY_KIND))
+        return [Problem(str(meta), FieldError("kind", f"is not one of: {kinds}", show(doc.get("kind"))))]
+    if doc.get("apiVersion") != resource.api_version:
+        return [
+            Problem(
+                str(meta),
+                FieldError(
+                    "apiVersion",
+                    f"is not served for {meta.kind} (use {resource.api_version})",
+                    show(doc.get("apiVersion")),
+                ),
+            )
+        ]
+    return [Problem(str(meta), e) for e in check(resource.root, doc, "")]
+
+
+# --- a gateway and its peers ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Net:
+    first: int
+    last: int
+    text: str
+    owner: str
+    path: str
+
+
+def _net(text: str, owner: str, path: str) -> _Net:
+    n = ipaddress.IPv4Network(text, strict=False)
+    return _Net(int(n.network_address), int(n.broadcast_address), text, owner, path)
+
+
+def _problem(
+    owner: str, path: str, value: str | None, rule: str, reason: str = "FieldValueInvalid"
+) -> Problem:
+    return Problem(owner, FieldError(path, rule, show(value) if value is not None else None, reason))
+
+
+def _overlaps(nets: Iterable[_Net]) -> list[Problem]:
+    """Each net overlapping an earlier one (sorted sweep: O(n log n) for 20,000 subnets)."""
+    out: list[Problem] = []
+    widest: _Net | None = None
+    for n in sorted(nets, key=lambda n: (n.first, -n.last, n.owner, n.path)):
+        if widest is not None and n.first <= widest.last:
+            where = "" if widest.owner == n.owner else f"{widest.owner} "
+            out.append(
+                _problem(
+                    n.owner,
+                    n.path,
+                    n.text,
+                    f"overlaps {where}{widest.path} {show(widest.text)}: "
+                    "remote subnets of one gateway must be disjoint",
+                    "SubnetsOverlap",
+                )
+            )
+        if widest is None or n.last > widest.last:
+            widest = n
+    return out
+
+
+def parse_cidrs(values: Iterable[str], what: str) -> list[Problem]:
+    """Check operator-supplied CIDRs (e.g. ``--internal-source-cidrs``) with the same rule as CRs."""
+    return [
+        _problem("operator", f"{what}[{i}]", v, "is not an IPv4 CIDR")
+        for i, v in enumerate(values)
+        if re.fullmatch(CIDR, v) is None
+    ]
+
+
+def _peer_path(peer: VPNPeer) -> str:
+    return "spec.ipsec.remoteSubnets" if peer.ipsec is not None else "spec.wireguard.allowedIPs"
+
+
+def validate_gateway(
+    gateway: Gateway, peers: Sequence[VPNPeer], internal_source_cidrs: Sequence[str]
+) -> list[Problem]:
+    """Problems that need the gateway, all its peers and the operator's options together.
+
+    Assumes every object passed ``validate_object`` and was parsed."""
+    problems = parse_cidrs(internal_source_cidrs, "internalSourceCIDRs")
+    if problems:
+        return problems
+    gw = str(gateway.meta)
+    service = _net(gateway.service_cidr, gw, "spec.serviceCIDR")
+    nets: list[_Net] = []
+    if isinstance(gateway, VPNGateway):
+        problems += _peers(gateway, peers)
+        for peer in peers:
+            base = _peer_path(peer)
+            nets += [_net(s, str(peer.meta), f"{base}[{i}]") for i, s in enumerate(peer.subnets)]
+    else:
+        problems += _legacy(gateway)
+        for t_i, t in enumerate(gateway.tunnels):
+            nets += [
+                _net(s, gw, f"spec.tunnels[{t_i}].remoteSubnets[{i}]") for i, s in enumerate(t.remote_subnets)
+            ]
+    # A WireGuard peer's allowedIPs usually include its tunnel address inside the gateway's tunnel
+    # subnet: fine. Overlaps between peers are not (WireGuard routes each address to ONE peer).
+    for n in nets:
+        if n.first <= service.last and service.first <= n.last:
+            problems.append(
+                _problem(
+                    n.owner,
+                    n.path,
+                    n.text,
+                    f"overlaps the gateway's serviceCIDR {gateway.service_cidr}",
+                    "OverlapsServiceCIDR",
+                )
+            )
+    problems += _overlaps(nets)
+    if gateway.reverse_exposures and not internal_source_cidrs:
+        problems.append(
+            _problem(
+                gw,
+                "spec.reverseExposures",
+                None,
+                "need the operator's internalSourceCIDRs "
+                "(--internal-source-cidrs, IPSEC_INTERNAL_SOURCE_CIDRS): "
+                "without them nothing constrains who reaches a reverse exposure",
+                REVERSE_NEEDS_INTERNAL,
+            )
+        )
+    internal = [_net(c, "operator", f"internalSourceCIDRs[{i}]") for i, c in enumerate(internal_source_cidrs)]
+    for n in nets:
+        for c in internal:
+            if n.first <= c.last and c.first <= n.last:
+                problems.append(
+                    _problem(
+                        n.owner,
+                        n.path,
+                        n.text,
+                        f"overlaps the operator's internalSourceCIDRs entry {c.text}: that would re-admit "
+                        "this peer's own addresses to reverse exposures",
+                        "InternalSourceCIDRsOverlapPeer",
+                    )
+                )
+    return problems
+
+
+def _peers(gateway: VPNGateway, peers: Sequence[VPNPeer]) -> list[Problem]:
+    problems: list[Problem] = []
+    gw = str(gateway.meta)
+    exposures = {e.name for e in gateway.exposures}
+    reverse = {e.name for e in gateway.reverse_exposures}
+    ike_ids: dict[str, Meta] = {}
+    keys: dict[str, Meta] = {}
+    for peer in peers:
+        p = str(peer.meta)
+        if peer.gateway != gateway.meta.name or peer.meta.namespace != gateway.meta.namespace:
+            problems.append(
+                _problem(
+                    p,
+                    "spec.gatewayRef.name",
+                    peer.gateway,
+                    f"does not name the gateway being rendered ({gw})",
+                    "GatewayMismatch",
+                )
+            )
+        if gateway.type == "ipsec" and peer.ipsec is None:
+            problems.append(
+                _problem(
+                    p, "spec.ipsec", None, f"is required: {gw} is an ipsec gateway", "FieldValueRequired"
+                )
+            )
+        if gateway.type == "wireguard" and peer.wireguard is None:
+            problems.append(
+                _problem(
+                    p,
+                    "spec.wireguard",
+                    None,
+                    f"is required: {gw} is a wireguard gateway",
+                    "FieldValueRequired",
+                )
+            )
+        if gateway.type == "ipsec" and peer.ipsec is not None and gateway.ipsec is not None:
+            if (
+                peer.ipsec.auth == "psk"
+                and peer.ipsec.psk_secret_ref is None
+                and gateway.ipsec.psk_secret_ref is None
+            ):
+                problems.append(
+                    _problem(
+                        p,
+                        "spec.ipsec.pskSecretRef",
+                        None,
+                        f"is required: {gw} has no default spec.ipsec.pskSecretRef",
+                        "FieldValueRequired",
+                    )
+                )
+            if peer.ipsec.auth == "pubkey" and gateway.ipsec.certificate_secret is None:
+                problems.append(
+                    _problem(
+                        p,
+                        "spec.ipsec.auth",
+                        "pubkey",
+                        f"needs a gateway certificate: {gw} has no spec.ipsec.certificateSecretRef",
+                        "FieldValueRequired",
+                    )
+                )
+            first = ike_ids.setdefault(peer.ipsec.id, peer.meta)
+            if first != peer.meta:
+                problems.append(
+                    _problem(
+                        p,
+                        "spec.ipsec.id",
+                        peer.ipsec.id,
+                        f"is already the IKE id of {first}",
+                        "FieldValueDuplicate",
+                    )
+                )
+        if gateway.type == "wireguard" and peer.wireguard is not None:
+            first = keys.setdefault(peer.wireguard.public_key, peer.meta)
+            if first != peer.meta:
+                problems.append(
+                    _problem(
+                        p,
+                        "spec.wireguard.publicKey",
+                        None,
+                        f"is already the public key of {first}",
+                        "FieldValueDuplicate",
+                    )
+                )
+        for i, name in enumerate(peer.exposures):
+            if name not in exposures:
+                problems.append(
+                    _problem(
+                        p,
+                        f"spec.authorization.exposures[{i}]",
+                        name,
+                        f"names no exposure of {gw}",
+                        "UnknownExposure",
+                    )
+                )
+        for i, name in enumerate(peer.reverse_exposures):
+            if name not in reverse:
+                problems.append(
+                    _problem(
+                        p,
+                        f"spec.authorization.reverseExposures[{i}]",
+                        name,
+                        f"names no reverse exposure of {gw}",
+                        "UnknownExposure",
+                    )
+                )
+    return problems
+
+
+def _legacy(gateway: IPsecGateway) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for i, t in enumerate(gateway.tunnels):
+        first = seen.setdefault(t.peer_id, i)
+        if first != i:
+            problems.append(
+                _problem(
+                    str(gateway.meta),
+                    f"spec.tunnels[{i}].peer.id",
+                    t.peer_id,
+                    f"is already the IKE id of spec.tunnels[{first}]",
+                    "FieldValueDuplicate",
+                )
+            )
+    return problems
