@@ -87,7 +87,7 @@ class Gateway:
         )
         ruleset = rules.render(policy)
         # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).
-        routed = ensure(self.netlink, nic, nic_cfg)
+        routed = ensure(self.netlink, nic, nic_cfg, policy.exposure_targets)
         applied = self.iptables.apply(ruleset)
         # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
         if self.last is not None:

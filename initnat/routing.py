@@ -1,19 +1,26 @@
 """NIC2 by MAC and its source-policy routing, over netlink (pyroute2; thin I/O shell).
 
 A pod's default route points at eth0 (the cluster network). Traffic that arrives on NIC2 (IKE, ESP-in-UDP,
-WireGuard, exposure replies) must leave through NIC2 again, so::
+WireGuard, exposure replies) must leave through NIC2 again, and forwarded exposure traffic (DNATed to a
+fabric-side target; its source is still the peer's address when routing decides) must leave through NIC2
+too, so::
 
     ip rule add from <NIC2 address>/32 lookup <table> priority <prio>
+    ip rule add to <exposure target>/32 lookup <table> priority <prio + 1>     (one per target)
     ip route replace default via <NIC2 gateway> dev <NIC2> table <table>
+    ip route replace <NIC2 subnet> dev <NIC2> scope link table <table>         (on-link hosts direct)
 
-Ours are: the rule at OUR priority that looks up OUR table, and the default route in OUR table. Nothing
-else is read for writing or removed. The NIC is found by MAC (Multus may name it anything, not net1).
+Ours are: rules at OUR two priorities that look up OUR table, and the routes in OUR table. Nothing else
+is written or removed. charon's table 220 (priority 220) still wins for the tunnels' remote subnets.
+The NIC is found by MAC (Multus may name it anything, not net1).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Interface
 from typing import Any, Protocol
 
@@ -46,10 +53,11 @@ class RoutingChange:
     rule: bool
     route: bool
     address: bool
+    targets: bool = False
 
     @property
     def changed(self) -> bool:
-        return self.rule or self.route or self.address
+        return self.rule or self.route or self.address or self.targets
 
 
 class Netlink(Protocol):
@@ -104,10 +112,11 @@ def _gateway_via(ipr: Netlink, index: int) -> IPv4Address | None:
     return None
 
 
-def ensure(ipr: Netlink, nic: Nic2, cfg: NicConfig) -> RoutingChange:
-    """Idempotently: NIC2 up with its address, our rule, our table's default route. Reports changes."""
+def ensure(ipr: Netlink, nic: Nic2, cfg: NicConfig, targets: Iterable[IPv4Address] = ()) -> RoutingChange:
+    """Idempotently: NIC2 up with its address, our rules and our table's routes. Reports changes."""
     try:
-        return _ensure(ipr, nic, cfg)
+        change = _ensure(ipr, nic, cfg)
+        return replace(change, targets=_ensure_targets(ipr, cfg, frozenset(targets)))
     except NicError:
         raise
     except Exception as exc:  # pyroute2 raises NetlinkError (an OSError) and friends; translate once here
@@ -144,18 +153,50 @@ def _ensure(ipr: Netlink, nic: Nic2, cfg: NicConfig) -> RoutingChange:
             )
         ipr.rule("add", src=src, src_len=32, table=cfg.table, priority=cfg.rule_priority)
 
-    route_changed = True
-    for r in ipr.get_routes(family=2, table=cfg.table):
-        if (
-            r["dst_len"] == 0
-            and r.get_attr("RTA_TABLE") == cfg.table
-            and r.get_attr("RTA_GATEWAY") == str(nic.gateway)
-            and r.get_attr("RTA_OIF") == nic.index
-        ):
-            route_changed = False
-    if route_changed:
+    routes = [r for r in ipr.get_routes(family=2, table=cfg.table) if r.get_attr("RTA_TABLE") == cfg.table]
+    has_default = any(
+        r["dst_len"] == 0
+        and r.get_attr("RTA_GATEWAY") == str(nic.gateway)
+        and r.get_attr("RTA_OIF") == nic.index
+        for r in routes
+    )
+    subnet = nic.address.network
+    has_link = any(
+        r["dst_len"] == subnet.prefixlen
+        and r.get_attr("RTA_DST") == str(subnet.network_address)
+        and r.get_attr("RTA_OIF") == nic.index
+        and not r.get_attr("RTA_GATEWAY")
+        for r in routes
+    )
+    if not has_link:
+        ipr.route("replace", dst=str(subnet), oif=nic.index, table=cfg.table, scope=253)  # RT_SCOPE_LINK
+    if not has_default:
         ipr.route("replace", dst="0.0.0.0/0", gateway=str(nic.gateway), oif=nic.index, table=cfg.table)
-    return RoutingChange(rule=rule_changed, route=route_changed, address=added_address)
+    return RoutingChange(rule=rule_changed, route=not (has_default and has_link), address=added_address)
+
+
+def _ensure_targets(ipr: Netlink, cfg: NicConfig, targets: frozenset[IPv4Address]) -> bool:
+    """``to <target>/32 lookup <table>`` at priority+1, exactly for ``targets`` (ours: that priority and
+    table). Adds the missing ones, removes the ones no longer wanted."""
+    prio = cfg.rule_priority + 1
+    have = Counter(
+        IPv4Address(r.get_attr("FRA_DST"))
+        for r in ipr.get_rules(family=2)
+        if r.get_attr("FRA_PRIORITY") == prio
+        and _rule_table(r) == cfg.table
+        and r.get_attr("FRA_DST")
+        and r["dst_len"] == 32
+    )
+    changed = False
+    for t, copies in have.items():
+        extra = copies if t not in targets else copies - 1
+        for _ in range(extra):
+            ipr.rule("del", priority=prio, table=cfg.table, dst=str(t), dst_len=32)
+            changed = True
+    for t in sorted(targets - have.keys()):
+        ipr.rule("add", dst=str(t), dst_len=32, table=cfg.table, priority=prio)
+        changed = True
+    return changed
 
 
 def _rule_table(r: Any) -> int:

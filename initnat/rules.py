@@ -225,6 +225,11 @@ class Policy:
     def marks(self) -> frozenset[int]:
         return frozenset(g.mark for g in self.grants)
 
+    @property
+    def exposure_targets(self) -> frozenset[IPv4Address]:
+        """Fabric-side targets: reached through NIC2 whatever the pod's default route (routing.py)."""
+        return frozenset(s.target for s in self.services if s.kind == "exposure")
+
 
 def validate(
     nat: Nat, *, nic2_address: IPv4Address, resolved: Mapping[str, IPv4Address] | None = None

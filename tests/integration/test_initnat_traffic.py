@@ -1,0 +1,315 @@
+"""init-nat's acceptance with real traffic: remote sites whose packets arrive through live IPsec tunnels
+(two charon daemons per site pair, driven over VICI), the gateway pod's netfilter and policy routing, and
+TCP services behind NIC2. Everything is real: charon (kernel-libipsec), iptables, conntrack, netlink.
+
+The gateway runs in ``pod_lab``: its default route leaves through eth0 (the cluster), its NIC2 is named
+``ens7``. init-nat runs as a real ``python -m initnat --watch`` process inside the gateway namespace; the
+plan file is changed by atomic rename.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agent.vici import ViciSession
+from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps
+from lab import netns
+from lab.world import GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.anyio]
+
+PSK = "initnat-lab-psk-7c1d"  # test-only value
+ROOT = Path(__file__).resolve().parents[2]
+PY = str(ROOT / ".venv" / "bin" / "python")
+API_ADDR = "192.0.2.100"  # a second fabric service, a /32 on svc's lo
+WEB_VIP, API_VIP = "198.18.0.10", "198.18.0.11"
+MASK = 0x0FFF0000
+GRANT_S1_WEB, GRANT_S2_WEB, GRANT_S1_API = 0x00010000, 0x00020000, 0x00030000
+
+ECHO_SERVER = """
+import socket, sys, threading
+def serve(c):
+    with c:
+        while data := c.recv(4096):
+            c.sendall(data)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(64); print("listening", flush=True)
+while True:
+    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+# A long-lived connection: one echo every 0.1 s; prints "ok <t>" per echo, "cut <t> <why>" when an echo
+# does not come back within 0.5 s (packets dropped) or the connection breaks, then exits.
+LONG_CLIENT = """
+import socket, sys, time
+src, dst, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.socket(); s.bind((src, 0)); s.settimeout(3); s.connect((dst, port)); s.settimeout(0.5)
+print("connected", s.getsockname()[1], flush=True)
+while True:
+    try:
+        s.sendall(b"x\\n")
+        if s.recv(16) != b"x\\n":
+            raise OSError("bad echo")
+    except OSError as e:
+        print("cut", time.time(), type(e).__name__, flush=True); sys.exit(1)
+    print("ok", time.time(), flush=True); time.sleep(0.1)
+"""
+
+ONE_SHOT = """
+import socket, sys
+src, dst, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.socket(); s.bind((src, 0)); s.settimeout(1.5)
+try:
+    s.connect((dst, port)); s.sendall(b"hi\\n"); ok = s.recv(16) == b"hi\\n"
+except OSError:
+    ok = False
+sys.exit(0 if ok else 1)
+"""
+
+
+def conn(
+    name: str, local: str, remote: str, lid: str, rid: str, lts: list[str], rts: list[str]
+) -> dict[str, Any]:
+    return {
+        name: {
+            "version": "2",
+            "local_addrs": [local],
+            "remote_addrs": [remote],
+            "proposals": ["aes256-sha256-modp2048"],
+            "local": {"auth": "psk", "id": lid},
+            "remote": {"auth": "psk", "id": rid},
+            "children": {
+                f"{name}-0": {"local_ts": lts, "remote_ts": rts, "esp_proposals": ["aes256gcm16-modp2048"]}
+            },
+        }
+    }
+
+
+def plan(lab: Lab, grants: tuple[Grant, ...]) -> Plan:
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant", "gw"),
+        type="ipsec",
+        nic=Nic(mac=lab.nic2_mac, gateway=RTR_NIC2_ADDR),
+        nat=Nat(
+            service_cidr=SERVICE_CIDR,
+            source_address="198.18.0.1",
+            exposures=(
+                Exposure("web", WEB_VIP, (Port(8080),), target_address=SVC_ADDR),
+                Exposure("api", API_VIP, (Port(9090),), target_address=API_ADDR),
+            ),
+            grants=grants,
+            mark_mask=MASK,
+        ),
+    )
+
+
+def write_plan(path: Path, p: Plan) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(dumps(p))
+    os.replace(tmp, path)  # atomic rename, as a ConfigMap update lands
+
+
+class Procs:
+    """Processes this test starts inside the lab's namespaces; all stopped in teardown."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, host: Host, *argv: str, name: str) -> subprocess.Popen[str]:
+        out = open(self.tmp / f"{name}.out", "w")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(
+            host.argv(*argv), stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=_env()
+        )
+        out.close()
+        self.procs.append(p)
+        return p
+
+    def output(self, name: str) -> str:
+        return (self.tmp / f"{name}.out").read_text()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def wait_for(cond: Any, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def one_shot(host: Host, src: str, dst: str, port: int, script: Path) -> bool:
+    return host.run(PY, str(script), src, dst, str(port), check=False, timeout=10).returncode == 0
+
+
+def our_rules_with_counters(lab: Lab) -> list[tuple[int, str]]:
+    """(packets, rule) of every line of ours in ``iptables-save -c`` (a rewrite resets the counters)."""
+    save = lab.gw.run("iptables-save", "-c").stdout.decode()
+    out = []
+    for line in save.splitlines():
+        if line.startswith("[") and "VPNGW" in line:
+            counters, rule = line.split("] ", 1)
+            out.append((int(counters.lstrip("[").split(":")[0]), rule))
+    return out
+
+
+def conntrack_entries(lab: Lab) -> list[str]:
+    """Every conntrack entry's id and tuples (a deleted-and-recreated entry gets a new id)."""
+    out = lab.gw.run("conntrack", "-L", "-o", "id").stdout.decode()
+    keep = ("src=", "dst=", "sport=", "dport=", "mark=", "id=")
+    return sorted(" ".join(t for t in line.split() if t.startswith(keep)) for line in out.splitlines())
+
+
+def marked(lab: Lab, mark: int, *state: str) -> int:
+    """Conntrack entries carrying ``mark`` (only TCP ones in ``state`` when given)."""
+    filters = ["-p", "tcp", "--state", ",".join(state)] if state else []
+    out = lab.gw.run("conntrack", "-L", "-m", f"{mark:#x}/{MASK:#x}", *filters, check=False).stdout.decode()
+    return sum(1 for line in out.splitlines() if line.strip())
+
+
+async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_nothing(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    lab = pod_lab
+    s1, s2 = lab.add_site(), lab.add_site()
+    netns.addr(lab.svc.ns, "lo", f"{API_ADDR}/32")
+    netns.route(lab.rtr.ns, f"{API_ADDR}/32", "via", SVC_ADDR)
+    for name, body in (("echo", ECHO_SERVER), ("long", LONG_CLIENT), ("once", ONE_SHOT)):
+        (tmp_path / f"{name}.py").write_text(body)
+    once = tmp_path / "once.py"
+    for addr, port in ((SVC_ADDR, 8080), (API_ADDR, 9090)):
+        procs.start(lab.svc, PY, str(tmp_path / "echo.py"), addr, str(port), name=f"echo{port}")
+        wait_for(lambda p=port: "listening" in procs.output(f"echo{p}"), 10, f"echo server :{port}")
+
+    charon_gw = lab.start_charon(lab.gw)
+    site_charons = [lab.start_charon(s) for s in (s1, s2)]
+    v1 = plan(
+        lab,
+        (
+            Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),
+            Grant("s2", "web", "exposure", (s2.lans[0],), GRANT_S2_WEB),
+            Grant("s1", "api", "exposure", (s1.lans[0],), GRANT_S1_API),
+        ),
+    )
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, v1)
+    initnat = procs.start(lab.gw, PY, "-m", "initnat", "--plan", str(plan_file), "--watch", name="initnat")
+    wait_for(lambda: "initnat.applied" in procs.output("initnat"), 15, "init-nat's first apply")
+    assert "nic=ens7" in procs.output("initnat"), "NIC2 must be found by MAC, whatever its name"
+
+    # Live tunnels, initiated by the sites: the gateway's IKE replies leave through NIC2 only because
+    # of init-nat's source-policy routing (the pod's default route points at eth0).
+    async with await ViciSession.connect(charon_gw.vici_socket) as gv:
+        for site, sc in zip((s1, s2), site_charons, strict=True):
+            sid, gid = f"{site.role}.lab.example", "gw.lab.example"
+            await gv.call("load-shared", {"id": site.role, "type": "IKE", "data": PSK, "owners": [gid, sid]})
+            await gv.call(
+                "load-conn",
+                conn(site.role, GW_NIC2_ADDR, site.addresses[0], gid, sid, [SERVICE_CIDR], site.lans),
+            )
+            async with await ViciSession.connect(sc.vici_socket) as sv:
+                await sv.call("load-shared", {"id": "gw", "type": "IKE", "data": PSK, "owners": [sid, gid]})
+                await sv.call(
+                    "load-conn",
+                    conn("gw", site.addresses[0], GW_NIC2_ADDR, sid, gid, site.lans, [SERVICE_CIDR]),
+                )
+                await sv.stream("initiate", {"child": "gw-0", "timeout": "8000"}, "control-log")
+        sas, _ = await gv.stream("list-sas", {}, "list-sa")
+        assert sorted(name for sa in sas for name, ike in sa.items() if ike["state"] == "ESTABLISHED") == [
+            "s1",
+            "s2",
+        ]
+
+    s1_ip, s2_ip = s1.lan_host, s2.lan_host
+    # Granted clients reach the targets through the virtual IPs; an ungranted one does not.
+    assert one_shot(s1, s1_ip, WEB_VIP, 8080, once), "s1 is granted web"
+    assert one_shot(s1, s1_ip, API_VIP, 9090, once), "s1 is granted api"
+    assert one_shot(s2, s2_ip, WEB_VIP, 8080, once), "s2 is granted web"
+    assert not one_shot(s2, s2_ip, API_VIP, 9090, once), "s2 is NOT granted api"
+    assert not one_shot(s1, s1_ip, WEB_VIP, 8081, once), "a port the exposure does not list is dropped"
+
+    # Three long-lived connections: one under grant s1/web, two under grant s2/web.
+    clients = {
+        "c1": procs.start(s1, PY, str(tmp_path / "long.py"), s1_ip, WEB_VIP, "8080", name="c1"),
+        "c2": procs.start(s2, PY, str(tmp_path / "long.py"), s2_ip, WEB_VIP, "8080", name="c2"),
+        "c3": procs.start(s2, PY, str(tmp_path / "long.py"), s2_ip, WEB_VIP, "8080", name="c3"),
+    }
+    for name in clients:
+        wait_for(lambda n=name: procs.output(n).count("ok ") >= 3, 10, f"{name} echoing")
+    assert marked(lab, GRANT_S1_WEB, "ESTABLISHED") == 1 and marked(lab, GRANT_S2_WEB, "ESTABLISHED") == 2, (
+        "each flow carries its grant's mark"
+    )
+
+    # Re-applying the same plan changes nothing: a one-shot run reports no change, and our chains
+    # (with their packet counters: a rewrite would reset them), rules, routes and conntrack are as before.
+    rules_before, cts_before = our_rules_with_counters(lab), conntrack_entries(lab)
+    routing_before = [lab.gw.run("ip", *a).stdout for a in (["rule"], ["route", "show", "table", "100"])]
+    res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), check=False)
+    assert res.returncode == 0, res.stderr.decode()
+    assert "changed=False routing_changed=False revoked_marks=-" in res.stderr.decode()
+    rules_after = our_rules_with_counters(lab)
+    assert [r for _, r in rules_before] == [r for _, r in rules_after]
+    assert all(a >= b for (b, _), (a, _) in zip(rules_before, rules_after, strict=True)), "counters reset"
+    assert routing_before == [
+        lab.gw.run("ip", *a).stdout for a in (["rule"], ["route", "show", "table", "100"])
+    ]
+    assert [e for e in cts_before if "mark=" in e and "mark=0" not in e] == [
+        e for e in conntrack_entries(lab) if "mark=" in e and "mark=0" not in e
+    ], "the marked flows' conntrack entries are untouched"
+
+    # Revoke s1/web: its connection is cut within 2 s of the plan change; s2's two keep working.
+    v2 = plan(lab, tuple(g for g in v1.nat.grants if g.mark != GRANT_S1_WEB))
+    changed_at = time.time()
+    write_plan(plan_file, v2)
+    wait_for(lambda: clients["c1"].poll() is not None, 10, "c1 to be cut")
+    last_ok = max(
+        float(line.split()[1]) for line in procs.output("c1").splitlines() if line.startswith("ok ")
+    )
+    cut = next(line for line in procs.output("c1").splitlines() if line.startswith("cut "))
+    assert last_ok - changed_at < 2.0, (
+        f"c1 still echoed {last_ok - changed_at:.2f} s after the change ({cut})"
+    )
+    oks = {n: procs.output(n).count("ok ") for n in ("c2", "c3")}
+    await anyio.sleep(1.5)
+    for n in ("c2", "c3"):
+        assert clients[n].poll() is None, f"{n} (grant s2/web) was cut: {procs.output(n)[-200:]}"
+        assert procs.output(n).count("ok ") >= oks[n] + 5, f"{n} stopped echoing"
+    assert marked(lab, GRANT_S1_WEB) == 0, "the revoked grant's conntrack entries are gone"
+    assert marked(lab, GRANT_S2_WEB, "ESTABLISHED") == 2
+    assert f"revoked_marks={GRANT_S1_WEB:#x}" in procs.output("initnat")
+    assert not one_shot(s1, s1_ip, WEB_VIP, 8080, once), "s1 can no longer open connections to web"
+    assert one_shot(s1, s1_ip, API_VIP, 9090, once), "s1's other grant is untouched"
+    assert initnat.poll() is None, "the watcher keeps running"
+    assert PSK not in procs.output("initnat")
