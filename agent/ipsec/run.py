@@ -1,11 +1,16 @@
-"""Entry point of the IPsec backend (``runtime.Backend``); being built: see issue 4."""
+"""Entry point of the IPsec backend (``runtime.Backend``): a ``Keeper`` on the settings' VICI socket."""
 
 from __future__ import annotations
 
-from agent.runtime import Health, PlanSource, Secrets, Settings, StatusSink
+from agent.ipsec.keeper import Keeper, Timing
+from agent.runtime import Backend, Health, PlanSource, Secrets, Settings, StatusSink
 
 
 async def run(
     settings: Settings, plans: PlanSource, secrets: Secrets, sink: StatusSink, health: Health
 ) -> None:
-    raise RuntimeError("the IPsec backend is not built yet")
+    timing = Timing(poll_interval=settings.poll_interval, resync_seconds=settings.resync_seconds)
+    await Keeper(settings.vici_socket, plans, secrets, sink, health, timing=timing).run()
+
+
+_conforms: Backend = run

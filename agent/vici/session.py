@@ -8,7 +8,7 @@ and every later call raises ``ViciUnavailable``: the owner reconnects.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -171,8 +171,11 @@ class ViciSession:
         if frame.type != wire.EVENT_CONFIRM:
             raise ViciUnavailable(f"register {event}: unexpected packet type {frame.type}")
 
-    async def listen(self, events: Sequence[str]) -> AsyncIterator[wire.Frame]:
-        """Register for ``events`` and yield them until the socket closes (use a dedicated session)."""
+    async def listen(
+        self, events: Sequence[str], *, on_registered: Callable[[], None] | None = None
+    ) -> AsyncIterator[wire.Frame]:
+        """Register for ``events`` and yield them until the socket closes (use a dedicated session).
+        ``on_registered`` is called once charon confirmed every registration (nothing is missed after)."""
 
         async def register() -> None:
             for name in events:
@@ -180,6 +183,8 @@ class ViciSession:
                 await self._confirm(name)
 
         await self._guarded("register", None, register)
+        if on_registered is not None:
+            on_registered()
         async with self._lock:
             while True:
                 frame = await self._frame()

@@ -1,0 +1,471 @@
+"""The IPsec backend's I/O shell: keeps charon configured and the tunnels up, and reports their status.
+
+One *cycle* per charon connection (``link.step``: DOWN -> PUSHING -> READY, ``lost`` -> DOWN)::
+
+    connect control session ─ daemon_info (start time) ─ connect event session (ike-updown, child-updown,
+    child-rekey, log) ─ push: what charon has (get-conns, get-shared) vs the plan, via plan.diff ─ serve:
+        every tick (poll_interval): heartbeat; re-read secret versions and apply plan/secret changes;
+        on an event, an initiation ending, a change, or every resync: list-sas (queries.list_sas, which
+        survives charon's 512 KiB drop) -> status (pure) -> sink; watchdog (pure) -> initiations, each on
+        its own short-lived session with a deadline; otherwise a cheap ``stats`` probe, which notices a
+        hung charon (deadline) or a restarted one (changed start time).
+
+Any VICI failure ends the cycle: EOF/ECONNREFUSED (charon died), a deadline (SIGSTOP; the timed-out session
+is discarded), or a changed start time. The keeper then reports every tunnel Down with the reason, stays
+live (``health.beat``) but not ready, and reconnects with a short bounded backoff. A new cycle starts from
+what charon reports having loaded, so a restarted charon gets secrets and connections re-pushed and the
+watchdog re-initiates the site tunnels at once (backoffs are reset for a new daemon).
+
+Secrets: values go from the Secret file straight into ``load-shared`` (field ``data``); only their versions
+(salted digests) are kept, logged or compared.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from agent.ipsec import link
+from agent.ipsec.link import Attempt, Conn, Initiate
+from agent.ipsec.plan import (
+    Desired,
+    Loaded,
+    PlanRejected,
+    SecretState,
+    conn_digest,
+    desired,
+    diff,
+    stale_children,
+)
+from agent.ipsec.status import Carry, TunnelStatus, reason_from_log, tunnels_status
+from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
+from agent.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
+from agent.vici.queries import IkeSas, list_sas, parse_since
+from gwplan import Plan, plan_hash
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+Connect = Callable[[Path, float], Awaitable[ViciSession]]
+EVENTS = ("ike-updown", "child-updown", "child-rekey", "ike-rekey", "log")
+
+
+async def _connect(path: Path, timeout: float) -> ViciSession:
+    return await ViciSession.connect(path, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Timing:
+    poll_interval: float = 0.5
+    """Tick: heartbeat, secret/plan check, liveness probe of charon."""
+    resync_seconds: float = 30.0
+    """Full list-sas + status even without events."""
+    call_timeout: float = 3.0
+    """Deadline of every control call (a SIGSTOPped charon is noticed after this)."""
+    initiate_timeout: float = 10.0
+    """charon-side timeout of one ``initiate``; the session's deadline is a little longer."""
+    terminate_timeout: float = 2.0
+    debounce: float = 0.05
+    """After an event, wait this long for its siblings before listing SAs (an up/down storm = one list)."""
+
+
+class CycleLost(Exception):
+    """The daemon went away or restarted during a cycle (wraps the reason)."""
+
+
+class Keeper:
+    def __init__(
+        self,
+        socket: Path,
+        plans: PlanSource,
+        secrets: Secrets,
+        sink: StatusSink,
+        health: Health,
+        *,
+        timing: Timing = Timing(),
+        connect: Connect = _connect,
+        sleep: Sleep = anyio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.socket = socket
+        self.plans = plans
+        self.secrets = secrets
+        self.sink = sink
+        self.health = health
+        self.timing = timing
+        self._connect = connect
+        self._sleep = sleep
+        self._clock = clock
+        self._wall = wall
+
+        self.plan: Plan | None = None
+        self.want: Desired | None = None
+        self.plan_error: str | None = None
+        self.secret_errors: dict[str, str] = {}
+        self.loaded = Loaded()
+        self.conn = Conn()
+        self.daemon: str | None = None
+        self.daemon_started: float | None = None
+        self.daemon_error: str | None = "not connected yet"
+        self.errors: dict[str, str] = {}
+        self.attempts: dict[str, Attempt] = {}
+        self.in_flight: set[str] = set()
+        self.carry: dict[str, Carry] = {}
+        self.statuses: list[TunnelStatus] = []
+        self.sas: IkeSas | None = None
+        self.cycles = 0
+        self._published: dict[str, Any] | None = None
+        self._refresh = True
+        self._wake: anyio.Event | None = None
+
+    # --- the backend ------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._wake = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_plans)
+            await self._keep_session()
+
+    def _poke(self, refresh: bool = True) -> None:
+        self._refresh = self._refresh or refresh
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _watch_plans(self) -> None:
+        async for plan in self.plans:
+            try:
+                want = desired(plan)
+            except PlanRejected as exc:
+                self.plan_error = str(exc)
+                log.error("plan.rejected reason=%r kept=%s", str(exc), "yes" if self.want else "none")
+                continue
+            self.plan, self.want, self.plan_error = plan, want, None
+            log.info(
+                "ipsec.plan tunnels=%d secrets=%d hash=%s",
+                len(want.tunnels),
+                len(want.secrets),
+                plan_hash(plan)[:19],
+            )
+            self._poke()
+
+    async def _keep_session(self) -> None:
+        while True:
+            if self.want is None:
+                self.health.beat()
+                self.health.set_ready(
+                    False, f"no usable plan: {self.plan_error or self.plans.last_error or 'waiting'}"
+                )
+                await self._wait(self.timing.poll_interval)
+                continue
+            try:
+                await self._cycle()
+            except* ViciError as group:
+                reason = _first(group)
+            except* CycleLost as group:
+                reason = _first(group)
+            self.conn = link.step(self.conn, "lost")
+            self.daemon_error = f"charon unreachable: {reason}"
+            log.warning("vici.lost failures=%d error=%r", self.conn.failures, reason)
+            self.health.set_ready(False, self.daemon_error)
+            self.in_flight.clear()
+            self.sas = None
+            await self._publish()
+            self.health.beat()
+            await self._sleep(link.reconnect_backoff(self.conn.failures))
+
+    # --- one connection -----------------------------------------------------------------------------------
+
+    async def _cycle(self) -> None:
+        t = self.timing
+        control = await self._connect(self.socket, t.call_timeout)
+        async with control:
+            version = await control.call("version")
+            stats = await control.call("stats")
+            started = parse_since(str((stats.get("uptime") or {}).get("since", "")))
+            fresh = started != self.daemon_started or self.cycles == 0
+            self.daemon_started = started
+            self.daemon = f"{version.get('daemon', 'charon')} {version.get('version', '')}".strip()
+            self.conn = link.step(self.conn, "connected")
+            self.cycles += 1
+            if fresh:
+                self.attempts.clear()  # a new daemon: initiate everything now, not after old backoffs
+                self.carry.clear()
+            log.info(
+                "vici.connected daemon=%r started=%s fresh=%s cycle=%d",
+                self.daemon,
+                started,
+                fresh,
+                self.cycles,
+            )
+            events = await self._connect(self.socket, t.call_timeout)
+            async with events, anyio.create_task_group() as tg:
+                registered = anyio.Event()
+                tg.start_soon(self._listen, events, registered)
+                with anyio.fail_after(t.call_timeout + 1):
+                    await registered.wait()
+                await self._push(control)
+                self.conn = link.step(self.conn, "pushed")
+                self.daemon_error = None
+                assert self.plan is not None
+                self.health.set_ready(
+                    True, f"{self.daemon} connected; plan {plan_hash(self.plan)[:19]} pushed"
+                )
+                await self._serve(control, tg)
+
+    async def _listen(self, events: ViciSession, registered: anyio.Event) -> None:
+        async for frame in events.listen(EVENTS, on_registered=registered.set):
+            if frame.name == "log":
+                self._note_log(frame.body)
+                continue
+            log.debug("vici.event name=%s", frame.name)
+            self._poke()
+        raise ViciUnavailable("event session ended")
+
+    def _note_log(self, body: dict[str, Any]) -> None:
+        name = body.get("ikesa-name")
+        if not name or self.want is None or name not in self.want.conns:
+            return
+        reason = reason_from_log([str(body.get("msg", ""))])
+        if reason and self.errors.get(name) != reason:
+            self.errors[name] = reason
+            log.warning("tunnel.error name=%s reason=%r", name, reason)
+            self._poke()
+
+    async def _push(self, control: ViciSession) -> None:
+        """Start from what charon says it has (nothing, if it restarted) and converge on the plan."""
+        conns = await control.call("get-conns")
+        shared = await control.call("get-shared")
+        self.loaded = Loaded(
+            conns={str(n): "unknown" for n in conns.get("conns") or []},
+            secrets={str(i): SecretState((), "unknown") for i in shared.get("keys") or []},
+        )
+        await self._apply(control, force_log=True)
+
+    async def _apply(self, control: ViciSession, *, force_log: bool = False) -> bool:
+        """Apply plan and secret changes; True when something was sent."""
+        want = self.want
+        if want is None:
+            return False
+        versions: dict[str, str] = {}
+        for sid, s in want.secrets.items():
+            try:
+                versions[sid] = self.secrets.version(s.ref)
+            except SecretError as exc:
+                if self.secret_errors.get(sid) != str(exc):
+                    log.error(
+                        "secret.unavailable id=%s error=%r kept=%s",
+                        sid,
+                        str(exc),
+                        "yes" if sid in self.loaded.secrets else "no",
+                    )
+                self.secret_errors[sid] = str(exc)
+            else:
+                self.secret_errors.pop(sid, None)
+        changes = diff(self.loaded, want, versions)
+        if changes.empty:
+            return False
+        conns = dict(self.loaded.conns)
+        secrets = dict(self.loaded.secrets)
+        for sid in changes.load_secrets:
+            s = want.secrets[sid]
+            try:
+                value = self.secrets.read(s.ref)
+                version = self.secrets.version(s.ref)
+            except SecretError as exc:
+                self.secret_errors[sid] = str(exc)
+                continue
+            await control.call(
+                "load-shared", {"id": sid, "type": "IKE", "data": value, "owners": list(s.owners)}
+            )
+            rotated = sid in self.loaded.secrets and self.loaded.secrets[sid].version != "unknown"
+            secrets[sid] = SecretState(s.owners, version)
+            log.info(
+                "secret.loaded id=%s version=%s owners=%d rotated=%s",
+                sid,
+                version,
+                len(s.owners),
+                "yes" if rotated else "no",
+            )
+        for sid in changes.unload_secrets:
+            await control.call("unload-shared", {"id": sid}, check=False)
+            secrets.pop(sid, None)
+            log.info("secret.unloaded id=%s", sid)
+        for name in changes.load_conns:
+            digest = conn_digest(want.conns[name])
+            try:
+                await control.call("load-conn", dict(want.conns[name]))
+            except ViciCommandFailed as exc:
+                self.errors[name] = f"load-conn: {exc.message}"
+                log.error("conn.rejected name=%s error=%r", name, exc.message)
+                conns[name] = digest  # the same payload would fail again: wait for the next plan
+                continue
+            was = self.loaded.conns.get(name)
+            conns[name] = digest
+            if self.errors.get(name, "").startswith("load-conn:"):
+                self.errors.pop(name)
+            log.info(
+                "conn.loaded name=%s digest=%s change=%s", name, digest, "new" if was is None else "changed"
+            )
+        for name in changes.unload_conns:
+            await control.call("unload-conn", {"name": name}, check=False)
+            # unload-conn leaves established SAs running (LAB-FACTS): terminate them too.
+            await control.stream(
+                "terminate",
+                {"ike": name, "timeout": str(int(self.timing.terminate_timeout * 1000))},
+                "control-log",
+                check=False,
+                timeout=self.timing.terminate_timeout + self.timing.call_timeout,
+            )
+            conns.pop(name, None)
+            self.errors.pop(name, None)
+            self.attempts.pop(name, None)
+            self.carry.pop(name, None)
+            log.info("conn.removed name=%s", name)
+        self.loaded = Loaded(conns, secrets)
+        if force_log or changes.load_conns or changes.unload_conns:
+            log.info(
+                "ipsec.applied conns_loaded=%d conns_removed=%d secrets_loaded=%d secrets_removed=%d",
+                len(changes.load_conns),
+                len(changes.unload_conns),
+                len(changes.load_secrets),
+                len(changes.unload_secrets),
+            )
+        return True
+
+    async def _serve(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
+        next_resync = 0.0
+        while True:
+            self.health.beat()
+            if await self._apply(control):
+                self._refresh = True
+            now = self._clock()
+            if self._refresh or now >= next_resync:
+                self._refresh = False
+                await self._refresh_status(control, tg)
+                next_resync = now + self.timing.resync_seconds
+                if any(s.state != "Established" for s in self.statuses):
+                    self._refresh = True  # poll while something is coming up or backing off
+            else:
+                stats = await control.call("stats")
+                self._check_daemon(stats)
+            await self._wait(self.timing.poll_interval)
+
+    async def _wait(self, seconds: float) -> None:
+        assert self._wake is not None
+        with anyio.move_on_after(seconds):
+            await self._wake.wait()
+            await self._sleep(self.timing.debounce)
+        self._wake = anyio.Event()
+
+    def _check_daemon(self, stats: dict[str, Any]) -> None:
+        started = parse_since(str((stats.get("uptime") or {}).get("since", "")))
+        if started is not None and self.daemon_started is not None and started != self.daemon_started:
+            raise CycleLost(f"charon restarted (start time {self.daemon_started} -> {started})")
+
+    async def _refresh_status(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
+        assert self.want is not None
+        sas = await list_sas(control, timeout=self.timing.call_timeout)
+        stats = await control.call("stats")
+        self._check_daemon(stats)
+        self.sas = sas
+        for name, uid in stale_children(self.want.tunnels, sas):
+            log.info("child.stale name=%s child_uniqueid=%s action=terminate", name, uid)
+            await control.stream(
+                "terminate",
+                {"child-id": uid, "timeout": str(int(self.timing.terminate_timeout * 1000))},
+                "control-log",
+                check=False,
+                timeout=self.timing.terminate_timeout + self.timing.call_timeout,
+            )
+        await self._publish()
+        for s in self.statuses:
+            if s.state == "Established" and s.name in self.errors:
+                self.errors.pop(s.name)
+        for action in link.watchdog(
+            self.want.tunnels,
+            sas,
+            in_flight=frozenset(self.in_flight),
+            attempts=self.attempts,
+            now=self._clock(),
+        ):
+            self.in_flight.add(action.tunnel)
+            tg.start_soon(self._initiate, action)
+
+    async def _initiate(self, action: Initiate) -> None:
+        t = self.timing
+        ok = False
+        try:
+            async with await self._connect(self.socket, t.call_timeout) as s:
+                for child in action.children:
+                    log.info("tunnel.initiate name=%s child=%s", action.tunnel, child)
+                    await s.stream(
+                        "initiate",
+                        {
+                            "child": child,
+                            "ike": action.tunnel,
+                            "timeout": str(int(t.initiate_timeout * 1000)),
+                        },
+                        "control-log",
+                        timeout=t.initiate_timeout + t.call_timeout,
+                    )
+            ok = True
+            self.errors.pop(action.tunnel, None)
+        except ViciCommandFailed as exc:
+            reason = reason_from_log(exc.log) or exc.message
+            self.errors[action.tunnel] = reason
+            log.warning("tunnel.initiate_failed name=%s reason=%r", action.tunnel, reason)
+        except ViciTimeout as exc:
+            self.errors[action.tunnel] = f"initiate: {exc}"
+            log.warning("tunnel.initiate_timeout name=%s error=%r", action.tunnel, str(exc))
+        except ViciUnavailable as exc:
+            log.info("tunnel.initiate_interrupted name=%s error=%r", action.tunnel, str(exc))
+        finally:
+            now = self._clock()
+            self.attempts[action.tunnel] = link.after_attempt(
+                self.attempts.get(action.tunnel, Attempt()), ok, now
+            )
+            self.in_flight.discard(action.tunnel)
+            self._poke()
+
+    # --- status -------------------------------------------------------------------------------------------
+
+    def status_document(self) -> dict[str, Any]:
+        agent: dict[str, Any] = {"connected": self.daemon_error is None, "daemon": self.daemon}
+        if self.plan is not None:
+            agent["planHash"] = plan_hash(self.plan)
+        problems = [p for p in (self.daemon_error, self.plan_error, *self.secret_errors.values()) if p]
+        agent["lastError"] = "; ".join(problems) if problems else None
+        return {"tunnels": [s.to_dict() for s in self.statuses], "agent": agent}
+
+    async def _publish(self) -> None:
+        if self.want is None:
+            return
+        self.statuses, self.carry = tunnels_status(
+            self.want.tunnels,
+            self.sas,
+            now=self._wall(),
+            errors=self.errors,
+            in_flight=frozenset(self.in_flight),
+            carry=self.carry,
+            daemon_error=self.daemon_error,
+        )
+        doc = self.status_document()
+        if doc != self._published:
+            await self.sink.publish(doc)
+            self._published = doc
+
+
+def _first(group: BaseExceptionGroup[Any]) -> str:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,112 @@
+"""The keeper's decisions (pure): the session state machine, backoffs, and the initiate-if-down watchdog.
+
+Session: DOWN --connected--> PUSHING --pushed--> READY; ``lost`` from any state goes back to DOWN and
+counts a failure. Anything else is a bug and raises. Reconnects use a short, bounded backoff: connecting
+to a unix socket costs nothing, and a restarted charon must get its configuration back within ~2 s.
+
+Watchdog: a site tunnel (``initiate``) that is not up is initiated, one child after the other, never twice
+at once (``in_flight``), never while charon already has an IKE_SA for it that is still being set up (that
+would make a duplicate IKE_SA), and after a failure only once its backoff has passed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agent.ipsec.status import ACTIVE_CHILD, STARTING_CHILD, UP_IKE
+from gwplan import Tunnel
+
+
+class Link(enum.Enum):
+    DOWN = "down"
+    PUSHING = "pushing"
+    READY = "ready"
+
+
+@dataclass(frozen=True)
+class Conn:
+    link: Link = Link.DOWN
+    failures: int = 0
+
+
+LinkEvent = Literal["connected", "pushed", "lost"]
+
+
+def step(c: Conn, event: LinkEvent) -> Conn:
+    match c.link, event:
+        case Link.DOWN, "connected":
+            return Conn(Link.PUSHING, c.failures)
+        case Link.PUSHING, "pushed":
+            return Conn(Link.READY, 0)
+        case _, "lost":
+            return Conn(Link.DOWN, c.failures + 1)
+    raise ValueError(f"session event {event!r} while {c.link.value}")
+
+
+def reconnect_backoff(failures: int, base: float = 0.05, cap: float = 0.5) -> float:
+    """Seconds before reconnect number ``failures`` (1, 2, ...)."""
+    return float(min(cap, base * 2 ** max(0, failures - 1)))
+
+
+def initiate_backoff(failures: int, base: float = 1.0, cap: float = 30.0) -> float:
+    """Seconds before initiating a tunnel again after ``failures`` failed attempts."""
+    return float(min(cap, base * 2 ** max(0, failures - 1)))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    failures: int = 0
+    not_before: float = 0.0
+
+
+def after_attempt(a: Attempt, ok: bool, now: float) -> Attempt:
+    if ok:
+        return Attempt()
+    failures = a.failures + 1
+    return Attempt(failures, now + initiate_backoff(failures))
+
+
+@dataclass(frozen=True)
+class Initiate:
+    tunnel: str
+    children: tuple[str, ...]
+    """Child configs to initiate, in order (the first one creates the IKE_SA if there is none)."""
+
+
+def missing_children(tunnel: Tunnel, ikes: list[Mapping[str, Any]]) -> tuple[str, ...] | None:
+    """Children of the plan to initiate, () when the tunnel is up, None when charon is busy with it."""
+    states = [sa.get("state") for sa in ikes]
+    up = any(s in UP_IKE for s in states)
+    if not up and ikes:
+        return None  # CONNECTING, DELETING, ...: charon is on it; initiating now could duplicate the IKE_SA
+    sas = [child for sa in ikes for child in (sa.get("child-sas") or {}).values()]
+    busy = ACTIVE_CHILD | STARTING_CHILD
+    return tuple(
+        c.name
+        for c in tunnel.children
+        if not any(s.get("name") == c.name and s.get("state") in busy for s in sas)
+    )
+
+
+def watchdog(
+    tunnels: tuple[Tunnel, ...],
+    sas: Mapping[str, Mapping[str, Any]],
+    *,
+    in_flight: frozenset[str],
+    attempts: Mapping[str, Attempt],
+    now: float,
+) -> list[Initiate]:
+    by_name: dict[str, list[Mapping[str, Any]]] = {}
+    for sa in sas.values():
+        by_name.setdefault(str(sa.get("name")), []).append(sa)
+    out = []
+    for t in tunnels:
+        if not t.initiate or t.name in in_flight or now < attempts.get(t.name, Attempt()).not_before:
+            continue
+        missing = missing_children(t, by_name.get(t.name, []))
+        if missing:
+            out.append(Initiate(t.name, missing))
+    return out
