@@ -1,0 +1,145 @@
+"""``python -m exporter``: Prometheus metrics for a gateway's charon (VICI) and WireGuard interfaces.
+
+Exit codes: 0 stopped by SIGINT/SIGTERM, 1 runtime failure (e.g. cannot bind), 2 bad usage or input
+(bad --listen, unreadable or invalid --plan at startup, nothing to watch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+
+from exporter.app import MetricsApp
+from exporter.http import serve
+from exporter.service import Exporter, PlanFile
+from exporter.sources import StrongswanSource, WireGuardSource, follow_events
+from gwplan.model import PlanError
+
+log = logging.getLogger("exporter")
+
+EPILOG = """\
+metrics: strongswan_up, strongswan_tunnel_up{tunnel}, strongswan_tunnel_bytes_total{tunnel,direction}
+(monotonic across CHILD_SA rekeys), wireguard_up{interface}, wireguard_peer_*{interface,peer}, ...
+(see docs/exporter.md). The scrape deadline (--scrape-timeout) stays below Prometheus' default 10 s.
+exit codes: 0 stopped by a signal, 1 runtime failure, 2 bad usage or input.
+"""
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"--listen: expected HOST:PORT with a port 0-65535, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _timeout(value: str) -> float:
+    try:
+        t = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--scrape-timeout: not a number: {value!r}") from None
+    if not 0 < t < 10:
+        raise argparse.ArgumentTypeError(
+            "--scrape-timeout: must be > 0 and < 10 (Prometheus' default timeout)"
+        )
+    return t
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m exporter",
+        description="Serve Prometheus metrics for strongSwan charon (over VICI) and WireGuard interfaces.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--listen", type=_listen, required=True, metavar="HOST:PORT", help="address to serve on")
+    p.add_argument("--vici-socket", type=Path, metavar="PATH", help="charon's VICI socket (IPsec metrics)")
+    p.add_argument(
+        "--wireguard-interface",
+        action="append",
+        default=[],
+        metavar="IF",
+        help="WireGuard interface to watch (repeatable; the plan's interface is added automatically)",
+    )
+    p.add_argument(
+        "--wireguard-uapi-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory of wireguard-go's UAPI sockets (default /var/run/wireguard; else kernel netlink)",
+    )
+    p.add_argument(
+        "--plan",
+        type=Path,
+        metavar="PLAN",
+        help="gateway plan JSON: names tunnels and peers; configured-but-absent ones appear with 0",
+    )
+    p.add_argument("--scrape-timeout", type=_timeout, default=8.0, metavar="SECONDS", help="default 8")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+async def run(args: argparse.Namespace, plan: PlanFile) -> None:
+    strongswan = StrongswanSource(args.vici_socket) if args.vici_socket else None
+    wants_wg = bool(args.wireguard_interface) or plan.names.wireguard_interface is not None
+    wireguard = WireGuardSource(args.wireguard_uapi_dir) if wants_wg or plan.path else None
+    exporter = Exporter(
+        strongswan=strongswan,
+        wireguard=wireguard,
+        interfaces=tuple(args.wireguard_interface),
+        plan=plan,
+        scrape_timeout=args.scrape_timeout,
+    )
+    host, port = args.listen
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve, host, port, MetricsApp(exporter))
+        if strongswan is not None:
+            tg.start_soon(follow_events, args.vici_socket, strongswan)
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("exporter.stopping signal=%s", signal.Signals(signum).name)
+                break
+        tg.cancel_scope.cancel()
+    if strongswan is not None:
+        await strongswan.aclose()
+    if wireguard is not None:
+        await wireguard.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)  # exits 2 with a message on bad usage
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    if not (args.vici_socket or args.wireguard_interface or args.plan):
+        log.error(
+            "exporter.usage error=nothing-to-watch hint='give --vici-socket, --wireguard-interface or --plan'"
+        )
+        return 2
+    plan = PlanFile(args.plan)
+    try:
+        plan.load_initial()
+    except (OSError, PlanError) as exc:
+        log.error("exporter.plan.invalid path=%s error=%s", args.plan, exc)
+        return 2
+    log.info(
+        "exporter.starting listen=%s:%d vici=%s wireguard=%s plan=%s",
+        *args.listen,
+        args.vici_socket,
+        ",".join(args.wireguard_interface) or "-",
+        args.plan,
+    )
+    try:
+        anyio.run(run, args, plan, backend="asyncio")
+    except OSError as exc:
+        log.error("exporter.failed error=%s", exc)
+        return 1
+    log.info("exporter.stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""A minimal HTTP/1.1 server on anyio for /metrics and /healthz (one response per connection).
+
+Why not prometheus_client's ``start_http_server``: it is threaded WSGI, while the daemon queries are
+async (anyio); a small server keeps one event loop, one deadline model and no thread hand-off. Requests
+are read with a size limit and a read timeout, so a slow or hostile client cannot pin the exporter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
+
+from exporter.family import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST = 16 * 1024
+READ_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+
+
+Handler = Callable[[str, str, dict[str, str]], Awaitable[Response]]
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+}
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """True if the Accept header offers OpenMetrics with q > 0 (Prometheus asks for it first)."""
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        if fields[0] != "application/openmetrics-text":
+            continue
+        q = 1.0
+        for f in fields[1:]:
+            if f.startswith("q="):
+                try:
+                    q = float(f[2:])
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            return True
+    return False
+
+
+def content_type(openmetrics: bool) -> str:
+    return OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
+
+
+def parse_request(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """Request line and headers (lower-cased names). Raises ValueError on garbage."""
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, version = lines[0].split(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"unsupported version {version!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError("malformed header")
+        headers[name.strip().lower()] = value.strip()
+    return method, target.split("?", 1)[0], headers
+
+
+def format_response(resp: Response, *, head_only: bool = False) -> bytes:
+    reason = _REASONS.get(resp.status, "Unknown")
+    head = (
+        f"HTTP/1.1 {resp.status} {reason}\r\nContent-Type: {resp.content_type}\r\n"
+        f"Content-Length: {len(resp.body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    return head if head_only else head + resp.body
+
+
+async def _serve_one(stream: anyio.abc.ByteStream, handler: Handler) -> None:
+    async with stream:
+        data = bytearray()
+        with anyio.move_on_after(READ_TIMEOUT):
+            while b"\r\n\r\n" not in data and len(data) <= MAX_REQUEST:
+                try:
+                    data += await stream.receive(4096)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                    return
+        if b"\r\n\r\n" not in data:
+            return
+        try:
+            method, path, headers = parse_request(bytes(data.split(b"\r\n\r\n", 1)[0]))
+        except ValueError:
+            resp = Response(400, "text/plain; charset=utf-8", b"bad request\n")
+            method = "GET"
+        else:
+            if method not in ("GET", "HEAD"):
+                resp = Response(405, "text/plain; charset=utf-8", b"only GET and HEAD\n")
+            else:
+                try:
+                    resp = await handler(method, path, headers)
+                except Exception:
+                    log.exception("exporter.http.error path=%s", path)
+                    resp = Response(500, "text/plain; charset=utf-8", b"internal error\n")
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            await stream.send(format_response(resp, head_only=method == "HEAD"))
+
+
+async def serve(
+    host: str,
+    port: int,
+    handler: Handler,
+    *,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled; reports the bound port through ``task_status`` (port 0 picks one)."""
+    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+    bound = listener.extra(anyio.abc.SocketAttribute.local_port)  # noqa: S610 (anyio, not Django)
+    log.info("exporter.http.listening host=%s port=%d", host, bound)
+    task_status.started(bound)
+
+    async def accept(stream: anyio.abc.SocketStream) -> None:
+        await _serve_one(stream, handler)
+
+    await listener.serve(accept)

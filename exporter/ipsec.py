@@ -1,0 +1,386 @@
+"""IPsec tunnels from charon's listing, with byte/packet counters that survive CHILD_SA rekeys (pure).
+
+The problem: a CHILD_SA's counters start at 0 on every rekey (a new SA replaces the old one), so
+exporters that publish the live SA's counters show a sawtooth that ``rate()`` reads as counter resets
+and torn traffic. Ours are true counters per tunnel and per child config:
+
+    total(tunnel, child) = retired(tunnel, child) + sum(last counts of its live SAs)
+
+``Carry`` is the state that makes this work, threaded through pure functions:
+
+* ``last``: the latest counts of every live CHILD_SA, keyed ``<epoch>/<uniqueid>``; ``epoch`` is charon's
+  start time, because unique ids restart at 1 when charon restarts;
+* an SA's counts move to ``retired`` when it is *final*: a ``child-rekey`` event (its ``old`` SA), a down
+  event (``child-updown``/``ike-updown`` without ``up``), or when a listing no longer shows it;
+* ``final`` remembers what was already retired per SA for ``FINAL_HORIZON`` seconds, so a late event with
+  higher counts adds only the difference and a rekeyed SA still listed during charon's 5 s
+  ``delete_rekeyed_delay`` (frozen counters, state REKEYED/DELETED: LAB-FACTS) is not counted twice.
+
+Timestamps are computed once per SA (``established`` and ``install-time`` are seconds since,
+``rekey-time`` seconds remaining: LAB-FACTS) and then kept, so they do not jitter by a second per scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+FINAL_HORIZON = 600.0
+"""Seconds to remember a retired SA (late events, REKEYED SAs still listed)."""
+
+Section = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Counts:
+    bytes_in: int = 0
+    bytes_out: int = 0
+    packets_in: int = 0
+    packets_out: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(
+            self.bytes_in + other.bytes_in,
+            self.bytes_out + other.bytes_out,
+            self.packets_in + other.packets_in,
+            self.packets_out + other.packets_out,
+        )
+
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(
+            self.bytes_in - other.bytes_in,
+            self.bytes_out - other.bytes_out,
+            self.packets_in - other.packets_in,
+            self.packets_out - other.packets_out,
+        )
+
+    def at_least(self, other: Counts) -> Counts:
+        return Counts(
+            max(self.bytes_in, other.bytes_in),
+            max(self.bytes_out, other.bytes_out),
+            max(self.packets_in, other.packets_in),
+            max(self.packets_out, other.packets_out),
+        )
+
+    def clamp(self) -> Counts:
+        return Counts(
+            max(0, self.bytes_in), max(0, self.bytes_out), max(0, self.packets_in), max(0, self.packets_out)
+        )
+
+
+ZERO = Counts()
+ChildKey = tuple[str, str]
+"""(tunnel, child config name)."""
+
+
+@dataclass(frozen=True)
+class Final:
+    key: ChildKey
+    counts: Counts
+    at: float
+
+
+@dataclass(frozen=True)
+class Carry:
+    retired: Mapping[ChildKey, Counts] = field(default_factory=dict)
+    last: Mapping[str, tuple[ChildKey, Counts]] = field(default_factory=dict)
+    final: Mapping[str, Final] = field(default_factory=dict)
+    stamps: Mapping[str, float] = field(default_factory=dict)
+    subnets: Mapping[ChildKey, str] = field(default_factory=dict)
+    """Remote subnet label per child, from the plan or the first listing that showed it."""
+
+
+@dataclass(frozen=True)
+class PlanTunnel:
+    """A tunnel the plan configures: its children by name with their (single) remote subnet."""
+
+    name: str
+    children: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class ChildView:
+    tunnel: str
+    child: str
+    subnet: str
+    up: bool
+    counts: Counts
+
+
+@dataclass(frozen=True)
+class TunnelView:
+    name: str
+    up: bool
+    configured: bool
+    ike_sas: int
+    children_installed: int
+    children_configured: int
+    counts: Counts
+    established: float | None = None
+    next_rekey: float | None = None
+
+
+@dataclass(frozen=True)
+class Info:
+    """One ``_info`` series: the place for unique ids, algorithms and selectors."""
+
+    labels: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class IpsecView:
+    tunnels: tuple[TunnelView, ...] = ()
+    children: tuple[ChildView, ...] = ()
+    ike_info: tuple[Info, ...] = ()
+    child_info: tuple[Info, ...] = ()
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def counts_of(child: Section) -> Counts:
+    return Counts(
+        _int(child.get("bytes-in")),
+        _int(child.get("bytes-out")),
+        _int(child.get("packets-in")),
+        _int(child.get("packets-out")),
+    )
+
+
+def _retire(
+    retired: dict[ChildKey, Counts],
+    final: dict[str, Final],
+    uid: str,
+    key: ChildKey,
+    counts: Counts,
+    now: float,
+) -> None:
+    before = final.get(uid)
+    if before is None:
+        retired[key] = retired.get(key, ZERO) + counts
+        final[uid] = Final(key, counts, now)
+        return
+    grown = counts.at_least(before.counts)
+    retired[key] = retired.get(key, ZERO) + (grown - before.counts).clamp()
+    final[uid] = Final(key, grown, before.at)
+
+
+def _children(ike: Section) -> Iterable[Section]:
+    kids = ike.get("child-sas") or {}
+    return [c for c in kids.values() if isinstance(c, Mapping)] if isinstance(kids, Mapping) else []
+
+
+def observe_event(carry: Carry, event: str, body: Section, *, epoch: str, now: float) -> Carry:
+    """Fold a ``child-rekey`` / ``child-updown`` / ``ike-updown`` event into the carry (pure).
+
+    Only *final* counts are taken: the ``old`` SA of a child rekey, every SA of a down event. Up events
+    and the ``new`` SA are left to the next listing."""
+    if event not in ("child-rekey", "child-updown", "ike-updown"):
+        return carry
+    if event != "child-rekey" and body.get("up") == "yes":
+        return carry
+    retired, final, last = dict(carry.retired), dict(carry.final), dict(carry.last)
+    for tunnel, ike in body.items():
+        if not isinstance(ike, Mapping):
+            continue
+        kids = ike.get("child-sas") or {}
+        if event == "child-rekey":
+            olds = [kids["old"]] if isinstance(kids, Mapping) and isinstance(kids.get("old"), Mapping) else []
+        else:
+            olds = list(_children(ike))
+        for child in olds:
+            uid = f"{epoch}/{child.get('uniqueid', '')}"
+            key = (str(tunnel), str(child.get("name", "")))
+            counts = counts_of(child)
+            seen = last.pop(uid, None)
+            if seen is not None:
+                counts = counts.at_least(seen[1])
+            _retire(retired, final, uid, key, counts, now)
+    return replace(carry, retired=retired, final=final, last=last)
+
+
+def _stamp(old: Mapping[str, float], new: dict[str, float], key: str, value: float | None) -> None:
+    if key in old:
+        new[key] = old[key]
+    elif value is not None:
+        new[key] = value
+
+
+def _ts(raw: Any) -> list[str]:
+    if isinstance(raw, list):
+        return [str(x) for x in raw]
+    return [str(raw)] if raw else []
+
+
+def observe_listing(
+    carry: Carry, sas: Mapping[str, Section], *, epoch: str, now: float
+) -> tuple[Carry, dict[str, Any]]:
+    """Fold one complete ``list_sas`` result into the carry (pure); SAs it no longer shows are retired.
+
+    Returns the new carry and, per listed CHILD_SA uid, its (tunnel, child, Section) for the view."""
+    retired, final = dict(carry.retired), dict(carry.final)
+    last: dict[str, tuple[ChildKey, Counts]] = {}
+    stamps: dict[str, float] = {}
+    subnets = dict(carry.subnets)
+    listed: dict[str, Any] = {}
+    for ike_uid, ike in sas.items():
+        tunnel = str(ike.get("name", ""))
+        est = _int(ike.get("established")) if "established" in ike else None
+        _stamp(carry.stamps, stamps, f"{epoch}/ike/{ike_uid}", None if est is None else float(int(now) - est))
+        for child in _children(ike):
+            uid = f"{epoch}/{child.get('uniqueid', '')}"
+            key = (tunnel, str(child.get("name", "")))
+            listed[uid] = (key, child)
+            if key not in subnets and child.get("remote-ts"):
+                subnets[key] = ",".join(_ts(child.get("remote-ts")))
+            if uid in final:  # retired already (REKEYED, frozen): never counted twice
+                continue
+            counts = counts_of(child)
+            prev = carry.last.get(uid)
+            last[uid] = (key, counts if prev is None else counts.at_least(prev[1]))
+            installed = child.get("install-time")
+            _stamp(
+                carry.stamps,
+                stamps,
+                f"{uid}/installed",
+                None if installed is None else float(int(now) - _int(installed)),
+            )
+            rekey = child.get("rekey-time")
+            _stamp(
+                carry.stamps, stamps, f"{uid}/rekey", None if rekey is None else float(int(now) + _int(rekey))
+            )
+    for uid, (key, counts) in carry.last.items():
+        if uid not in last and uid not in listed:
+            _retire(retired, final, uid, key, counts, now)
+    final = {uid: f for uid, f in final.items() if now - f.at < FINAL_HORIZON}
+    return Carry(retired=retired, last=last, final=final, stamps=stamps, subnets=subnets), listed
+
+
+def totals(carry: Carry) -> dict[ChildKey, Counts]:
+    out = dict(carry.retired)
+    for key, counts in carry.last.values():
+        out[key] = out.get(key, ZERO) + counts
+    return out
+
+
+def _ike_labels(tunnel: str, uid: str, ike: Section) -> Info:
+    keys = (
+        ("version", "version"),
+        ("state", "state"),
+        ("local_host", "local-host"),
+        ("remote_host", "remote-host"),
+        ("local_id", "local-id"),
+        ("remote_id", "remote-id"),
+        ("encr_alg", "encr-alg"),
+        ("encr_keysize", "encr-keysize"),
+        ("integ_alg", "integ-alg"),
+        ("prf_alg", "prf-alg"),
+        ("dh_group", "dh-group"),
+    )
+    return Info((("tunnel", tunnel), ("uniqueid", uid), *((label, str(ike.get(k, ""))) for label, k in keys)))
+
+
+def _child_labels(tunnel: str, child: Section, subnet: str) -> Info:
+    keys = (
+        ("uniqueid", "uniqueid"),
+        ("reqid", "reqid"),
+        ("state", "state"),
+        ("mode", "mode"),
+        ("protocol", "protocol"),
+        ("encr_alg", "encr-alg"),
+        ("encr_keysize", "encr-keysize"),
+        ("integ_alg", "integ-alg"),
+        ("dh_group", "dh-group"),
+    )
+    return Info(
+        (
+            ("tunnel", tunnel),
+            ("child", str(child.get("name", ""))),
+            ("subnet", subnet),
+            *((label, str(child.get(k, ""))) for label, k in keys),
+            ("local_ts", ",".join(_ts(child.get("local-ts")))),
+            ("remote_ts", ",".join(_ts(child.get("remote-ts")))),
+        )
+    )
+
+
+def view(
+    carry: Carry,
+    sas: Mapping[str, Section] | None,
+    plan: Iterable[PlanTunnel],
+    *,
+    epoch: str,
+    listed: Mapping[str, Any] | None = None,
+) -> IpsecView:
+    """The tunnels as the metrics show them (pure). ``sas`` None: charon did not answer this scrape, so
+    every tunnel is down and the counters hold their carried totals."""
+    planned = {t.name: t for t in plan}
+    subnets = dict(carry.subnets)
+    for t in planned.values():
+        for child, subnet in t.children.items():
+            subnets[(t.name, child)] = subnet
+    sums = totals(carry)
+    listed = listed or {}
+    # Which child configs have an INSTALLED SA, and per-tunnel facts from the listing.
+    installed: set[ChildKey] = set()
+    ike_count: dict[str, int] = {}
+    established: dict[str, float] = {}
+    next_rekey: dict[str, float] = {}
+    ike_info: list[Info] = []
+    child_info: list[Info] = []
+    for ike_uid, ike in (sas or {}).items():
+        tunnel = str(ike.get("name", ""))
+        if ike.get("state") == "ESTABLISHED":
+            ike_count[tunnel] = ike_count.get(tunnel, 0) + 1
+            est = carry.stamps.get(f"{epoch}/ike/{ike_uid}")
+            if est is not None:
+                established[tunnel] = max(established.get(tunnel, est), est)
+        ike_info.append(_ike_labels(tunnel, ike_uid, ike))
+    for uid, (key, child) in listed.items():
+        subnet = subnets.get(key, "")
+        child_info.append(_child_labels(key[0], child, subnet))
+        if child.get("state") != "INSTALLED":
+            continue
+        installed.add(key)
+        rk = carry.stamps.get(f"{uid}/rekey")
+        if rk is not None:
+            next_rekey[key[0]] = min(next_rekey.get(key[0], rk), rk)
+    child_keys = set(sums) | installed | set(subnets)
+    by_tunnel: dict[str, list[ChildKey]] = {name: [] for name in planned}
+    for k in child_keys:
+        by_tunnel.setdefault(k[0], []).append(k)
+    for name in ike_count:
+        by_tunnel.setdefault(name, [])
+    tunnels: list[TunnelView] = []
+    for name in sorted(by_tunnel):
+        mine = by_tunnel[name]
+        got = sum(1 for k in mine if k in installed)
+        total = ZERO
+        for k in mine:
+            total = total + sums.get(k, ZERO)
+        up = ike_count.get(name, 0) > 0 and got > 0
+        tunnels.append(
+            TunnelView(
+                name=name,
+                up=up,
+                configured=name in planned,
+                ike_sas=ike_count.get(name, 0),
+                children_installed=got,
+                children_configured=len(planned[name].children) if name in planned else 0,
+                counts=total,
+                established=established.get(name) if up else None,
+                next_rekey=next_rekey.get(name) if up else None,
+            )
+        )
+    children = tuple(
+        ChildView(
+            tunnel=k[0], child=k[1], subnet=subnets.get(k, ""), up=k in installed, counts=sums.get(k, ZERO)
+        )
+        for k in sorted(child_keys)
+    )
+    return IpsecView(tuple(tunnels), children, tuple(ike_info), tuple(child_info))

@@ -1,0 +1,229 @@
+"""The I/O shells: query charon and WireGuard for one scrape, within a deadline, and never hang.
+
+* ``StrongswanSource`` keeps one VICI session across scrapes. A dead or missing socket is a refused
+  connect (fast) and the scrape reports ``strongswan_up 0``; after a failure the next connect waits for
+  ``backoff`` (scrapes meanwhile answer ``up 0`` at once). A call that times out discards the session (the
+  stream is desynchronised: ``agent.vici.session``).
+* ``EventFollower`` listens on a second, dedicated session for ``child-rekey`` and down events, whose
+  final CHILD_SA counts keep the byte counters exact across rekeys (``exporter.ipsec``); it reconnects with
+  backoff, and learns the daemon's epoch (start time) on every connect.
+* ``WireGuardSource`` reads each interface through the backend ``agent.wireguard.backend.detect`` picks
+  (UAPI socket of wireguard-go/boringtun, else kernel netlink), re-detecting after a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+
+from agent.vici import ViciError, ViciSession
+from agent.vici.queries import DaemonInfo, counters, daemon_info, list_sas
+from agent.wireguard.backend import WireGuardBackend, WireGuardError, detect
+from agent.wireguard.model import DeviceState
+from exporter import ipsec
+from exporter.collector import StrongswanSnapshot, WireGuardSnapshot
+from exporter.wireguard import InterfaceView, interface_view
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+Connect = Callable[..., Awaitable[ViciSession]]
+Detect = Callable[[str, Path | None], Awaitable[WireGuardBackend]]
+
+EVENTS = ("child-rekey", "child-updown", "ike-updown")
+
+
+def backoff(failures: int, base: float = 0.25, cap: float = 5.0) -> float:
+    """Seconds to wait before reconnect attempt ``failures`` (1, 2, ...): 0.25, 0.5, 1, 2, 4, 5, 5 ..."""
+    return 0.0 if failures <= 0 else min(cap, base * 2 ** (failures - 1))
+
+
+def epoch_of(info: DaemonInfo) -> str:
+    """charon's unique ids restart at 1 with the daemon, so SA keys carry its start time."""
+    return f"{info.started:.0f}" if info.started is not None else "unknown"
+
+
+class StrongswanSource:
+    def __init__(
+        self,
+        socket: Path,
+        *,
+        connect: Connect = ViciSession.connect,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ) -> None:
+        self.socket = socket
+        self._connect = connect
+        self._clock = clock
+        self._wall = wall
+        self._session: ViciSession | None = None
+        self.failures = 0
+        self._retry_at = 0.0
+        self.carry = ipsec.Carry()
+        self.epoch = ""
+
+    def observe_event(self, name: str, body: Mapping[str, object], epoch: str) -> None:
+        self.carry = ipsec.observe_event(self.carry, name, body, epoch=epoch, now=self._wall())
+
+    async def _fail(self, why: str) -> None:
+        self.failures += 1
+        self._retry_at = self._clock() + backoff(self.failures)
+        if self._session is not None:
+            session, self._session = self._session, None
+            with anyio.CancelScope(shield=True):
+                await session.aclose()
+        log.warning(
+            "exporter.strongswan.down socket=%s failures=%d error=%s", self.socket, self.failures, why
+        )
+
+    async def scrape(self, timeout: float, plan: Iterable[ipsec.PlanTunnel]) -> StrongswanSnapshot:
+        start = self._clock()
+        plan = list(plan)
+
+        def down() -> StrongswanSnapshot:
+            view = ipsec.view(self.carry, None, plan, epoch=self.epoch)
+            return StrongswanSnapshot(up=False, duration=self._clock() - start, view=view)
+
+        def left() -> float:
+            return max(0.001, start + timeout - self._clock())
+
+        if self._session is None or self._session.closed:
+            if self._clock() < self._retry_at:
+                return down()
+            try:
+                self._session = await self._connect(self.socket, timeout=left())
+            except ViciError as exc:
+                await self._fail(str(exc))
+                return down()
+            if self.failures:
+                log.info(
+                    "exporter.strongswan.reconnected socket=%s after_failures=%d", self.socket, self.failures
+                )
+        session = self._session
+        assert session is not None
+        try:
+            info = await daemon_info(session, timeout=left())
+            ctrs = await counters(session, timeout=left()) if "counters" in info.plugins else None
+            sas = await list_sas(session, timeout=left())
+        except ViciError as exc:
+            await self._fail(str(exc))
+            return down()
+        except BaseException:
+            # Cancelled mid-call (outer deadline): the stream may hold half an answer; never reuse it.
+            dropped, self._session = self._session, None
+            if dropped is not None:
+                with anyio.CancelScope(shield=True):
+                    await dropped.aclose()
+            raise
+        self.failures = 0
+        self.epoch = epoch_of(info)
+        self.carry, listed = ipsec.observe_listing(self.carry, sas, epoch=self.epoch, now=self._wall())
+        view = ipsec.view(self.carry, sas, plan, epoch=self.epoch, listed=listed)
+        return StrongswanSnapshot(
+            up=True, duration=self._clock() - start, view=view, info=info, counters=ctrs
+        )
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.aclose()
+            self._session = None
+
+
+class EventSink(Protocol):
+    def observe_event(self, name: str, body: Mapping[str, object], epoch: str) -> None: ...
+
+
+async def follow_events(
+    socket: Path,
+    sink: EventSink,
+    *,
+    connect: Connect = ViciSession.connect,
+    sleep: Sleep = anyio.sleep,
+) -> None:
+    """Forever: connect, learn the epoch, feed rekey/down events to ``sink``; reconnect with backoff."""
+    failures = 0
+    while True:
+        try:
+            async with await connect(socket, timeout=5.0) as session:
+                epoch = epoch_of(await daemon_info(session))
+                log.info("exporter.events.listening socket=%s epoch=%s", socket, epoch)
+                failures = 0
+                async for frame in session.listen(EVENTS):
+                    if frame.name:
+                        sink.observe_event(frame.name, frame.body, epoch)
+        except ViciError as exc:
+            failures += 1
+            if failures == 1 or failures % 20 == 0:
+                log.warning("exporter.events.lost socket=%s failures=%d error=%s", socket, failures, exc)
+        await sleep(backoff(failures))
+
+
+async def _detect(interface: str, uapi_dir: Path | None) -> WireGuardBackend:
+    return await detect(interface, uapi_dir)
+
+
+class WireGuardSource:
+    def __init__(
+        self,
+        uapi_dir: Path | None = None,
+        *,
+        detect_backend: Detect = _detect,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.uapi_dir = uapi_dir
+        self._detect = detect_backend
+        self._clock = clock
+        self._backends: dict[str, WireGuardBackend] = {}
+        self._down: set[str] = set()
+
+    async def _one(self, interface: str, names: Mapping[str, str], timeout: float) -> InterfaceView:
+        backend = self._backends.get(interface)
+        state: DeviceState | None = None
+        why = ""
+        with anyio.move_on_after(timeout) as scope:
+            try:
+                if backend is None:
+                    backend = self._backends[interface] = await self._detect(interface, self.uapi_dir)
+                state = await backend.get(interface)
+            except WireGuardError as exc:
+                why = str(exc)
+        if scope.cancelled_caught:
+            why = f"no answer in {timeout:.1f}s"
+        if state is None:
+            self._backends.pop(interface, None)  # re-detect next time (daemon restarted, module loaded)
+            if interface not in self._down:
+                log.warning("exporter.wireguard.down interface=%s error=%s", interface, why)
+                self._down.add(interface)
+            return interface_view(interface, None, names, backend=backend.name if backend else "")
+        if interface in self._down:
+            self._down.discard(interface)
+            log.info(
+                "exporter.wireguard.up interface=%s backend=%s", interface, backend.name if backend else ""
+            )
+        return interface_view(interface, state, names, backend=backend.name if backend else "")
+
+    async def scrape(
+        self, timeout: float, interfaces: Iterable[str], names: Mapping[str, Mapping[str, str]]
+    ) -> WireGuardSnapshot:
+        start = self._clock()
+        wanted = sorted(set(interfaces))
+        views: dict[str, InterfaceView] = {}
+
+        async def run(interface: str) -> None:
+            views[interface] = await self._one(interface, names.get(interface, {}), timeout)
+
+        async with anyio.create_task_group() as tg:
+            for interface in wanted:
+                tg.start_soon(run, interface)
+        return WireGuardSnapshot(duration=self._clock() - start, interfaces=tuple(views[i] for i in wanted))
+
+    async def aclose(self) -> None:
+        for backend in self._backends.values():
+            await backend.aclose()
+        self._backends.clear()
