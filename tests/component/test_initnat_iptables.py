@@ -1,0 +1,126 @@
+"""initnat.iptables' control flow against a fake command runner (FakeRunner, next to the Protocol).
+
+The real iptables-restore is exercised in tests/integration/test_initnat_iptables.py; here we pin the
+order of steps and what happens on each kind of failure, which the kernel makes hard to provoke.
+"""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address
+
+import pytest
+
+from gwplan import Exposure, Grant, Nat, Port
+from initnat import rules, tables
+from initnat.iptables import Completed, FakeRunner, Iptables, IptablesError, detect_variant
+
+RULESET = rules.render(
+    rules.validate(
+        Nat(
+            exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+            grants=(Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000),),
+        ),
+        nic2_address=IPv4Address("192.0.2.2"),
+    )
+)
+OLD = (
+    "*filter\n:FORWARD ACCEPT [0:0]\n:VPNGW-FORWARD - [0:0]\n"
+    "-A VPNGW-FORWARD -j CONNMARK --set-xmark 0x50000/0xfff0000\nCOMMIT\n"
+)
+
+
+def in_sync_save() -> str:
+    lines = []
+    for t in RULESET.tables:
+        lines.append(f"*{t.table}")
+        lines += [f":{c} - [0:0]" for c in t.chains]
+        lines += [f"-A {b} -j {o}" for tbl, b, o in tables.JUMPS if tbl == t.table]
+        lines += list(t.rules)
+        lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def test_in_sync_kernel_means_no_restore_at_all() -> None:
+    r = FakeRunner({"iptables-nft-save": [Completed(0, in_sync_save(), "")]})
+    applied = Iptables("nft", r).apply(RULESET)
+    assert not applied.changed and [a[0][0] for a in r.calls] == ["iptables-nft-save"]
+
+
+def test_apply_tests_first_then_commits_with_noflush_and_wait() -> None:
+    r = FakeRunner({"iptables-legacy-save": [Completed(0, OLD, "")]})
+    applied = Iptables("legacy", r).apply(RULESET)
+    assert applied.changed and applied.marks_before == {0x50000}
+    assert [a[0] for a in r.calls] == [
+        ("iptables-legacy-save",),
+        ("iptables-legacy-restore", "--noflush", "--wait", "--test"),
+        ("iptables-legacy-restore", "--noflush", "--wait"),
+    ]
+    assert r.calls[1][1] == r.calls[2][1] == tables.payload(RULESET, tables.parse_save(OLD))
+
+
+def test_refused_by_test_changes_nothing() -> None:
+    r = FakeRunner(
+        {
+            "iptables-nft-save": [Completed(0, OLD, "")],
+            "iptables-nft-restore": [Completed(2, "", "Chain 'X' does not exist\nError occurred at line: 3")],
+        }
+    )
+    with pytest.raises(
+        IptablesError, match="refused by --test, nothing changed: Chain 'X' does not exist"
+    ) as e:
+        Iptables("nft", r).apply(RULESET)
+    assert e.value.rolled_back and len(r.calls) == 2
+
+
+def test_failed_commit_restores_the_snapshot_of_our_chains() -> None:
+    r = FakeRunner(
+        {
+            "iptables-nft-save": [Completed(0, OLD, "")],
+            "iptables-nft-restore": [
+                Completed(0, "", ""),
+                Completed(1, "", "nat: boom"),
+                Completed(0, "", ""),
+            ],
+        }
+    )
+    with pytest.raises(IptablesError, match="apply failed, previous rules restored: nat: boom") as e:
+        Iptables("nft", r).apply(RULESET)
+    assert e.value.rolled_back
+    assert r.calls[-1][1] == tables.snapshot_payload(tables.parse_save(OLD), RULESET)
+    assert "--set-xmark 0x50000/0xfff0000" in (r.calls[-1][1] or "")
+
+
+def test_failed_rollback_is_reported_as_such() -> None:
+    r = FakeRunner(
+        {
+            "iptables-nft-save": [Completed(0, OLD, "")],
+            "iptables-nft-restore": [
+                Completed(0, "", ""),
+                Completed(1, "", "boom"),
+                Completed(1, "", "again"),
+            ],
+        }
+    )
+    with pytest.raises(IptablesError, match="restoring the previous rules failed too: again") as e:
+        Iptables("nft", r).apply(RULESET)
+    assert not e.value.rolled_back
+
+
+def test_save_failure_is_reported_before_anything_is_written() -> None:
+    r = FakeRunner({"iptables-nft-save": [Completed(4, "", "Permission denied (you must be root)")]})
+    with pytest.raises(IptablesError, match="Permission denied"):
+        Iptables("nft", r).apply(RULESET)
+    assert len(r.calls) == 1
+
+
+def test_detect_variant_follows_the_rules() -> None:
+    many = "*filter\n" + "-A FORWARD -j ACCEPT\n" * 12
+    r = FakeRunner(
+        {"iptables-legacy-save": [Completed(0, many, "")], "iptables-nft-save": [Completed(0, "", "")]}
+    )
+    assert detect_variant(r) == "legacy"
+
+    def missing(argv: object, input: str | None = None) -> Completed:
+        raise FileNotFoundError("iptables-legacy-save")
+
+    assert detect_variant(missing) == "nft"

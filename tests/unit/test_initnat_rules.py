@@ -1,0 +1,299 @@
+"""initnat.rules: validation (every plan value that reaches iptables), rendering, revocation. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from gwplan import Exposure, Grant, Nat, Nic, Port, ReverseExposure
+from initnat import rules
+from initnat.rules import NatConfigError
+
+NIC2 = IPv4Address("192.0.2.2")
+MASK = 0x0FFF0000
+A, B, C = 0x10000, 0x20000, 0x30000
+
+
+def nat(**kw: object) -> Nat:
+    base = Nat(
+        service_cidr="198.18.0.0/24",
+        source_address="198.18.0.1",
+        internal_source_cidrs=("10.0.0.0/8",),
+        exposures=(
+            Exposure("web", "198.18.0.10", (Port(80), Port(53, "UDP")), target_address="192.0.2.66"),
+            Exposure("api", "198.18.0.11", (Port(9090),), target_host="api.fabric.example"),
+        ),
+        reverse_exposures=(ReverseExposure("db", "198.18.0.20", "203.0.113.5", (Port(5432),)),),
+        grants=(
+            Grant("s1", "web", "exposure", ("203.0.113.0/28",), A),
+            Grant("s2", "web", "exposure", ("203.0.113.16/28", "198.19.2.0/28"), B),
+            Grant("s1", "db", "reverse", ("10.1.0.0/16",), C),
+        ),
+        mark_mask=MASK,
+    )
+    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+RESOLVED = {"api.fabric.example": IPv4Address("192.0.2.70")}
+
+
+def policy(n: Nat | None = None) -> rules.Policy:
+    return rules.validate(n or nat(), nic2_address=NIC2, resolved=RESOLVED)
+
+
+def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
+    rs = rules.render(policy())
+    (flt, nt) = rs.tables
+    assert flt.table == "filter" and flt.chains == ("VPNGW-FORWARD",)
+    assert flt.rules[0] == (
+        "-A VPNGW-FORWARD -m connmark --mark 0x10000/0xfff0000 -m conntrack --ctstate RELATED,ESTABLISHED "
+        '-m comment --comment "vpngw established peer=s1 exposure=web" -j ACCEPT'
+    )
+    assert (
+        "-A VPNGW-FORWARD -s 203.0.113.16/28 -p udp -m conntrack --ctstate NEW -m conntrack --ctorigdst "
+        "198.18.0.10 --ctorigdstport 53 -m connmark --mark 0x0/0xfff0000 -m comment --comment "
+        '"vpngw grant peer=s2 exposure=web" -j CONNMARK --set-xmark 0x20000/0xfff0000'
+    ) in flt.rules
+    assert (
+        flt.rules[-4]
+        == "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m connmark ! --mark 0x0/0xfff0000 -j ACCEPT"
+    )
+    assert flt.rules[-3:] == tuple(
+        f'-A VPNGW-FORWARD -m conntrack --ctorigdst {vip} -m comment --comment "vpngw not granted" -j DROP'
+        for vip in ("198.18.0.10", "198.18.0.11", "198.18.0.20")
+    )
+    assert nt.chains == ("VPNGW-PREROUTING", "VPNGW-POSTROUTING")
+    assert (
+        "-A VPNGW-PREROUTING -d 198.18.0.11/32 -p tcp -m tcp --dport 9090 -m comment --comment "
+        '"vpngw exposure=api" -j DNAT --to-destination 192.0.2.70:9090'
+    ) in nt.rules
+    snat = [r for r in nt.rules if "SNAT" in r]
+    assert [r.rsplit(" ", 1)[1] for r in snat] == ["192.0.2.2", "192.0.2.2", "198.18.0.1"], (
+        "exposures SNAT to NIC2, reverse exposures to the serviceCIDR source address"
+    )
+    # 3 established + (1 source x 2 ports + 2 sources x 2 ports + 1 source x 1 port) + 1 + 3 drops
+    assert len(flt.rules) == 3 + 7 + 1 + 3
+    assert rs.marks == {A, B, C} and rules.render(policy()) == rs, "deterministic"
+
+
+def test_names_only_ever_appear_sanitised_inside_comments() -> None:
+    hostile = "x\" -j ACCEPT\n-A FORWARD -j DROP \\ '$(reboot)"
+    n = nat(
+        exposures=(Exposure(hostile, "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+        reverse_exposures=(),
+        grants=(Grant(hostile, hostile, "exposure", ("203.0.113.0/28",), A),),
+    )
+    rs = rules.render(policy(n))
+    for line in (r for t in rs.tables for r in t.rules):
+        assert "\n" not in line and "\\" not in line and "'" not in line
+        before, _, rest = line.partition("--comment ")
+        assert "x_" not in before
+        if rest:
+            assert rest.startswith('"') and rest.count('"') == 2, line
+            assert "-j ACCEPT\n" not in rest
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        pytest.param({"service_cidr": "198.18.0.0/33"}, "nat.serviceCidr", id="cidr-prefix"),
+        pytest.param(
+            {"source_address": "198.19.0.1"}, "nat.sourceAddress: 198.19.0.1 is outside", id="src-out"
+        ),
+        pytest.param(
+            {"internal_source_cidrs": ("10.0.0.0/8", "fe80::/64")}, "nat.internalSourceCidrs[1]", id="v6"
+        ),
+        pytest.param({"mark_mask": 0}, "nat.markMask", id="mask-zero"),
+        pytest.param({"mark_mask": 2**32}, "nat.markMask", id="mask-big"),
+    ],
+)
+def test_nat_level_fields_are_checked(change: dict[str, object], field: str) -> None:
+    with pytest.raises(NatConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        policy(nat(**change))
+
+
+def _exp(**kw: object) -> Exposure:
+    return dataclasses.replace(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("exposure", "message"),
+    [
+        pytest.param(
+            _exp(virtual_ip="198.18.0.300"), r"nat.exposures\[0\].virtualIp: .* not an IPv4", id="vip"
+        ),
+        pytest.param(
+            _exp(virtual_ip="10.0.0.1"), r"virtualIp: 10.0.0.1 is outside nat.serviceCidr", id="vip-out"
+        ),
+        pytest.param(_exp(virtual_ip="198.18.0.1"), r"virtualIp: .* is nat.sourceAddress", id="vip-own"),
+        pytest.param(_exp(virtual_ip="198.18.0.10 -j ACCEPT"), r"virtualIp: .* not an IPv4", id="vip-inject"),
+        pytest.param(
+            _exp(target_address="192.0.2.66/32"), r"targetAddress: .* not an IPv4", id="target-cidr"
+        ),
+        pytest.param(
+            _exp(target_address=None), r"nat.exposures\[0\]: targetAddress or targetHost", id="no-target"
+        ),
+        pytest.param(
+            _exp(target_address=None, target_host="-j ACCEPT"), r"targetHost: .* not a DNS", id="host"
+        ),
+        pytest.param(
+            _exp(target_address=None, target_host="1.2.3.4"), r"targetHost: .* not a DNS", id="host-ip"
+        ),
+        pytest.param(
+            _exp(target_address=None, target_host="other.example"), r"not been resolved", id="unres"
+        ),
+        pytest.param(_exp(ports=()), r"ports: at least one", id="no-ports"),
+        pytest.param(_exp(ports=(Port(0),)), r"ports\[0\].port: 0 is not a port", id="port-0"),
+        pytest.param(_exp(ports=(Port(65536),)), r"ports\[0\].port: 65536", id="port-big"),
+        pytest.param(_exp(ports=(Port(True),)), r"ports\[0\].port: True", id="port-bool"),
+        pytest.param(_exp(ports=(Port("80"),)), r"ports\[0\].port: '80'", id="port-str"),  # type: ignore[arg-type]
+        pytest.param(_exp(ports=(Port(80, "SCTP"),)), r"ports\[0\].protocol: 'SCTP'", id="proto"),  # type: ignore[arg-type]
+        pytest.param(
+            _exp(ports=(Port(80), Port(80))), r"ports\[1\]: 198.18.0.10 tcp/80 is already used", id="dup"
+        ),
+        pytest.param(_exp(name=""), r"name: must not be empty", id="empty-name"),
+    ],
+)
+def test_exposure_fields_are_checked_and_named(exposure: Exposure, message: str) -> None:
+    with pytest.raises(NatConfigError, match=message):
+        policy(nat(exposures=(exposure,), grants=(), reverse_exposures=()))
+
+
+@pytest.mark.parametrize(
+    ("grant", "message"),
+    [
+        pytest.param(
+            Grant("p", "web", "exposure", ("x",), A), r"grants\[0\].sources\[0\]: 'x' is not", id="src"
+        ),
+        pytest.param(
+            Grant("p", "web", "exposure", (), 0x1), r"grants\[0\].mark: 0x1 is not a non-zero", id="out"
+        ),
+        pytest.param(
+            Grant("p", "web", "exposure", (), 0), r"grants\[0\].mark: 0 is not an integer", id="zero"
+        ),
+        pytest.param(
+            Grant("p", "nope", "exposure", (), A), r"grants\[0\].exposure: 'nope' is not in", id="name"
+        ),
+        pytest.param(Grant("p", "web", "reverse", (), A), r"'web' is not in nat.reverseExposures", id="kind"),
+        pytest.param(
+            Grant("p", "db", "reverse", ("192.0.2.0/24",), A), r"not inside nat.internal", id="rev-src"
+        ),
+        pytest.param(Grant("p", "web", "bogus", (), A), r"grants\[0\].kind", id="bad-kind"),  # type: ignore[arg-type]
+    ],
+)
+def test_grant_fields_are_checked_and_named(grant: Grant, message: str) -> None:
+    with pytest.raises(NatConfigError, match=message):
+        policy(nat(grants=(grant,)))
+
+
+def test_two_grants_cannot_share_a_mark() -> None:
+    g = Grant("p", "web", "exposure", ("10.0.0.0/8",), A)
+    with pytest.raises(
+        NatConfigError, match=r"grants\[1\].mark: 0x10000 is already the mark of nat.grants\[0\]"
+    ):
+        policy(nat(grants=(g, dataclasses.replace(g, peer="q"))))
+
+
+def test_reverse_exposures_need_source_address_and_internal_cidrs() -> None:
+    with pytest.raises(NatConfigError, match=r"need nat\.sourceAddress"):
+        policy(nat(source_address=None))
+    with pytest.raises(NatConfigError, match=r"need nat\.internalSourceCidrs"):
+        policy(nat(internal_source_cidrs=(), grants=()))
+
+
+def test_sources_are_normalised_networks() -> None:
+    p = policy(nat(grants=(Grant("p", "web", "exposure", ("203.0.113.5/28", "203.0.113.99"), A),)))
+    assert {a.source for a in p.admissions} == {IPv4Network("203.0.113.0/28"), IPv4Network("203.0.113.99/32")}
+
+
+G_A = Grant("s1", "web", "exposure", ("203.0.113.0/28",), A)
+G_B = Grant("s2", "web", "exposure", ("203.0.113.16/28",), B)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "flushed"),
+    [
+        pytest.param((G_A, G_B), (G_B,), (A,), id="one-revoked"),
+        pytest.param((G_A,), (G_A, G_B), (), id="added-nothing-to-flush"),
+        pytest.param((G_A, G_B), (G_A, G_B), (), id="unchanged"),
+        pytest.param(
+            (G_A,), (dataclasses.replace(G_A, sources=("203.0.113.0/27",)),), (A,), id="source-changed"
+        ),
+        pytest.param(
+            (G_A,), (dataclasses.replace(G_A, sources=(*G_A.sources, "198.19.0.0/28")),), (), id="grew"
+        ),
+        pytest.param(
+            (G_A,), (dataclasses.replace(G_A, peer="s9", sources=("10.9.0.0/16",)),), (A,), id="mark-reused"
+        ),
+    ],
+)
+def test_revoked(before: tuple[Grant, ...], after: tuple[Grant, ...], flushed: tuple[int, ...]) -> None:
+    b = policy(nat(grants=before, reverse_exposures=()))
+    a = policy(nat(grants=after, reverse_exposures=()))
+    assert tuple(g.mark for g in rules.revoked(b, a)) == flushed
+
+
+def test_a_port_removed_from_an_exposure_revokes_its_grants() -> None:
+    b = policy(nat(grants=(G_A,), reverse_exposures=()))
+    shrunk = (dataclasses.replace(nat().exposures[0], ports=(Port(80),)), nat().exposures[1])
+    a = policy(nat(grants=(G_A,), reverse_exposures=(), exposures=shrunk))
+    assert rules.revoked(b, a) == (G_A,)
+    assert rules.revoked(None, a) == ()
+
+
+def test_stale_marks_are_the_kernels_marks_no_longer_granted() -> None:
+    assert rules.stale_marks({A, B, 0x70000}, policy()) == {0x70000}
+
+
+@pytest.mark.parametrize(
+    ("nic", "message"),
+    [
+        pytest.param(Nic(mac="fa:16:3e:00:00"), r"nic.mac: .* not a MAC", id="mac"),
+        pytest.param(Nic(address="192.0.2.2"), None, id="address-without-prefix-is-a-/32"),
+        pytest.param(Nic(address="192.0.2.2/33"), r"nic.address", id="address"),
+        pytest.param(Nic(gateway="192.0.2.1/26"), r"nic.gateway", id="gateway"),
+        pytest.param(Nic(table=254), r"nic.table: 254 is reserved", id="main-table"),
+        pytest.param(Nic(table=0), r"nic.table: 0 is not", id="table-0"),
+        pytest.param(Nic(rule_priority=0), r"nic.rulePriority", id="prio"),
+        pytest.param(Nic(rule_priority=32766), r"nic.rulePriority", id="prio-main"),
+    ],
+)
+def test_nic_fields_are_checked(nic: Nic, message: str | None) -> None:
+    if message is None:
+        assert rules.validate_nic(nic).address is not None
+        return
+    with pytest.raises(NatConfigError, match=message):
+        rules.validate_nic(nic)
+
+
+def test_nic_mac_is_normalised_lower_case() -> None:
+    assert rules.validate_nic(Nic(mac="FA:16:3E:AA:BB:CC")).mac == "fa:16:3e:aa:bb:cc"
+
+
+@pytest.mark.parametrize(
+    ("text", "mac"),
+    [
+        pytest.param(
+            '[{"name":"k8s-pod-network","default":true,"mac":"aa:aa:aa:aa:aa:aa"},'
+            '{"name":"tenant/nic2","interface":"net1","mac":"FA:16:3E:01:02:03"}]',
+            "fa:16:3e:01:02:03",
+            id="multus",
+        ),
+        pytest.param('[{"name":"pod","default":true,"mac":"aa:aa:aa:aa:aa:aa"}]', None, id="no-attachment"),
+    ],
+)
+def test_mac_from_network_status(text: str, mac: str | None) -> None:
+    assert rules.mac_from_network_status(text) == mac
+
+
+def test_network_status_garbage_is_a_named_error() -> None:
+    with pytest.raises(NatConfigError, match=r"network-status\[0\].mac"):
+        rules.mac_from_network_status('[{"name":"x","mac":"nope"}]')
+    with pytest.raises(NatConfigError, match="network-status: not JSON"):
+        rules.mac_from_network_status("{")
+
+
+def test_exposure_targets_are_only_fabric_side() -> None:
+    assert policy().exposure_targets == {IPv4Address("192.0.2.66"), IPv4Address("192.0.2.70")}
