@@ -235,7 +235,10 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"endpoint {endpoint!r}: expected address:port")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    ipaddress.ip_address(host)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"endpoint {endpoint!r}: expected address:port with an IP address") from None
     return host, int(port)
 
 
@@ -259,7 +262,7 @@ def netlink_peer(p: PeerUpdate) -> dict[str, Any]:
 
 
 def _netlink_error(exc: Exception, interface: str, what: str) -> WireGuardError:
-    code = getattr(exc, "code", None)
+    code = getattr(exc, "code", None) or getattr(exc, "errno", None)
     if code in (errno.ENODEV, errno.ENOENT, errno.ENXIO):
         return DeviceUnavailable(f"{interface} (netlink): {what}: {errno.errorcode.get(code, code)}")
     if code is not None:
@@ -296,13 +299,13 @@ class NetlinkBackend:
             if not await self.links.exists(interface):
                 await self.links.create_wireguard(interface)
                 log.info("wireguard.device.created interface=%s", interface)
-        except OSError as exc:
+        except (NetlinkError, OSError) as exc:
             raise _netlink_error(exc, interface, "create device") from exc
 
     async def get(self, interface: str) -> DeviceState:
         try:
             msgs = [m async for m in await self.wg.info(interface)]
-        except OSError as exc:  # pyroute2's NetlinkError is an OSError
+        except (NetlinkError, OSError) as exc:
             raise _netlink_error(exc, interface, "get") from exc
         return parse_netlink(msgs)
 
@@ -323,7 +326,7 @@ class NetlinkBackend:
                 await self.wg.set(interface, **device)
             for peer in peers:
                 await self.wg.set(interface, peer=peer)
-        except OSError as exc:
+        except (NetlinkError, OSError) as exc:
             raise _netlink_error(exc, interface, "set") from exc
         except ValueError as exc:  # pyroute2's own key check: its message carries no value
             raise ApplyRejected(f"{interface} (netlink): set: invalid key") from exc

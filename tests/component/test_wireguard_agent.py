@@ -1,0 +1,328 @@
+"""The WireGuard agent loop (``WireGuardAgent.step``) against fakes: an in-memory device (``FakeDevice``,
+WireGuard's set semantics), a recording NetDev, the real ``FileSecrets`` over a tmp dir, an injected
+resolver and clocks. The same behaviours against a live wireguard-go are in tests/integration."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agent.runtime import Settings
+from agent.sources import FileSecrets
+from agent.wireguard.backend import BackendUnavailable, WireGuardBackend
+from agent.wireguard.fakes import FakeDevice, FakeNetDev
+from agent.wireguard.run import WireGuardAgent
+from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard
+
+pytestmark = pytest.mark.anyio
+
+
+def key() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+A, B = key(), key()
+NOW = 1_800_000_000.0
+
+
+@dataclass
+class Sink:
+    published: list[Mapping[str, Any]] = field(default_factory=list)
+
+    async def publish(self, status: Mapping[str, Any]) -> None:
+        self.published.append(status)
+
+
+@dataclass
+class Health:
+    beats: int = 0
+    ready: tuple[bool, str] = (False, "")
+
+    def beat(self) -> None:
+        self.beats += 1
+
+    def set_ready(self, ready: bool, reason: str) -> None:
+        self.ready = (ready, reason)
+
+
+@dataclass
+class Clock:
+    t: float = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Plans:
+    def __init__(self, *plans: Plan) -> None:
+        self.plans = plans
+
+    async def _it(self) -> AsyncIterator[Plan]:
+        for p in self.plans:
+            yield p
+        await anyio.sleep_forever()
+
+    def __aiter__(self) -> AsyncIterator[Plan]:
+        return self._it()
+
+    @property
+    def last_error(self) -> str | None:
+        return None
+
+
+def plan(*peers: WgPeer, port: int = 51820) -> Plan:
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
+        type="wireguard",
+        wireguard=WireGuard("wg0", port, "10.99.0.1/24", SecretRef("gw", "privateKey"), peers),
+    )
+
+
+SITE = WgPeer("site-a", A, ("10.99.0.2/32", "203.0.113.0/28"), "198.51.100.2:51820", SecretRef("a", "psk"))
+LAPTOP = WgPeer("laptop-b", B, ("10.99.0.3/32",))
+
+
+@dataclass
+class Rig:
+    agent: WireGuardAgent
+    device: FakeDevice
+    netdev: FakeNetDev
+    sink: Sink
+    health: Health
+    secrets: Path
+    wall: Clock
+    mono: Clock
+    dns: dict[str, str]
+    private: str
+    psk: str
+
+    def write(self, name: str, k: str, value: str) -> None:
+        (self.secrets / name).mkdir(parents=True, exist_ok=True)
+        (self.secrets / name / k).write_text(value)
+
+    async def step(self, p: Plan | None = None) -> None:
+        if p is not None:
+            self.agent.plan = p
+        await self.agent.step()
+
+    def peers(self) -> dict[str, dict[str, Any]]:
+        return {p["name"]: p for p in self.sink.published[-1]["peers"]}
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    device, netdev, sink, health = FakeDevice(), FakeNetDev(), Sink(), Health()
+    wall, mono = Clock(NOW), Clock(100.0)
+    dns: dict[str, str] = {}
+
+    async def opener(interface: str, uapi_dir: Path | None) -> WireGuardBackend:
+        return device
+
+    async def resolver(host: str) -> str:
+        if host not in dns:
+            raise OSError(f"{host}: Name or service not known")
+        return dns[host]
+
+    settings = Settings(plan=tmp_path / "plan.json", secrets_dir=tmp_path / "s", resync_seconds=30.0)
+    agent = WireGuardAgent(
+        settings,
+        FileSecrets(settings.secrets_dir),
+        sink,
+        health,
+        open_backend=opener,
+        netdev=netdev,
+        resolver=resolver,
+        clock=wall,
+        monotonic=mono,
+    )
+    r = Rig(agent, device, netdev, sink, health, settings.secrets_dir, wall, mono, dns, key(), key())
+    r.write("gw", "privateKey", r.private + "\n")
+    r.write("a", "psk", r.psk + "\n")
+    return r
+
+
+async def test_first_step_configures_everything_then_idle_steps_do_nothing(rig: Rig) -> None:
+    await rig.step(plan(SITE, LAPTOP))
+    assert rig.device.private_key == rig.private and rig.device.listen_port == 51820
+    assert set(rig.device.peers) == {A, B} and rig.device.peers[A].preshared_key == rig.psk
+    assert rig.netdev.calls == [("wg0", "10.99.0.1/24", ("203.0.113.0/28",))]
+    assert rig.health.ready == (True, "wg0 configured with 2 peers (fake)")
+    assert [p["state"] for p in rig.sink.published[0]["peers"]] == ["NeverConnected"] * 2
+    for _ in range(3):
+        await rig.step()
+    assert len(rig.device.applied) == 1 and len(rig.netdev.calls) == 1 and len(rig.sink.published) == 1
+    assert rig.health.beats == 4
+
+
+async def test_reload_touches_only_what_changed_and_routes_follow_peers(rig: Rig) -> None:
+    await rig.step(plan(SITE, LAPTOP))
+    rig.device.handshake(A, NOW - 5, rx=100, tx=200)
+    await rig.step(plan(SITE))
+    last = rig.device.applied[-1]
+    assert [(p.public_key, p.remove) for p in last.peers] == [(B, True)]
+    assert rig.device.peers[A].last_handshake == NOW - 5 and rig.device.peers[A].rx_bytes == 100
+    assert set(rig.peers()) == {"site-a"} and rig.peers()["site-a"]["state"] == "Connected"
+    await rig.step(plan(LAPTOP))
+    assert rig.netdev.routes == ()  # the site's LAN route went with the site
+
+
+async def test_listen_port_follows_the_plan(rig: Rig) -> None:
+    await rig.step(plan(SITE))
+    await rig.step(plan(SITE, port=51821))
+    assert rig.device.listen_port == 51821 and rig.device.applied[-1].peers == ()
+
+
+async def test_invalid_key_in_a_secret_keeps_the_last_good_config(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    await rig.step(plan(SITE, LAPTOP))
+    bad = base64.b64encode(b"k" * 31).decode()
+    rig.write("gw", "privateKey", bad)
+    await rig.step()
+    await rig.step()
+    assert rig.device.private_key == rig.private and len(rig.device.applied) == 1
+    rejected = [r.getMessage() for r in caplog.records if "wireguard.config.rejected" in r.getMessage()]
+    assert rejected == [
+        "wireguard.config.rejected error='secret gw key privateKey: must decode to 32 bytes, got 31' "
+        "running=last-good"
+    ]
+    new = key()
+    rig.write("gw", "privateKey", new)
+    await rig.step()
+    assert rig.device.private_key == new and rig.device.applied[-1].peers == ()  # rotation only
+    assert len(rig.netdev.calls) == 2  # a new key: address/routes are re-checked too
+    text = caplog.text + repr(rig.sink.published) + rig.health.ready[1]
+    for secret in (rig.private, rig.psk, bad, new):
+        assert secret not in text
+
+
+async def test_missing_secret_and_invalid_plan_are_named_and_not_applied(rig: Rig) -> None:
+    (rig.secrets / "a" / "psk").unlink()
+    await rig.step(plan(SITE))
+    assert rig.health.ready == (False, "no valid WireGuard configuration: secret a key psk: not mounted")
+    assert rig.device.applied == [] and rig.sink.published == []
+    rig.write("a", "psk", rig.psk)
+    await rig.step()
+    assert set(rig.device.peers) == {A}
+    await rig.step(plan(SITE, replace(LAPTOP, public_key="not-a-key")))
+    assert rig.agent.config_error == "wireguard.peers[1].publicKey: not valid base64"
+    assert set(rig.device.peers) == {A} and rig.health.ready[0]
+
+
+async def test_daemon_death_and_restart_reapplies_everything(rig: Rig) -> None:
+    await rig.step(plan(SITE, LAPTOP))
+    rig.device.handshake(A, NOW - 1)
+    await rig.step()
+    assert rig.peers()["site-a"]["state"] == "Connected"
+    rig.device.up = False
+    await rig.step()
+    assert rig.health.ready[0] is False and "unavailable" in rig.health.ready[1]
+    assert rig.peers()["site-a"]["state"] == "Stale"  # last handshake kept, but not claimed Connected
+    rig.device.restart()
+    await rig.step()
+    assert rig.device.private_key == rig.private and set(rig.device.peers) == {A, B}
+    assert rig.health.ready[0] is True and len(rig.netdev.calls) == 2
+    assert rig.peers()["site-a"]["state"] == "NeverConnected"
+
+
+async def test_fast_restart_between_polls_is_noticed_by_the_diff(rig: Rig) -> None:
+    await rig.step(plan(SITE))
+    rig.device.restart()
+    await rig.step()
+    assert (
+        rig.device.private_key == rig.private and set(rig.device.peers) == {A} and len(rig.netdev.calls) == 2
+    )
+
+
+async def test_backend_unavailable_is_retried(rig: Rig) -> None:
+    attempts = []
+
+    async def flaky(interface: str, uapi_dir: Path | None) -> WireGuardBackend:
+        attempts.append(interface)
+        if len(attempts) < 3:
+            raise BackendUnavailable("no UAPI socket and no wireguard module")
+        return rig.device
+
+    rig.agent.open_backend = flaky
+    await rig.step(plan(SITE))
+    await rig.step()
+    assert rig.health.ready == (False, "WireGuard device unavailable: no UAPI socket and no wireguard module")
+    await rig.step()
+    assert rig.health.ready[0] and set(rig.device.peers) == {A}
+
+
+async def test_device_rejection_is_reported_not_ready(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    rig.device.reject = "wg0 (fake): set failed: errno=22"
+    await rig.step(plan(SITE))
+    await rig.step()
+    assert rig.health.ready == (False, "device rejected the configuration: wg0 (fake): set failed: errno=22")
+    assert sum("wireguard.apply.rejected" in r.getMessage() for r in caplog.records) == 1
+    rig.device.reject = None
+    await rig.step()
+    assert rig.health.ready[0]
+
+
+async def test_netdev_failure_is_retried(rig: Rig) -> None:
+    rig.netdev.fail = "wg0: Operation not permitted"
+    await rig.step(plan(SITE))
+    assert rig.health.ready == (False, "address/routes not configured: wg0: Operation not permitted")
+    rig.netdev.fail = None
+    await rig.step()
+    assert rig.health.ready[0] and rig.netdev.calls
+
+
+async def test_hostname_endpoints_are_resolved_and_re_resolved(rig: Rig) -> None:
+    roaming_site = replace(SITE, endpoint="site-a.example.net:51820")
+    await rig.step(plan(roaming_site))
+    assert rig.device.peers[A].endpoint is None  # not resolvable yet: nothing invented
+    rig.dns["site-a.example.net"] = "198.51.100.2"
+    rig.mono.t += 5  # the retry interval after a failure
+    await rig.step()
+    assert rig.device.peers[A].endpoint == "198.51.100.2:51820"
+    rig.dns["site-a.example.net"] = "198.51.100.9"
+    rig.mono.t += 30
+    await rig.step()
+    assert rig.device.peers[A].endpoint == "198.51.100.2:51820"  # not due yet
+    rig.mono.t += 31
+    await rig.step()
+    assert rig.device.peers[A].endpoint == "198.51.100.9:51820"
+    del rig.dns["site-a.example.net"]
+    rig.mono.t += 61
+    await rig.step()
+    assert rig.device.peers[A].endpoint == "198.51.100.9:51820"  # DNS failure: last good address stays
+
+
+async def test_status_is_published_on_change_and_counters_at_resync(rig: Rig) -> None:
+    await rig.step(plan(SITE))
+    rig.device.handshake(A, NOW - 1, rx=10, tx=20)
+    await rig.step()
+    assert len(rig.sink.published) == 2 and rig.peers()["site-a"]["bytesIn"] == 10
+    rig.device.handshake(A, NOW - 1, rx=10, tx=20)  # counters only
+    await rig.step()
+    assert len(rig.sink.published) == 2
+    rig.mono.t += 31
+    await rig.step()
+    assert len(rig.sink.published) == 3 and rig.peers()["site-a"]["bytesIn"] == 20
+    rig.wall.t += 200  # the clock alone makes the handshake stale
+    await rig.step()
+    assert rig.peers()["site-a"]["state"] == "Stale"
+
+
+async def test_run_consumes_plans_and_wakes_at_once(rig: Rig) -> None:
+    rig.agent.settings = replace(rig.agent.settings, poll_interval=60.0)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.agent.run, Plans(plan(SITE, LAPTOP)))
+            while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert set(rig.device.peers) == {A, B} and rig.device.closed
