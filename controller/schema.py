@@ -165,6 +165,8 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
                         path, f"is not one of: {', '.join(node.enum)}", show(value), "FieldValueNotSupported"
                     )
                 )
+            elif not matches(node, value):  # the rule says more than a length would
+                errors.append(FieldError(path, node.rule, show(value)))
             elif node.min_length is not None and len(value) < node.min_length:
                 errors.append(FieldError(path, f"must be at least {node.min_length} characters", show(value)))
             elif node.max_length is not None and len(value) > node.max_length:
@@ -176,8 +178,6 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
                         "FieldValueTooLong",
                     )
                 )
-            elif not matches(node, value):
-                errors.append(FieldError(path, node.rule, show(value)))
         case Bool():
             if not isinstance(value, bool):
                 errors.append(FieldError(path, "must be a boolean", show(value), "FieldValueTypeInvalid"))

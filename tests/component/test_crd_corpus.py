@@ -1,0 +1,453 @@
+"""The corpus of valid and invalid objects that Validate() and the CRDs (schema + CEL) must agree on.
+
+Each invalid case is a valid base document with one change, plus the text the Python error must carry,
+so every rule is shown to fire for the intended reason (not merely "something failed"). The agreement
+itself is proven in test_crd_agreement.py; this module also checks the Python side's messages.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.validate import validate_object
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+DELETE = object()
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+IPSEC = _docs("ipsec.yaml")
+WG = _docs("wireguard.yaml")
+LEGACY = _docs("legacy-ipsecgateway.yaml")
+GATEWAY, PEER, PEER2 = IPSEC
+WG_GATEWAY, WG_SITE, WG_ROAD = WG
+LEGACY_GW, CLUSTER_LINK = LEGACY
+
+
+def mutate(doc: dict[str, Any], path: Sequence[str | int], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    node: Any = out
+    for key in path[:-1]:
+        node = node[key]
+    if value is DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    doc: dict[str, Any]
+    expect: str | None
+    """None: valid. Otherwise a substring of one of the Python errors."""
+
+
+def _c(id: str, base: dict[str, Any], path: Sequence[str | int], value: Any, expect: str | None) -> Case:
+    return Case(id, mutate(base, path, value), expect)
+
+
+KEY_A = "ndMB0U9Tj4E4/5wKf/gWNO7jDafzWOAObYzbYEYkUiw="
+
+VALID: list[Case] = [
+    *(
+        Case(f"example-{f}-{d['kind']}-{d['metadata']['name']}", d, None)
+        for f, docs in (("ipsec", IPSEC), ("wg", WG), ("legacy", LEGACY))
+        for d in docs
+    ),
+    _c("gw-no-exposures", GATEWAY, ["spec", "exposures"], DELETE, None),
+    _c("gw-no-reverse", GATEWAY, ["spec", "reverseExposures"], DELETE, None),
+    _c("gw-default-proposals", GATEWAY, ["spec", "ipsec"], {"localID": "gw.example"}, None),
+    _c("gw-service-cidr-8", GATEWAY, ["spec", "serviceCIDR"], "10.0.0.0/8", None),
+    _c("gw-service-cidr-30", GATEWAY, ["spec", "serviceCIDR"], "10.0.0.4/30", None),
+    _c("gw-ha-false", GATEWAY, ["spec", "ha"], {"enabled": False}, None),
+    _c("gw-ha-empty", GATEWAY, ["spec", "ha"], {}, None),
+    _c("gw-host-target", GATEWAY, ["spec", "exposures", 0, "target"], {"host": "db.svc.cluster.local"}, None),
+    _c("gw-udp", GATEWAY, ["spec", "exposures", 0, "ports"], [{"port": 53, "protocol": "UDP"}], None),
+    _c("gw-local-id-ip", GATEWAY, ["spec", "ipsec", "localID"], "192.0.2.2", None),
+    _c("gw-local-id-email", GATEWAY, ["spec", "ipsec", "localID"], "vpn@acme.example", None),
+    _c("gw-cert", GATEWAY, ["spec", "ipsec", "certificateSecretRef"], {"name": "acme-tls"}, None),
+    _c(
+        "gw-many-proposals",
+        GATEWAY,
+        ["spec", "ipsec", "ike", "proposals"],
+        ["aes256gcm16-prfsha384-ecp384", "aes256-sha256-curve25519"],
+        None,
+    ),
+    _c("peer-hostname", PEER, ["spec", "endpoint"], "vpn.hq.acme.example", None),
+    _c("peer-single-label-host", PEER, ["spec", "endpoint"], "localhost", None),
+    _c("peer-no-authz", PEER, ["spec", "authorization"], DELETE, None),
+    _c(
+        "peer-pubkey",
+        PEER,
+        ["spec", "ipsec"],
+        {"id": "hq.acme.example", "auth": "pubkey", "remoteSubnets": ["10.1.0.0/16"]},
+        None,
+    ),
+    _c("peer-host-bits", PEER, ["spec", "ipsec", "remoteSubnets"], ["192.168.10.5/24"], None),
+    _c("peer-roadwarrior", mutate(PEER, ["spec", "endpoint"], DELETE), ["spec", "type"], "roadWarrior", None),
+    _c("wg-keepalive-0", WG_SITE, ["spec", "wireguard", "persistentKeepalive"], 0, None),
+    _c("wg-endpoint-port", WG_SITE, ["spec", "wireguard", "endpointPort"], 51821, None),
+    _c("wg-key-slash-plus", WG_SITE, ["spec", "wireguard", "publicKey"], "+/" * 21 + "A=", None),
+    _c("legacy-mode-snat", LEGACY_GW, ["spec", "tunnels", 0, "mode"], "snat", None),
+    _c("legacy-no-mode", LEGACY_GW, ["spec", "tunnels", 0, "mode"], DELETE, None),
+    _c("link-no-gateways", CLUSTER_LINK, ["spec", "gateways"], DELETE, None),
+    _c("status-ignored", GATEWAY, ["status"], {"anything": [1, 2]}, None),
+]
+
+INVALID: list[Case] = [
+    # --- VPNGateway
+    _c("gw-type", GATEWAY, ["spec", "type"], "l2tp", 'spec.type: "l2tp" is not one of: ipsec, wireguard'),
+    _c("gw-cidr-31", GATEWAY, ["spec", "serviceCIDR"], "198.18.0.0/31", "prefix from /8 to /30"),
+    _c("gw-cidr-7", GATEWAY, ["spec", "serviceCIDR"], "10.0.0.0/7", "prefix from /8 to /30"),
+    _c("gw-cidr-octet", GATEWAY, ["spec", "serviceCIDR"], "198.18.0.256/24", "spec.serviceCIDR"),
+    _c(
+        "gw-cidr-newline",
+        GATEWAY,
+        ["spec", "serviceCIDR"],
+        "198.18.0.0/24\n",
+        'spec.serviceCIDR: "198.18.0.0/24\\n"',
+    ),
+    _c("gw-cidr-empty", GATEWAY, ["spec", "serviceCIDR"], "", "spec.serviceCIDR"),
+    _c("gw-cidr-missing", GATEWAY, ["spec", "serviceCIDR"], DELETE, "spec.serviceCIDR: is required"),
+    _c("gw-cidr-int", GATEWAY, ["spec", "serviceCIDR"], 24, "must be a string"),
+    _c("gw-exposure-upper", GATEWAY, ["spec", "exposures", 0, "name"], "Web", "is not a DNS label"),
+    _c("gw-exposure-underscore", GATEWAY, ["spec", "exposures", 0, "name"], "web_1", "is not a DNS label"),
+    _c("gw-exposure-long", GATEWAY, ["spec", "exposures", 0, "name"], "a" * 64, "is not a DNS label"),
+    _c(
+        "gw-exposure-dup",
+        GATEWAY,
+        ["spec", "exposures", 1, "name"],
+        "web",
+        'spec.exposures[1].name: "web" is a duplicate',
+    ),
+    _c(
+        "gw-exposure-reverse-dup",
+        GATEWAY,
+        ["spec", "reverseExposures", 0, "name"],
+        "web",
+        "exposure names must be unique across exposures and reverseExposures",
+    ),
+    _c("gw-target-none", GATEWAY, ["spec", "exposures", 0, "target"], {}, "exactly one of address or host"),
+    _c(
+        "gw-target-both",
+        GATEWAY,
+        ["spec", "exposures", 0, "target"],
+        {"address": "10.0.0.1", "host": "a.example"},
+        "exactly one of address or host",
+    ),
+    _c(
+        "gw-target-octet",
+        GATEWAY,
+        ["spec", "exposures", 0, "target", "address"],
+        "192.0.2.300",
+        "is not an IPv4 address",
+    ),
+    _c(
+        "gw-target-zero-pad",
+        GATEWAY,
+        ["spec", "exposures", 0, "target", "address"],
+        "192.0.2.066",
+        "is not an IPv4 address",
+    ),
+    _c(
+        "gw-target-host-underscore",
+        GATEWAY,
+        ["spec", "exposures", 0, "target"],
+        {"host": "bad_host"},
+        "is not an RFC 1123 host name",
+    ),
+    _c(
+        "gw-target-host-numeric",
+        GATEWAY,
+        ["spec", "exposures", 0, "target"],
+        {"host": "300.1.1.1"},
+        "is not an RFC 1123 host name",
+    ),
+    _c("gw-port-0", GATEWAY, ["spec", "exposures", 0, "ports", 0, "port"], 0, "must be between 1 and 65535"),
+    _c(
+        "gw-port-big",
+        GATEWAY,
+        ["spec", "exposures", 0, "ports", 0, "port"],
+        65536,
+        "must be between 1 and 65535",
+    ),
+    _c("gw-port-string", GATEWAY, ["spec", "exposures", 0, "ports", 0, "port"], "80", "must be an integer"),
+    _c("gw-port-bool", GATEWAY, ["spec", "exposures", 0, "ports", 0, "port"], True, "must be an integer"),
+    _c(
+        "gw-protocol",
+        GATEWAY,
+        ["spec", "exposures", 0, "ports", 0, "protocol"],
+        "SCTP",
+        "is not one of: TCP, UDP",
+    ),
+    _c("gw-ports-empty", GATEWAY, ["spec", "exposures", 0, "ports"], [], "at least 1"),
+    _c("gw-local-id-space", GATEWAY, ["spec", "ipsec", "localID"], "gw lab", "is not an IKE id"),
+    _c("gw-local-id-at", GATEWAY, ["spec", "ipsec", "localID"], "@gw.example", "is not an IKE id"),
+    _c("gw-local-id-brace", GATEWAY, ["spec", "ipsec", "localID"], "gw}{", "is not an IKE id"),
+    _c("gw-local-id-dn", GATEWAY, ["spec", "ipsec", "localID"], "CN=gw,O=acme", "is not an IKE id"),
+    _c("gw-local-id-any", GATEWAY, ["spec", "ipsec", "localID"], "%any", "is not an IKE id"),
+    _c("gw-local-id-empty", GATEWAY, ["spec", "ipsec", "localID"], "", "is not an IKE id"),
+    _c("gw-ike-v1", GATEWAY, ["spec", "ipsec", "ike", "version"], 1, "IKE version 2 only"),
+    _c("gw-ike-v3", GATEWAY, ["spec", "ipsec", "ike", "version"], 3, "IKE version 2 only"),
+    _c(
+        "gw-ike-weak",
+        GATEWAY,
+        ["spec", "ipsec", "ike", "proposals"],
+        ["aes128-sha1-modp1024"],
+        "is not one of",
+    ),
+    _c("gw-ike-empty", GATEWAY, ["spec", "ipsec", "ike", "proposals"], [], "at least 1"),
+    _c(
+        "gw-ike-dup",
+        GATEWAY,
+        ["spec", "ipsec", "ike", "proposals"],
+        ["aes256-sha256-modp2048"] * 2,
+        "is a duplicate",
+    ),
+    _c("gw-esp-weak", GATEWAY, ["spec", "ipsec", "esp", "proposals"], ["3des-md5"], "is not one of"),
+    _c(
+        "gw-esp-case",
+        GATEWAY,
+        ["spec", "ipsec", "esp", "proposals"],
+        ["AES256GCM16-MODP2048"],
+        "is not one of",
+    ),
+    _c("gw-psk-key-dotdot", GATEWAY, ["spec", "ipsec", "pskSecretRef", "key"], "..", "is not a Secret key"),
+    _c("gw-psk-key-path", GATEWAY, ["spec", "ipsec", "pskSecretRef", "key"], "a/b", "is not a Secret key"),
+    _c(
+        "gw-psk-name-upper",
+        GATEWAY,
+        ["spec", "ipsec", "pskSecretRef", "name"],
+        "Acme",
+        "is not a Secret name",
+    ),
+    _c(
+        "gw-ha-true", GATEWAY, ["spec", "ha", "enabled"], True, 'spec.ha.enabled: "true" is not supported: HA'
+    ),
+    _c(
+        "gw-ipsec-on-wg",
+        WG_GATEWAY,
+        ["spec", "ipsec"],
+        {"localID": "gw.example"},
+        "is not allowed when type is wireguard",
+    ),
+    _c(
+        "gw-wg-on-ipsec",
+        GATEWAY,
+        ["spec", "wireguard"],
+        WG_GATEWAY["spec"]["wireguard"],
+        "spec.wireguard: is not allowed when type is ipsec",
+    ),
+    _c("gw-ipsec-missing", GATEWAY, ["spec", "ipsec"], DELETE, "spec.ipsec: is required when type is ipsec"),
+    _c(
+        "gw-wg-missing",
+        WG_GATEWAY,
+        ["spec", "wireguard"],
+        DELETE,
+        "spec.wireguard: is required when type is wireguard",
+    ),
+    _c("gw-unknown-field", GATEWAY, ["spec", "routing"], "bgp", "spec.routing: is not a known field"),
+    _c("gw-spec-missing", GATEWAY, ["spec"], DELETE, "spec: is required"),
+    _c("gw-name-dotted", GATEWAY, ["metadata", "name"], "acme.gw", "names must be DNS labels"),
+    _c("gw-name-upper", GATEWAY, ["metadata", "name"], "Acme", "names must be DNS labels"),
+    _c("gw-wg-port", WG_GATEWAY, ["spec", "wireguard", "listenPort"], 0, "must be between 1 and 65535"),
+    _c(
+        "gw-wg-address",
+        WG_GATEWAY,
+        ["spec", "wireguard", "address"],
+        "10.99.0.1",
+        "is not an IPv4 address with prefix",
+    ),
+    _c("gw-wg-key-missing", WG_GATEWAY, ["spec", "wireguard", "privateKeySecretRef"], DELETE, "is required"),
+    _c("gw-api-version", GATEWAY, ["apiVersion"], "ipsec.bnerd.net/v1alpha1", "is not served for VPNGateway"),
+    # --- VPNPeer
+    _c(
+        "peer-endpoint-octet",
+        PEER,
+        ["spec", "endpoint"],
+        "198.51.100.256",
+        "is not an IPv4 address or an RFC 1123",
+    ),
+    _c(
+        "peer-endpoint-space",
+        PEER,
+        ["spec", "endpoint"],
+        "vpn example",
+        "is not an IPv4 address or an RFC 1123",
+    ),
+    _c(
+        "peer-endpoint-dash",
+        PEER,
+        ["spec", "endpoint"],
+        "-vpn.example",
+        "is not an IPv4 address or an RFC 1123",
+    ),
+    _c("peer-endpoint-empty", PEER, ["spec", "endpoint"], "", "is not an IPv4 address or an RFC 1123"),
+    _c(
+        "peer-endpoint-port",
+        PEER,
+        ["spec", "endpoint"],
+        "198.51.100.7:500",
+        "is not an IPv4 address or an RFC 1123",
+    ),
+    _c(
+        "peer-endpoint-ipv6",
+        PEER,
+        ["spec", "endpoint"],
+        "2001:db8::1",
+        "is not an IPv4 address or an RFC 1123",
+    ),
+    _c("peer-type", PEER, ["spec", "type"], "hub", "is not one of: site, roadWarrior"),
+    _c(
+        "peer-site-no-endpoint",
+        PEER,
+        ["spec", "endpoint"],
+        DELETE,
+        "spec.endpoint: is required for site peers",
+    ),
+    _c("peer-rw-endpoint", PEER, ["spec", "type"], "roadWarrior", "is not allowed for roadWarrior peers"),
+    _c("peer-id-space", PEER, ["spec", "ipsec", "id"], "hq acme", "is not an IKE id"),
+    _c("peer-id-newline", PEER, ["spec", "ipsec", "id"], "hq\nacme", "is not an IKE id"),
+    _c("peer-id-quote", PEER, ["spec", "ipsec", "id"], 'hq"acme', "is not an IKE id"),
+    _c(
+        "peer-subnet-33",
+        PEER,
+        ["spec", "ipsec", "remoteSubnets", 1],
+        "192.168.20.0/33",
+        'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[1]: "192.168.20.0/33" is not an IPv4 CIDR',
+    ),
+    _c(
+        "peer-subnet-bare", PEER, ["spec", "ipsec", "remoteSubnets", 0], "192.168.20.0", "is not an IPv4 CIDR"
+    ),
+    _c("peer-subnets-empty", PEER, ["spec", "ipsec", "remoteSubnets"], [], "at least 1"),
+    _c(
+        "peer-subnets-dup",
+        PEER,
+        ["spec", "ipsec", "remoteSubnets"],
+        ["10.0.0.0/24", "10.0.0.0/24"],
+        "is a duplicate",
+    ),
+    _c("peer-auth", PEER, ["spec", "ipsec", "auth"], "cert", "is not one of: psk, pubkey"),
+    _c("peer-pubkey-psk", PEER, ["spec", "ipsec", "auth"], "pubkey", "is not allowed with auth pubkey"),
+    _c(
+        "peer-both",
+        PEER,
+        ["spec", "wireguard"],
+        WG_SITE["spec"]["wireguard"],
+        "exactly one of ipsec or wireguard",
+    ),
+    _c("peer-neither", PEER, ["spec", "ipsec"], DELETE, "exactly one of ipsec or wireguard"),
+    _c("peer-grant-upper", PEER, ["spec", "authorization", "exposures"], ["DB"], "is not a DNS label"),
+    _c("peer-grant-dup", PEER, ["spec", "authorization", "exposures"], ["web", "web"], "is a duplicate"),
+    _c("peer-gwref-missing", PEER, ["spec", "gatewayRef"], DELETE, "spec.gatewayRef: is required"),
+    _c("peer-gwref-upper", PEER, ["spec", "gatewayRef", "name"], "Acme", "is not a DNS label"),
+    _c("peer-ipsec-string", PEER, ["spec", "ipsec"], "hq", "must be an object"),
+    # --- WireGuard peers
+    _c("wg-key-short", WG_SITE, ["spec", "wireguard", "publicKey"], "abc", "is not a WireGuard key"),
+    _c("wg-key-no-pad", WG_SITE, ["spec", "wireguard", "publicKey"], KEY_A[:-1], "is not a WireGuard key"),
+    _c(
+        "wg-key-noncanonical",
+        WG_SITE,
+        ["spec", "wireguard", "publicKey"],
+        KEY_A[:42] + "x=",
+        "is not a WireGuard key",
+    ),
+    _c("wg-key-hex", WG_SITE, ["spec", "wireguard", "publicKey"], "ab" * 32, "is not a WireGuard key"),
+    _c("wg-key-33-bytes", WG_SITE, ["spec", "wireguard", "publicKey"], "A" * 44, "is not a WireGuard key"),
+    _c("wg-allowed-bare", WG_SITE, ["spec", "wireguard", "allowedIPs"], ["10.99.0.2"], "is not an IPv4 CIDR"),
+    _c(
+        "wg-keepalive-neg",
+        WG_SITE,
+        ["spec", "wireguard", "persistentKeepalive"],
+        -1,
+        "must be between 0 and 65535",
+    ),
+    _c(
+        "wg-endpoint-port-big",
+        WG_SITE,
+        ["spec", "wireguard", "endpointPort"],
+        70000,
+        "must be between 1 and 65535",
+    ),
+    # --- legacy
+    _c(
+        "legacy-routed",
+        LEGACY_GW,
+        ["spec", "tunnels", 0, "mode"],
+        "routed",
+        'spec.tunnels[0].mode: "routed" mode routed is not implemented yet: it needs',
+    ),
+    _c("legacy-mode", LEGACY_GW, ["spec", "tunnels", 0, "mode"], "bgp", "is not one of: snat, routed"),
+    _c(
+        "legacy-peer-host",
+        LEGACY_GW,
+        ["spec", "tunnels", 0, "peer", "address"],
+        "a.example",
+        "is not an IPv4 address",
+    ),
+    _c(
+        "legacy-tunnel-dup",
+        LEGACY_GW,
+        ["spec", "tunnels", 1, "name"],
+        "s1",
+        'spec.tunnels[1].name: "s1" is a duplicate',
+    ),
+    _c("legacy-no-tunnels", LEGACY_GW, ["spec", "tunnels"], [], "at least 1"),
+    _c("legacy-no-auth", LEGACY_GW, ["spec", "auth"], DELETE, "spec.auth: is required"),
+    _c("legacy-ike-v1", LEGACY_GW, ["spec", "ike", "version"], 1, "IKE version 2 only"),
+    _c(
+        "legacy-reverse-dup",
+        LEGACY_GW,
+        ["spec", "reverseExposures", 0, "name"],
+        "web",
+        "must be unique across",
+    ),
+    # --- ClusterLink
+    _c("link-router", CLUSTER_LINK, ["spec", "routerID"], "router-1", "is not a UUID"),
+    _c(
+        "link-router-upper",
+        CLUSTER_LINK,
+        ["spec", "routerID"],
+        "3F1C2A4E-8B7D-4C6E-9A10-2B3C4D5E6F70",
+        "is not a UUID",
+    ),
+    _c("link-gateway", CLUSTER_LINK, ["spec", "gateways"], ["Legacy"], "is not a DNS label"),
+    # --- not our kinds
+    _c("unknown-kind", GATEWAY, ["kind"], "VPNTunnel", 'kind: "VPNTunnel" is not one of'),
+]
+
+CORPUS = VALID + INVALID
+
+
+def test_corpus_ids_are_unique() -> None:
+    ids = [c.id for c in CORPUS]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("case", VALID, ids=lambda c: c.id)
+def test_valid_objects_have_no_problems(case: Case) -> None:
+    assert [str(p) for p in validate_object(case.doc)] == []
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
+def test_invalid_objects_fail_for_the_intended_reason(case: Case) -> None:
+    problems = [str(p) for p in validate_object(case.doc)]
+    assert problems, "expected a problem"
+    assert case.expect is not None
+    assert any(case.expect in p for p in problems), problems
+    name = case.doc.get("metadata", {}).get("name")
+    assert all(
+        p.startswith(f"{case.doc['kind']}/") and (name is None or f"/{name}:" in p) for p in problems
+    ), problems
