@@ -1,0 +1,166 @@
+"""initnat.iptables against the real iptables-restore (legacy and nft) in a throwaway network namespace:
+atomic apply, idempotence, foreign rules and chains untouched, rollback after a failed commit, revocation
+order with real conntrack entries."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator, Sequence
+from ipaddress import IPv4Address
+
+import pytest
+
+from gwplan import Exposure, Grant, Nat, Port
+from initnat import rules, tables
+from initnat.iptables import Completed, Iptables, IptablesError, Runner, detect_variant, run_process
+from lab import netns
+
+pytestmark = [pytest.mark.lab]
+
+FOREIGN = """\
+*filter
+:FOREIGN-CHAIN - [0:0]
+-A FORWARD -s 10.9.9.9/32 -j ACCEPT
+-A FOREIGN-CHAIN -j RETURN
+COMMIT
+*nat
+-A POSTROUTING -o eth0 -j MASQUERADE
+COMMIT
+"""
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-ipt"
+    netns.add_ns(name)
+    try:
+        yield name
+    finally:
+        netns.del_ns(name)
+
+
+def in_ns(ns: str) -> Runner:
+    def run(argv: Sequence[str], input: str | None = None) -> Completed:
+        return run_process(netns.ns_exec(ns, *argv), input)
+
+    return run
+
+
+def ruleset(*grants: Grant, ports: tuple[int, ...] = (80,)) -> rules.Ruleset:
+    return rules.render(
+        rules.validate(
+            Nat(
+                service_cidr="198.18.0.0/24",
+                exposures=(
+                    Exposure(
+                        "web", "198.18.0.10", tuple(Port(p) for p in ports), target_address="192.0.2.66"
+                    ),
+                ),
+                grants=grants,
+            ),
+            nic2_address=IPv4Address("192.0.2.2"),
+        )
+    )
+
+
+GA = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000)
+GB = Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000)
+
+
+def foreign_lines(ipt: Iptables) -> list[str]:
+    text = ipt.run([f"iptables-{ipt.variant}-save"]).stdout
+    return [line for line in text.splitlines() if line.startswith(("-A", ":")) and "VPNGW" not in line]
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_apply_is_idempotent_and_leaves_foreign_rules_alone(ns: str, variant: str) -> None:
+    ipt = Iptables(variant, in_ns(ns))  # type: ignore[arg-type]
+    assert ipt.run([f"iptables-{variant}-restore", "--noflush"], FOREIGN).returncode == 0
+    foreign = foreign_lines(ipt)
+    first = ipt.apply(ruleset(GA, GB))
+    assert first.changed and first.rules > 0
+    assert tables.in_sync(ipt.saved(), ruleset(GA, GB)), "the kernel holds exactly what we rendered"
+    assert not ipt.apply(ruleset(GA, GB)).changed, "same plan, nothing written"
+    saved = ipt.saved()
+    assert saved["filter"].rules["FORWARD"][0] == "-A FORWARD -j VPNGW-FORWARD", "our jump comes first"
+    assert ipt.apply(ruleset(GB)).changed
+    assert foreign_lines(ipt) == foreign, "foreign rules and chains are never touched"
+    assert "0x10000" not in tables.own_rules_text(ipt.saved())
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_failed_commit_leaves_the_previous_ruleset_fully_in_place(ns: str, variant: str) -> None:
+    """The filter section commits, then the nat section fails in the kernel (fault injected by
+    corrupting the real commit's nat section after --test passed): the snapshot is put back."""
+    real = in_ns(ns)
+    commits = []
+
+    def faulty(argv: Sequence[str], input: str | None = None) -> Completed:
+        if input and argv[-1] == "--wait":
+            commits.append(input)
+            if len(commits) == 1:  # the real commit, not the rollback after it
+                input = input.replace("-j DNAT --to-destination", "-j NO-SUCH-TARGET --to-destination", 1)
+        return real(argv, input)
+
+    good = Iptables(variant, real)  # type: ignore[arg-type]
+    good.apply(ruleset(GA))
+    before = tables.own_rules_text(good.saved())
+    with pytest.raises(IptablesError, match="previous rules restored") as e:
+        Iptables(variant, faulty).apply(ruleset(GB, ports=(80, 443)))  # type: ignore[arg-type]
+    assert e.value.rolled_back and len(commits) == 2
+    assert commits[0].index("*filter") < commits[0].index("*nat"), "filter commits before nat fails"
+    assert tables.own_rules_text(good.saved()) == before, "filter was committed, then rolled back"
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_refused_ruleset_changes_nothing(ns: str, variant: str) -> None:
+    ipt = Iptables(variant, in_ns(ns))  # type: ignore[arg-type]
+    ipt.apply(ruleset(GA))
+    before = tables.own_rules_text(ipt.saved())
+    bad = rules.Ruleset(
+        tables=(rules.TableRules("filter", ("VPNGW-FORWARD",), ("-A VPNGW-FORWARD -j NO-SUCH-CHAIN",)),),
+        marks=frozenset(),
+        mask=0x0FFF0000,
+    )
+    # legacy's --test catches this; nft's --test does not check jump targets, so the commit fails and
+    # the snapshot goes back: either way nothing changed.
+    with pytest.raises(IptablesError, match=r"refused by --test|previous rules restored"):
+        ipt.apply(bad)
+    assert tables.own_rules_text(ipt.saved()) == before
+
+
+def test_variant_detection_follows_the_namespace_that_holds_the_rules(ns: str) -> None:
+    run = in_ns(ns)
+    assert detect_variant(run) == "nft"
+    rules_text = (
+        "*filter\n" + "".join(f"-A INPUT -s 10.0.0.{i}/32 -j ACCEPT\n" for i in range(12)) + "COMMIT\n"
+    )
+    assert run(["iptables-legacy-restore", "--noflush"], rules_text).returncode == 0
+    assert detect_variant(run) == "legacy"
+
+
+def _ct(ns: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return netns.run(netns.ns_exec(ns, "conntrack", *args), check=False)
+
+
+def test_flush_by_mark_deletes_exactly_that_grants_entries(ns: str) -> None:
+    for i in range(40):
+        mark = 0x10000 if i % 4 == 0 else 0x20000
+        res = _ct(
+            ns, "-I", "-s", f"203.0.113.{i + 1}", "-d", "198.18.0.10", "-p", "tcp", "--sport", str(2000 + i),
+            "--dport", "80", "--state", "ESTABLISHED", "-t", "300", "-u", "ASSURED", "-m", str(mark),
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    code = (
+        "from initnat.conntrack import NetlinkFlusher, flush_marks;"
+        "print(flush_marks(NetlinkFlusher(), [0x10000], 0x0fff0000))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run(
+        netns.ns_exec(ns, ".venv/bin/python", "-c", code), capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.strip() == "[65536]"
+    assert _ct(ns, "-L", "-m", "0x10000/0xfff0000").stdout.strip() == b""
+    assert len(_ct(ns, "-L", "-m", "0x20000/0xfff0000").stdout.splitlines()) == 30
