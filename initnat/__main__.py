@@ -178,15 +178,29 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
     return EXIT_OK
 
 
+EPILOG = """\
+exit codes:
+  0  applied (with --watch: stopped by SIGTERM/SIGINT)
+  1  the kernel refused a change; the previous rules are kept
+  2  bad input: unreadable or invalid plan, NIC2 absent, bad --nic-mac
+
+examples:
+  python -m initnat --plan /etc/vpngw/plan.json                 # init container: apply once
+  python -m initnat --plan /etc/vpngw/plan.json --watch         # sidecar: follow plan changes
+  ip netns exec gw python -m initnat --plan plan.json --nic-mac fa:16:3e:01:02:03
+"""
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m initnat",
         description=(
-            "Gateway pod data plane: find NIC2 by MAC, source-policy routing on it, NAT/authorisation rules "
-            "of the plan as one atomic iptables-restore transaction on the VPNGW-* chains, and deletion of "
-            "revoked grants' conntrack entries. Acts on the network namespace it runs in."
+            "The gateway pod's data plane: find NIC2 by MAC, source-policy routing on it, the plan's\n"
+            "NAT/authorisation rules as one atomic iptables-restore transaction on the VPNGW-* chains,\n"
+            "and deletion of revoked grants' conntrack entries. Acts on the network namespace it runs in."
         ),
-        epilog="Exit codes: 0 ok, 1 the kernel refused a change (previous rules kept), 2 bad input.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--plan", type=Path, required=True, help="the gateway plan JSON (the mounted ConfigMap file)"

@@ -1,0 +1,206 @@
+"""``python -m initnat`` as a user runs it, inside a throwaway network namespace (``ip netns exec``):
+exit codes, structured logs, --watch following atomic renames and kubelet's ``..data`` symlink swap, a
+bad plan keeping the last good ruleset."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps
+from lab import netns
+
+pytestmark = [pytest.mark.lab]
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = str(ROOT / ".venv" / "bin" / "python")
+MAC = "fa:16:3e:aa:bb:01"
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-cli"
+    netns.add_ns(name)
+    try:
+        netns.run(
+            ["ip", "-n", name, "link", "add", "eth7", "address", MAC, "type", "veth", "peer", "name", "p7"]
+        )
+        for dev in ("eth7", "p7"):
+            netns.run(["ip", "-n", name, "link", "set", dev, "up"])
+        netns.addr(name, "eth7", "192.0.2.2/26")
+        yield name
+    finally:
+        netns.del_ns(name)
+
+
+def make_plan(*grants: Grant, vip: str = "198.18.0.10") -> Plan:
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
+        type="ipsec",
+        nic=Nic(mac=MAC, gateway="192.0.2.1"),
+        nat=Nat(
+            service_cidr="198.18.0.0/24",
+            exposures=(Exposure("web", vip, (Port(80),), target_address="192.0.2.66"),),
+            grants=grants,
+        ),
+    )
+
+
+GA = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000)
+GB = Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000)
+
+
+def initnat(ns: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        netns.ns_exec(ns, PY, "-m", "initnat", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+
+
+def our_rules(ns: str) -> str:
+    save = netns.run(netns.ns_exec(ns, "iptables-save")).stdout.decode()
+    return "\n".join(line for line in save.splitlines() if "VPNGW" in line and line.startswith("-A"))
+
+
+def wait_for(cond: object, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if cond():  # type: ignore[operator]
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_help_documents_the_command_and_its_exit_codes() -> None:
+    res = subprocess.run(
+        [PY, "-m", "initnat", "--help"], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert res.returncode == 0
+    for word in (
+        "--plan",
+        "--nic-mac",
+        "--watch",
+        "--network-status",
+        "exit codes:",
+        "1  the kernel refused",
+        "2  bad input",
+    ):
+        assert word in res.stdout
+
+
+def test_one_shot_apply_exit_0_and_a_canonical_log_line(ns: str, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(dumps(make_plan(GA)))
+    res = initnat(ns, "--plan", str(plan))
+    assert res.returncode == 0, res.stderr
+    assert "initnat.applied nic=eth7 mac=fa:16:3e:aa:bb:01 address=192.0.2.2/26" in res.stderr
+    assert "changed=True" in res.stderr and "--set-xmark 0x10000/0xfff0000" in our_rules(ns)
+    assert "from 192.0.2.2 lookup 100" in netns.run(["ip", "-n", ns, "rule"]).stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        pytest.param(b"{not json", (), "plan: not JSON", id="not-json"),
+        pytest.param(
+            dumps(make_plan(GA, vip="10.0.0.1")),
+            (),
+            "nat.exposures[0].virtualIp: 10.0.0.1 is outside",
+            id="vip",
+        ),
+        pytest.param(
+            dumps(make_plan(GA)), ("--nic-mac", "fa:16:3e:00:00:00"), "no interface with MAC", id="no-nic"
+        ),
+        pytest.param(
+            dumps(make_plan(GA)), ("--nic-mac", "eth7"), "--nic-mac: 'eth7' is not a MAC", id="bad-mac"
+        ),
+        pytest.param(None, (), "cannot read", id="missing-file"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem_and_changes_nothing(
+    ns: str, tmp_path: Path, content: bytes | None, extra: tuple[str, ...], message: str
+) -> None:
+    plan = tmp_path / "plan.json"
+    if content is not None:
+        plan.write_bytes(content)
+    res = initnat(ns, "--plan", str(plan), *extra)
+    assert res.returncode == 2, res.stderr
+    assert "initnat.rejected" in res.stderr and message in res.stderr
+    assert our_rules(ns) == "" and "lookup 100" not in netns.run(["ip", "-n", ns, "rule"]).stdout.decode()
+
+
+def test_runtime_failure_exits_1(ns: str, tmp_path: Path) -> None:
+    """No iptables binaries on PATH: the kernel side cannot be changed (exit 1, not 2)."""
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(dumps(make_plan(GA)))
+    res = subprocess.run(
+        netns.ns_exec(ns, "env", "PATH=/nonexistent", PY, "-m", "initnat", "--plan", str(plan)),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+        timeout=30,
+    )
+    assert res.returncode == 1, res.stderr
+    assert "initnat.failed" in res.stderr
+
+
+def kubelet_swap(volume: Path, plan: Plan, generation: int) -> None:
+    """What kubelet does to a ConfigMap volume: a new timestamped dir, ``..data`` re-pointed atomically."""
+    target = volume / f"..gen_{generation}"
+    target.mkdir()
+    (target / "plan.json").write_bytes(dumps(plan))
+    tmp_link = volume / "..data_tmp"
+    tmp_link.symlink_to(target.name)
+    os.replace(tmp_link, volume / "..data")
+    if not (volume / "plan.json").is_symlink():
+        (volume / "plan.json").symlink_to("..data/plan.json")
+
+
+def test_watch_follows_kubelet_swaps_and_keeps_the_last_good_ruleset(ns: str, tmp_path: Path) -> None:
+    volume = tmp_path / "vol"
+    volume.mkdir()
+    kubelet_swap(volume, make_plan(GA, GB), 1)
+    log = tmp_path / "initnat.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            netns.ns_exec(ns, PY, "-m", "initnat", "--plan", str(volume / "plan.json"), "--watch"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    try:
+        wait_for(lambda: "0x20000" in our_rules(ns), 10, "the first apply")
+        kubelet_swap(volume, make_plan(GA), 2)
+        took = wait_for(lambda: "0x20000" not in our_rules(ns), 5, "the re-apply after a ..data swap")
+        assert took < 2.0, f"re-applied {took:.2f} s after the change"
+        good = our_rules(ns)
+
+        kubelet_swap(volume, make_plan(GA, vip="10.0.0.1"), 3)
+        wait_for(lambda: "initnat.rejected" in log.read_text(), 5, "the bad plan to be reported")
+        assert our_rules(ns) == good, "a bad plan leaves the last good ruleset in place"
+        assert proc.poll() is None, "the watcher survives a bad plan"
+
+        tmp = volume / "next.json"
+        tmp.write_bytes(dumps(make_plan(GB)))
+        os.replace(tmp, volume / "plan.json")  # an atomic rename over the path works as well
+        wait_for(lambda: "0x20000" in our_rules(ns) and "0x10000" not in our_rules(ns), 5, "rename re-apply")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0, "SIGTERM is a clean stop"
+    text = log.read_text()
+    assert "initnat.rejected" in text and "nat.exposures[0].virtualIp" in text and "kept=last-good" in text
+    assert text.count("initnat.applied") == 3 and "initnat.stopped" in text
