@@ -19,6 +19,7 @@ from agent.wireguard.model import (
     DeviceUpdate,
     PeerState,
     PeerUpdate,
+    clamped,
 )
 
 
@@ -71,6 +72,6 @@ def diff(want: DesiredDevice, have: DeviceState) -> DeviceUpdate:
     wanted = {p.public_key for p in want.peers}
     removals = [PeerUpdate(public_key=k, remove=True) for k in current if k not in wanted]
     changes = [u for p in want.peers if (u := _peer_update(p, current.get(p.public_key))) is not None]
-    private_key = want.private_key if want.private_key != have.private_key else None
+    private_key = want.private_key if clamped(want.private_key) != clamped(have.private_key) else None
     listen_port = want.listen_port if want.listen_port != have.listen_port else None
     return DeviceUpdate(private_key=private_key, listen_port=listen_port, peers=(*removals, *changes))

@@ -26,6 +26,20 @@ def key_from_b64(text: str, what: str = "key") -> bytes:
     return raw
 
 
+def clamped(private_b64: str | None) -> str | None:
+    """The Curve25519-clamped form of a private key. Both the kernel and wireguard-go clamp what they are
+    given and report the clamped key, so comparisons must clamp too (``wg genkey`` output already is)."""
+    if private_b64 is None:
+        return None
+    try:
+        raw = bytearray(key_from_b64(private_b64))
+    except KeyError_:
+        return private_b64
+    raw[0] &= 248
+    raw[31] = (raw[31] & 127) | 64
+    return base64.b64encode(bytes(raw)).decode()
+
+
 def b64_from_hex(hexkey: str) -> str:
     return base64.b64encode(bytes.fromhex(hexkey)).decode()
 

@@ -90,10 +90,21 @@ class IpRouteNetDev:
                     async for a in await ipr.get_addr(index=index, family=family)
                 }
                 want = (str(iface.ip), iface.network.prefixlen)
-                for addr, plen in have - {want}:  # a changed plan address replaces the old one
-                    await ipr.addr("del", index=index, address=addr, prefixlen=plen)
+                # Add the new address before removing the old one: when a device loses its last IPv4
+                # address the kernel flushes every IPv4 route through it (ours and anyone else's).
                 if want not in have:
                     await ipr.addr("add", index=index, address=want[0], prefixlen=want[1])
+                for addr, plen in have - {want}:  # a changed plan address replaces the old one
+                    await ipr.addr("del", index=index, address=addr, prefixlen=plen)
+                if have - {want}:
+                    # Deleting a primary address also deletes its secondaries: a new address in the same
+                    # subnet was one of them. Put it back (the routes are re-added below).
+                    now = {
+                        (a.get("IFA_ADDRESS"), a["prefixlen"])
+                        async for a in await ipr.get_addr(index=index, family=family)
+                    }
+                    if want not in now:
+                        await ipr.addr("add", index=index, address=want[0], prefixlen=want[1])
                 await ipr.link("set", index=index, state="up")
                 current = {
                     f"{r.get('RTA_DST')}/{r['dst_len']}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +35,7 @@ pytestmark = [pytest.mark.lab]
 
 ROOT = Path(__file__).resolve().parents[2]
 GW_TUNNEL = "10.99.0.1"
+SITE_NAME = "site-a.lab.example"
 
 
 def keypair() -> tuple[str, str]:
@@ -78,7 +80,7 @@ class World:
     site_psk: str
     agent: subprocess.Popen[bytes] | None = None
 
-    def plan(self, *peers: Peer, listen_port: int = 51820) -> Plan:
+    def plan(self, *peers: Peer, listen_port: int = 51820, site_host: str | None = None) -> Plan:
         wg_peers = []
         for p in peers:
             if p is self.site:
@@ -87,7 +89,7 @@ class World:
                         name="site-a",
                         public_key=p.public,
                         allowed_ips=(f"{p.tunnel_ip}/32", p.host.lans[0]),
-                        endpoint=f"{p.host.addresses[0]}:51820",
+                        endpoint=f"{site_host or p.host.addresses[0]}:51820",
                         preshared_key_ref=SecretRef("site-a-psk", "psk"),
                     )
                 )
@@ -235,6 +237,10 @@ def world(lab: Lab, tmp_path: Path) -> Iterator[World]:
     w.write_secret("gw-key", "privateKey", gw_priv)
     w.write_secret("site-a-psk", "psk", w.site_psk)
     w.write_plan(w.plan(w.site, w.roamer))
+    # Name resolution inside the namespace: `ip netns exec` bind-mounts /etc/netns/<ns>/hosts on /etc/hosts.
+    etc = Path("/etc/netns") / lab.gw.ns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text(f"127.0.0.1 localhost\n{site_host.addresses[0]} {SITE_NAME}\n")
     w.start_agent()
     try:
         # The responder (gateway) is configured before the peers start talking (LAB-FACTS).
@@ -243,6 +249,7 @@ def world(lab: Lab, tmp_path: Path) -> Iterator[World]:
             configure_peer(p, w, tmp_path / f"{p.host.role}.key")
         yield w
     finally:
+        shutil.rmtree(etc, ignore_errors=True)
         code = w.stop_agent()
         log = w.log_path.read_text(errors="replace") if w.log_path.exists() else ""
         secrets_in_log = [s for s in (gw_priv, w.site_psk, *(p.private for p in peers)) if s in log]
@@ -344,3 +351,52 @@ def test_killing_and_restarting_wireguard_go_is_repaired_by_the_agent(world: Wor
     )
     assert world.agent is not None and world.agent.poll() is None  # no restart of the agent needed
     wait_for("site-a Connected", lambda: state_of(world, "site-a") == "Connected")
+
+
+def test_bad_input_is_named_and_the_last_good_config_keeps_running(world: World) -> None:
+    roamer = world.roamer
+    assert roamer.host.ping(GW_TUNNEL)
+    world.write_secret("gw-key", "privateKey", "bm90LWEta2V5")  # valid base64, but 9 bytes
+    wait_for(
+        "the rejection in the log",
+        lambda: (
+            "wireguard.config.rejected error='secret gw-key key privateKey: must decode to 32 bytes, got 9'"
+            in world.log_path.read_text()
+        ),
+    )
+    world.plan_path.write_text('{"version": "plan.vpn.bnerd.net/v1", "type": "wireguard"')  # truncated
+    wait_for("the plan rejection in the log", lambda: "plan.rejected" in world.log_path.read_text())
+    time.sleep(0.5)  # a few more agent steps
+    device = world.device()
+    assert device.private_key == world.gw_private and len(device.peers) == 2
+    assert roamer.host.ping(GW_TUNNEL)  # still serving with the last good configuration
+    assert world.agent is not None and world.agent.poll() is None
+    # Fixing the input applies it.
+    world.write_secret("gw-key", "privateKey", world.gw_private)
+    world.write_plan(world.plan(roamer))
+    wait_for(
+        "the fixed plan applied", lambda: [p.public_key for p in world.device().peers] == [roamer.public]
+    )
+
+
+def test_a_hostname_endpoint_is_resolved_inside_the_pods_namespace(world: World) -> None:
+    site = world.site
+    # The device learnt the site's address from the handshake already; make sure the plan, not roaming,
+    # decides: point the device elsewhere first, then let the agent put the resolved address back.
+    world.write_plan(world.plan(site, world.roamer, site_host="192.0.2.66"))
+    wait_for("literal endpoint applied", lambda: _endpoint(world, site.public) == "192.0.2.66:51820")
+    world.write_plan(world.plan(site, world.roamer, site_host=SITE_NAME))
+    wait_for(
+        "resolved endpoint applied",
+        lambda: _endpoint(world, site.public) == f"{site.host.addresses[0]}:51820",
+    )
+    assert wait_for(
+        "ping the site LAN via the resolved endpoint", lambda: world.lab.gw.ping(site.host.lan_host), 10
+    )
+    assert f"wireguard.endpoint.resolved host={SITE_NAME} address={site.host.addresses[0]}" in (
+        world.log_path.read_text()
+    )
+
+
+def _endpoint(world: World, public: str) -> str | None:
+    return {p.public_key: p.endpoint for p in world.device().peers}.get(public)

@@ -154,3 +154,9 @@ def test_normalise_ip() -> None:
     assert normalise_ip(" 10.1.2.3 ") == "10.1.2.3/32"
     with pytest.raises(ValueError):
         normalise_ip("10.1.2.300/24")
+
+
+def test_an_unclamped_private_key_matches_the_clamped_key_the_device_reports() -> None:
+    raw = bytes([0xFF] * 32)
+    reported = base64.b64encode(bytes([0xF8]) + bytes([0xFF] * 30) + bytes([0x7F])).decode()
+    assert diff(want(private=base64.b64encode(raw).decode()), device(private=reported)).empty

@@ -1,0 +1,153 @@
+"""The UAPI backend and the address/route shell against the real thing: a live wireguard-go (its UAPI
+socket and TUN device) in a lab namespace, with a live peer for handshakes, and rtnetlink in that
+namespace through pyroute2 (``IpRouteNetDev(netns=...)``)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.wireguard.backend import ApplyRejected, DeviceUnavailable, UapiBackend
+from agent.wireguard.diff import diff
+from agent.wireguard.model import DesiredDevice, DesiredPeer, DeviceUpdate, PeerUpdate
+from agent.wireguard.netdev import IpRouteNetDev, NetDevError
+from lab import netns
+from lab.world import Lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.anyio]
+
+
+def keypair() -> tuple[str, str]:
+    private = subprocess.run(["wg", "genkey"], capture_output=True, check=True).stdout.strip()
+    public = subprocess.run(["wg", "pubkey"], input=private, capture_output=True, check=True).stdout.strip()
+    return private.decode(), public.decode()
+
+
+def randkey() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+async def test_uapi_diff_apply_keeps_an_unchanged_peers_session(lab: Lab, tmp_path: Path) -> None:
+    site = lab.add_site()
+    gw_wg, site_wg = lab.start_wireguard(lab.gw), lab.start_wireguard(site)
+    gw_priv, gw_pub = keypair()
+    site_priv, site_pub = keypair()
+    backend = UapiBackend(gw_wg.uapi_dir)
+    other, psk = randkey(), randkey()
+    want = DesiredDevice(
+        gw_priv,
+        51820,
+        (
+            DesiredPeer(site_pub, ("10.99.0.2/32",), f"{site.addresses[0]}:51820", psk),
+            DesiredPeer(other, ("10.99.0.9/32",), persistent_keepalive=0),
+        ),
+    )
+    await backend.apply("wg0", diff(want, await backend.get("wg0")))
+    assert diff(want, await backend.get("wg0")).empty  # what we wrote is what it reports
+    netns.addr(lab.gw.ns, "wg0", "10.99.0.1/24")
+    netns.run(["ip", "-n", lab.gw.ns, "link", "set", "wg0", "up"])
+    (tmp_path / "k").write_text(site_priv)
+    (tmp_path / "psk").write_text(psk)
+    site_wg.wg(
+        "set",
+        "wg0",
+        "private-key",
+        str(tmp_path / "k"),
+        "listen-port",
+        "51820",
+        "peer",
+        gw_pub,
+        "allowed-ips",
+        "10.99.0.0/24",
+        "preshared-key",
+        str(tmp_path / "psk"),
+    )
+    netns.addr(site.ns, "wg0", "10.99.0.2/24")
+    netns.run(["ip", "-n", site.ns, "link", "set", "wg0", "up"])
+    assert lab.gw.ping("10.99.0.2", count=2)  # the gateway initiates to the planned endpoint
+    before = {p.public_key: p for p in (await backend.get("wg0")).peers}[site_pub]
+    assert before.last_handshake is not None and before.rx_bytes > 0
+    # Reload: the other peer goes and gets new allowed IPs; the site peer is unchanged.
+    reload = DesiredDevice(gw_priv, 51820, (want.peers[0],))
+    update = diff(reload, await backend.get("wg0"))
+    assert [p.public_key for p in update.peers] == [other]
+    await backend.apply("wg0", update)
+    after = {p.public_key: p for p in (await backend.get("wg0")).peers}
+    assert set(after) == {site_pub}
+    assert after[site_pub].last_handshake == before.last_handshake
+    assert after[site_pub].rx_bytes >= before.rx_bytes
+    assert lab.gw.ping("10.99.0.2")  # same session, no new handshake needed
+    assert {p.public_key: p for p in (await backend.get("wg0")).peers}[
+        site_pub
+    ].last_handshake == before.last_handshake
+    # Removing the preshared key on our side only: the zero key clears it, and the peer can no longer talk.
+    await backend.apply(
+        "wg0",
+        diff(
+            DesiredDevice(gw_priv, 51820, (DesiredPeer(site_pub, ("10.99.0.2/32",)),)),
+            await backend.get("wg0"),
+        ),
+    )
+    assert not (await backend.get("wg0")).peers[0].has_preshared_key
+
+
+async def test_uapi_rejection_and_daemon_death_are_translated(lab: Lab) -> None:
+    gw_wg = lab.start_wireguard(lab.gw)
+    backend = UapiBackend(gw_wg.uapi_dir)
+    peer = randkey()
+    bad = DeviceUpdate(
+        peers=(PeerUpdate(peer, new=True, endpoint="vpn.example.net:51820", allowed_ips=("10.9.0.0/24",)),)
+    )
+    with pytest.raises(ApplyRejected, match=r"wg0 \(uapi\): set failed: errno="):
+        await backend.apply("wg0", bad)  # wireguard-go does not resolve names: the agent must
+    # A failed set is NOT atomic: lines before the bad one took effect (the peer exists, half-configured).
+    # The next diff against the device repairs it.
+    half = (await backend.get("wg0")).peers
+    assert [(p.public_key, p.allowed_ips) for p in half] == [(peer, ())]
+    want = DesiredDevice(randkey(), 51820, (DesiredPeer(peer, ("10.9.0.0/24",), "198.51.100.2:51820"),))
+    await backend.apply("wg0", diff(want, await backend.get("wg0")))
+    assert diff(want, await backend.get("wg0")).empty
+    gw_wg.kill()  # SIGKILL leaves the stale socket file behind (LAB-FACTS)
+    with pytest.raises(DeviceUnavailable, match=r"wg0 \(uapi\)"):
+        await backend.get("wg0")
+    gw_wg.start()
+    assert (await backend.get("wg0")).peers == ()
+
+
+async def test_netdev_sets_address_link_and_exactly_our_routes(lab: Lab) -> None:
+    lab.start_wireguard(lab.gw)
+    nd = IpRouteNetDev(netns=lab.gw.ns)
+
+    def show(what: str) -> str:
+        return lab.gw.run("ip", "-4", what, "show", "dev", "wg0").stdout.decode()
+
+    assert await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28", "198.19.1.16/28")) == (2, 0)
+    assert "10.99.0.1/24" in show("addr") and ",UP" in lab.gw.run("ip", "link", "show", "wg0").stdout.decode()
+    routes = show("route")
+    assert "203.0.113.0/28 proto static" in routes and "198.19.1.16/28 proto static" in routes
+    assert "10.99.0.0/24 proto kernel" in routes
+    assert await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28", "198.19.1.16/28")) == (0, 0)
+    # Someone else's route through the device (not proto static) is left alone.
+    lab.gw.run("ip", "route", "add", "198.19.9.0/24", "dev", "wg0", "proto", "boot")
+    assert await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28",)) == (0, 1)
+    routes = show("route")
+    assert "198.19.1.16/28" not in routes and "203.0.113.0/28" in routes and "198.19.9.0/24" in routes
+    # A new address in another subnet: added before the old one goes, so no route is flushed.
+    assert await nd.configure("wg0", "10.98.0.1/24", ("203.0.113.0/28",)) == (0, 0)
+    assert "10.98.0.1/24" in show("addr") and "10.99.0.1/24" not in show("addr")
+    assert "198.19.9.0/24" in show("route")
+    # A new address in the same subnet is a secondary, deleted with the old primary: it is put back, and
+    # our routes (which the kernel flushed with the last address) are re-added.
+    await nd.configure("wg0", "10.98.0.2/24", ("203.0.113.0/28",))
+    assert "10.98.0.2/24" in show("addr") and "10.98.0.1/24" not in show("addr")
+    assert "203.0.113.0/28 proto static" in show("route")
+    with pytest.raises(NetDevError, match="wg7: no such device"):
+        await nd.configure("wg7", "10.99.0.1/24", ())
+    t0 = time.monotonic()
+    await nd.configure("wg0", "10.99.0.2/24", ("203.0.113.0/28",))
+    assert time.monotonic() - t0 < 5
