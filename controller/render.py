@@ -367,6 +367,14 @@ def select(resources: Sequence[Any]) -> tuple[Gateway, list[VPNPeer]]:
     """The one gateway of the input and its peers; InvalidInput when there is not exactly one gateway."""
     gateways = [r for r in resources if isinstance(r, VPNGateway | IPsecGateway)]
     peers = [r for r in resources if isinstance(r, VPNPeer)]
+    seen: set[str] = set()
+    duplicates = []
+    for r in resources:
+        if str(r.meta) in seen:
+            duplicates.append(Problem(str(r.meta), FieldError("metadata.name", "appears twice in the input")))
+        seen.add(str(r.meta))
+    if duplicates:
+        raise InvalidInput(duplicates)
     if len(gateways) != 1:
         found = ", ".join(str(g.meta) for g in gateways) or "none"
         raise InvalidInput(

@@ -147,6 +147,7 @@ def validate_gateway(
     problems = parse_cidrs(internal_source_cidrs, "internalSourceCIDRs")
     if problems:
         return problems
+    peers = sorted(peers, key=lambda p: p.meta.name)  # messages independent of input order
     gw = str(gateway.meta)
     service = _net(gateway.service_cidr, gw, "spec.serviceCIDR")
     nets: list[_Net] = []

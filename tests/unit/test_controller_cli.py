@@ -1,0 +1,151 @@
+"""``python -m controller``: help, exit codes, every error on stderr, nothing written on bad input.
+
+Runs the real command in a subprocess (it is what users and the demo run)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import gwplan
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "docs" / "examples"
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("args", [["--help"], ["crds", "--help"], ["render", "--help"]])
+def test_help_everywhere(args: list[str]) -> None:
+    res = run(*args)
+    assert res.returncode == 0 and "usage: python -m controller" in res.stdout
+
+
+def test_usage_errors_exit_2() -> None:
+    assert run().returncode == 2
+    assert run("render").returncode == 2
+    res = run("render", "-f", "/nonexistent.yaml")
+    assert res.returncode == 2 and "cannot read" in res.stderr
+
+
+def test_crds_prints_four_crds_as_multi_document_yaml() -> None:
+    res = run("crds")
+    assert res.returncode == 0
+    docs = list(yaml.safe_load_all(res.stdout))
+    assert [d["metadata"]["name"] for d in docs] == [
+        "vpngateways.vpn.bnerd.net",
+        "vpnpeers.vpn.bnerd.net",
+        "ipsecgateways.ipsec.bnerd.net",
+        "clusterlinks.ipsec.bnerd.net",
+    ]
+    assert all(d["kind"] == "CustomResourceDefinition" for d in docs)
+
+
+def test_render_writes_the_plan(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    res = run(
+        "render",
+        "-f",
+        str(EXAMPLES / "ipsec.yaml"),
+        "--internal-source-cidrs",
+        "192.0.2.64/26",
+        "-o",
+        str(out),
+        "--nic-mac",
+        "fa:16:3e:00:00:01",
+    )
+    assert res.returncode == 0, res.stderr
+    plan = gwplan.loads(out.read_bytes())
+    assert plan.gateway.name == "acme" and plan.nic.mac == "fa:16:3e:00:00:01"
+    assert "render.done gateway=VPNGateway/tenant-acme/acme type=ipsec tunnels=2" in res.stderr
+    again = run(
+        "render",
+        "-f",
+        "-",
+        "--internal-source-cidrs",
+        "192.0.2.64/26",
+        "--nic-mac",
+        "fa:16:3e:00:00:01",
+        stdin=(EXAMPLES / "ipsec.yaml").read_text(),
+    )
+    assert again.stdout.encode() == out.read_bytes(), "stdout and -o give the same bytes"
+
+
+def test_render_keeps_previous_allocations(tmp_path: Path) -> None:
+    first = tmp_path / "first.json"
+    assert run("render", "-f", str(EXAMPLES / "wireguard.yaml"), "-o", str(first)).returncode == 0
+    docs = list(yaml.safe_load_all((EXAMPLES / "wireguard.yaml").read_text()))
+    docs[0]["spec"]["exposures"].insert(
+        0, {"name": "aaa", "target": {"address": "10.0.0.9"}, "ports": [{"port": 1}]}
+    )
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump_all(docs))
+    res = run("render", "-f", str(changed), "--previous", str(first))
+    assert res.returncode == 0, res.stderr
+    before, after = gwplan.loads(first.read_bytes()), gwplan.loads(res.stdout)
+    assert {e.name: e.virtual_ip for e in before.nat.exposures}.items() <= {
+        e.name: e.virtual_ip for e in after.nat.exposures
+    }.items()
+
+
+def test_invalid_input_lists_every_error_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    docs = list(yaml.safe_load_all((EXAMPLES / "ipsec.yaml").read_text()))
+    docs[1]["spec"]["ipsec"]["remoteSubnets"][1] = "192.168.20.0/33"
+    docs[0]["spec"]["ha"]["enabled"] = True
+    docs[2]["spec"]["ipsec"]["id"] = "bad id"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump_all(docs))
+    out = tmp_path / "plan.json"
+    res = run("render", "-f", str(bad), "-o", str(out), "--internal-source-cidrs", "192.0.2.64/26")
+    assert res.returncode == 2
+    assert not out.exists() and res.stdout == ""
+    lines = [line for line in res.stderr.splitlines() if not line[:4].isdigit()]
+    assert (
+        'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[1]: "192.168.20.0/33" is not an IPv4 CIDR' in lines
+    )
+    assert any(line.startswith('VPNGateway/tenant-acme/acme: spec.ha.enabled: "true"') for line in lines)
+    assert any(line.startswith('VPNPeer/tenant-acme/s2: spec.ipsec.id: "bad id"') for line in lines)
+
+
+def test_reverse_exposures_without_internal_cidrs_fail_loud() -> None:
+    res = run("render", "-f", str(EXAMPLES / "ipsec.yaml"))
+    assert res.returncode == 2 and res.stdout == ""
+    assert "reasons=ReverseExposuresRequireInternalSourceCIDRs" in res.stderr
+
+
+def test_swanctl_format_and_bad_yaml() -> None:
+    res = run(
+        "render",
+        "-f",
+        str(EXAMPLES / "legacy-ipsecgateway.yaml"),
+        "--internal-source-cidrs",
+        "192.0.2.64/26",
+        "--format",
+        "swanctl",
+    )
+    assert res.returncode == 0 and res.stdout.startswith("# swanctl.conf for IPsecGateway/tenant-old/legacy")
+    wg = run("render", "-f", str(EXAMPLES / "wireguard.yaml"), "--format", "swanctl")
+    assert wg.returncode == 2 and "not an IPsec gateway" in wg.stderr
+    junk = run("render", "-f", "-", stdin="a: [unclosed\n")
+    assert junk.returncode == 2 and "not YAML" in junk.stderr
+
+
+def test_unwritable_output_is_a_runtime_failure(tmp_path: Path) -> None:
+    res = run(
+        "render", "-f", str(EXAMPLES / "wireguard.yaml"), "-o", str(tmp_path / "missing-dir" / "plan.json")
+    )
+    assert res.returncode == 1 and "render.write_failed" in res.stderr

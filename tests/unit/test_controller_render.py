@@ -1,0 +1,299 @@
+"""render(): the plan's shape, determinism, sticky allocations, the swanctl.conf form, hostile input.
+
+Pure. The live proof (charon loads what we render) is tests/integration/test_render_live.py."""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gwplan
+from controller.render import RenderOptions, child_name, render_documents
+from controller.swanctl import UnsafeValue, _value, render_swanctl
+from controller.validate import InvalidInput
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+INTERNAL = ("192.0.2.64/26",)
+OPTS = RenderOptions(internal_source_cidrs=INTERNAL)
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+IPSEC, WG, LEGACY = docs("ipsec.yaml"), docs("wireguard.yaml"), docs("legacy-ipsecgateway.yaml")
+
+
+def edit(documents: list[dict[str, Any]], i: int, path: list[Any], value: Any) -> list[dict[str, Any]]:
+    out = copy.deepcopy(documents)
+    node: Any = out[i]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+def test_ipsec_tunnels_have_one_child_per_remote_subnet() -> None:
+    plan = render_documents(IPSEC, OPTS)
+    assert plan.ipsec is not None and plan.type == "ipsec"
+    s1, s2 = plan.ipsec.tunnels
+    assert (s1.name, s1.initiate, s2.name) == ("s1", True, "s2")
+    assert [(c.name, c.remote_subnet) for c in s1.children] == [
+        ("s1-203-0-113-0-28", "203.0.113.0/28"),
+        ("s1-198-19-1-16-28", "198.19.1.16/28"),
+    ]
+    conn = s1.conn["s1"]
+    assert conn["version"] == "2" and conn["remote_addrs"] == ["198.51.100.2"]
+    assert conn["local"] == {"auth": "psk", "id": "gw.lab.example"}
+    assert conn["remote"] == {"auth": "psk", "id": "s1.lab.example"}
+    assert conn["proposals"] == ["aes256-sha256-modp2048"]
+    assert set(conn["children"]) == {c.name for c in s1.children}
+    for c in s1.children:
+        child = conn["children"][c.name]
+        assert child["local_ts"] == ["198.18.0.0/24"] and child["remote_ts"] == [c.remote_subnet]
+        assert child["esp_proposals"] == ["aes256gcm16-modp2048"] and child["start_action"] == "none"
+
+
+def test_secrets_are_references_per_peer_with_override_or_default() -> None:
+    plan = render_documents(IPSEC, OPTS)
+    assert plan.ipsec is not None
+    assert plan.ipsec.secrets == (
+        gwplan.IkeSecret("psk-s1", ("gw.lab.example", "s1.lab.example"), gwplan.SecretRef("s1-psk", "psk")),
+        gwplan.IkeSecret("psk-s2", ("gw.lab.example", "s2.lab.example"), gwplan.SecretRef("acme-psk", "psk")),
+    )
+
+
+def test_child_names_are_stable_per_subnet_and_safe() -> None:
+    before = render_documents(IPSEC, OPTS)
+    after = render_documents(
+        edit(IPSEC, 1, ["spec", "ipsec", "remoteSubnets"], ["10.7.0.0/16", "203.0.113.0/28"]), OPTS
+    )
+    assert before.ipsec is not None and after.ipsec is not None
+    names_before = {c.remote_subnet: c.name for c in before.ipsec.tunnels[0].children}
+    names_after = {c.remote_subnet: c.name for c in after.ipsec.tunnels[0].children}
+    assert names_after["203.0.113.0/28"] == names_before["203.0.113.0/28"]  # was first, now second
+    assert child_name("hq", "192.168.10.5/24") == "hq-192-168-10-0-24"
+    assert all("." not in n for n in names_after.values())
+
+
+def test_road_warrior_and_pubkey_peers() -> None:
+    documents = edit(IPSEC, 0, ["spec", "ipsec", "certificateSecretRef"], {"name": "acme-tls"})
+    documents = edit(documents, 2, ["spec", "type"], "roadWarrior")
+    del documents[2]["spec"]["endpoint"]
+    documents[2]["spec"]["ipsec"]["auth"] = "pubkey"
+    plan = render_documents(documents, OPTS)
+    assert plan.ipsec is not None
+    rw = plan.ipsec.tunnels[1]
+    assert rw.initiate is False
+    assert rw.conn["s2"]["remote_addrs"] == ["%any"] and rw.conn["s2"]["dpd_delay"] == "60s"
+    assert rw.conn["s2"]["local"]["auth"] == "pubkey" and rw.conn["s2"]["remote"]["auth"] == "pubkey"
+    assert [s.id for s in plan.ipsec.secrets] == ["psk-s1"]
+    assert plan.ipsec.certificates == (
+        gwplan.IkeCertificate("gateway", gwplan.SecretRef("acme-tls", "tls.crt")),
+        gwplan.IkeCertificate("ca", gwplan.SecretRef("acme-tls", "ca.crt"), ca=True),
+    )
+    assert plan.ipsec.private_keys == (
+        gwplan.IkePrivateKey("gateway", gwplan.SecretRef("acme-tls", "tls.key")),
+    )
+    assert gwplan.loads(gwplan.dumps(plan)) == plan
+
+
+def test_nat_grants_sources_and_marks() -> None:
+    plan = render_documents(IPSEC, OPTS)
+    nat = plan.nat
+    assert (nat.service_cidr, nat.source_address, nat.internal_source_cidrs) == (
+        "198.18.0.0/24",
+        "198.18.0.1",
+        INTERNAL,
+    )
+    ips = [e.virtual_ip for e in nat.exposures] + [e.virtual_ip for e in nat.reverse_exposures]
+    assert len(set(ips)) == 3
+    assert all(ipaddress.IPv4Address(ip) in ipaddress.IPv4Network("198.18.0.0/24") for ip in ips)
+    assert "198.18.0.1" not in ips
+    grants = {(g.kind, g.peer, g.exposure): g for g in nat.grants}
+    assert set(grants) == {
+        ("exposure", "s1", "web"),
+        ("exposure", "s1", "db"),
+        ("reverse", "s1", "printer"),
+        ("exposure", "s2", "web"),
+    }
+    assert grants[("exposure", "s1", "web")].sources == ("203.0.113.0/28", "198.19.1.16/28")
+    assert grants[("reverse", "s1", "printer")].sources == INTERNAL
+    marks = [g.mark for g in nat.grants]
+    assert len(set(marks)) == 4 and all(m & ~nat.mark_mask == 0 and m for m in marks)
+
+
+def test_legacy_renders_tunnels_and_grants_every_tunnel_every_exposure() -> None:
+    plan = render_documents(LEGACY, OPTS)
+    assert plan.ipsec is not None and plan.gateway.kind == "IPsecGateway"
+    assert plan.gateway.api_version == "ipsec.bnerd.net/v1alpha1"
+    assert [t.name for t in plan.ipsec.tunnels] == ["s1", "s2"]
+    assert {s.ref for s in plan.ipsec.secrets} == {gwplan.SecretRef("legacy-psk", "psk")}
+    assert {(g.kind, g.peer, g.exposure) for g in plan.nat.grants} == {
+        ("exposure", "s1", "web"),
+        ("exposure", "s2", "web"),
+        ("reverse", "s1", "printer"),
+    }
+    (web,) = plan.nat.exposures
+    assert (web.target_host, web.target_address) == ("web.svc.lab.example", None)
+
+
+def test_wireguard_device_and_peers() -> None:
+    plan = render_documents(WG, OPTS)
+    wg = plan.wireguard
+    assert plan.type == "wireguard" and plan.ipsec is None and wg is not None
+    assert (wg.interface, wg.listen_port, wg.address) == ("wg0", 51820, "10.99.0.1/24")
+    assert wg.private_key_ref == gwplan.SecretRef("acme-wg", "privateKey")
+    laptop, s1 = wg.peers
+    assert (laptop.endpoint, laptop.persistent_keepalive) == (None, None)
+    assert (s1.endpoint, s1.persistent_keepalive, s1.allowed_ips) == (
+        "198.51.100.2:51820",
+        25,
+        ("10.99.0.2/32", "203.0.113.0/28"),
+    )
+    assert s1.preshared_key_ref == gwplan.SecretRef("s1-wg", "presharedKey")
+
+
+def test_same_input_same_bytes_whatever_the_document_order() -> None:
+    first = gwplan.dumps(render_documents(IPSEC, OPTS))
+    shuffled = IPSEC[:]
+    random.Random(7).shuffle(shuffled)  # noqa: S311 - a fixed test order, not crypto
+    assert gwplan.dumps(render_documents(shuffled, OPTS)) == first
+    assert gwplan.loads(first) == render_documents(IPSEC, OPTS)
+
+
+def test_previous_plan_keeps_allocations_when_exposures_change() -> None:
+    first = gwplan.loads(gwplan.dumps(render_documents(IPSEC, OPTS)))
+    more = copy.deepcopy(IPSEC)
+    more[0]["spec"]["exposures"] = [
+        *({"name": f"x{i}", "target": {"address": "192.0.2.70"}, "ports": [{"port": 80}]} for i in range(60)),
+        more[0]["spec"]["exposures"][1],  # db stays, web goes
+    ]
+    more[1]["spec"]["authorization"]["exposures"] = ["db", "x1"]
+    more[2]["spec"]["authorization"]["exposures"] = ["x2"]
+    second = render_documents(more, RenderOptions(internal_source_cidrs=INTERNAL, previous=first))
+    old_ip = {e.name: e.virtual_ip for e in (*first.nat.exposures, *first.nat.reverse_exposures)}
+    new_ip = {e.name: e.virtual_ip for e in (*second.nat.exposures, *second.nat.reverse_exposures)}
+    assert new_ip["db"] == old_ip["db"] and new_ip["printer"] == old_ip["printer"]
+    old_mark = {(g.kind, g.peer, g.exposure): g.mark for g in first.nat.grants}
+    new_mark = {(g.kind, g.peer, g.exposure): g.mark for g in second.nat.grants}
+    for key in old_mark.keys() & new_mark.keys():
+        assert new_mark[key] == old_mark[key]
+    assert len(set(new_mark.values())) == len(new_mark)
+
+
+def test_previous_plan_of_another_gateway_is_ignored() -> None:
+    other = render_documents(LEGACY, OPTS)
+    assert render_documents(
+        IPSEC, RenderOptions(internal_source_cidrs=INTERNAL, previous=other)
+    ) == render_documents(IPSEC, OPTS)
+
+
+def test_too_many_exposures_for_the_service_cidr_is_an_allocation_failure() -> None:
+    small = edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/30")
+    with pytest.raises(InvalidInput) as info:
+        render_documents(small, OPTS)
+    (problem,) = info.value.problems
+    assert problem.reason == "AllocationFailed"
+    assert str(problem) == (
+        "VPNGateway/tenant-acme/acme: spec: serviceCIDR 198.18.0.0/30 (exposures): 3 needed, only 1 available"
+    )
+
+
+def test_swanctl_rendering_matches_the_plan_and_holds_no_secret() -> None:
+    plan = render_documents(IPSEC, OPTS)
+    text = render_swanctl(plan)
+    assert "connections {" in text and "include secrets.d/*.conf" in text
+    for child in ("s1-203-0-113-0-28", "s1-198-19-1-16-28", "s2-203-0-113-16-28"):
+        assert f"            {child} {{" in text
+    assert "remote_ts = 198.19.1.16/28" in text and "id = s1.lab.example" in text
+    assert "secret =" not in text
+    with pytest.raises(ValueError, match="not an IPsec gateway"):
+        render_swanctl(render_documents(WG, OPTS))
+
+
+@pytest.mark.parametrize(
+    "value, written",
+    [
+        ("plain.value-1", "plain.value-1"),
+        ('a"b', '"a\\"b"'),
+        ("a b", '"a b"'),
+        ("x}{", '"x}{"'),
+        (["a", "b"], "a,b"),
+    ],
+)
+def test_swanctl_values_are_tokens_or_quoted(value: Any, written: str) -> None:
+    assert _value(value) == written
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\x00", ["a,b"]])
+def test_swanctl_refuses_what_it_cannot_write_safely(value: Any) -> None:
+    with pytest.raises(UnsafeValue):
+        _value(value)
+
+
+# --- hostile strings at every field that reaches charon: rejected, or rendered with the meaning intended
+
+HOSTILE = st.one_of(
+    st.text(max_size=30),
+    st.text(alphabet="ab1.-_@:%\"'{}; \n\\=,#/", max_size=25),
+    st.sampled_from(["", "..", "%any", "@x", "x" * 5000, "a}\nconnections {\nevil {", "ünï", "1.2.3.4\n"]),
+    st.from_regex(r"[a-z0-9][-a-z0-9.@]{0,30}[a-z0-9]", fullmatch=True),
+    st.from_regex(r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}(/[0-9]{1,2})?", fullmatch=True),
+)
+CHARON_FIELDS = [
+    (1, ["metadata", "name"], "conn"),
+    (0, ["spec", "ipsec", "localID"], "local_id"),
+    (1, ["spec", "ipsec", "id"], "remote_id"),
+    (1, ["spec", "endpoint"], "remote_addrs"),
+    (1, ["spec", "ipsec", "remoteSubnets", 0], "remote_ts"),
+    (0, ["spec", "serviceCIDR"], "local_ts"),
+    (0, ["spec", "ipsec", "ike", "proposals", 0], "proposals"),
+    (0, ["spec", "ipsec", "esp", "proposals", 0], "esp_proposals"),
+]
+
+
+def meaning(plan: gwplan.Plan, what: str) -> Any:
+    assert plan.ipsec is not None
+    tunnel = next(t for t in plan.ipsec.tunnels if t.name != "s2")
+    conn = tunnel.conn[tunnel.name]
+    first_child = next(iter(conn["children"].values()))
+    return {
+        "conn": tunnel.name,
+        "local_id": conn["local"]["id"],
+        "remote_id": conn["remote"]["id"],
+        "remote_addrs": conn["remote_addrs"][0],
+        "remote_ts": tunnel.children[0].remote_subnet,
+        "local_ts": first_child["local_ts"][0],
+        "proposals": conn["proposals"][0],
+        "esp_proposals": first_child["esp_proposals"][0],
+    }[what]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(CHARON_FIELDS), value=HOSTILE)
+def test_hostile_values_are_rejected_or_rendered_verbatim(
+    field: tuple[int, list[Any], str], value: str
+) -> None:
+    i, path, what = field
+    documents = edit(IPSEC, i, path, value)
+    try:
+        plan = render_documents(documents, OPTS)
+    except InvalidInput as exc:
+        assert exc.problems
+        return
+    rendered = meaning(plan, what)
+    if what in ("remote_ts", "local_ts"):
+        assert rendered == str(ipaddress.IPv4Network(value, strict=False))
+    else:
+        assert rendered == value
+    render_swanctl(plan)  # never UnsafeValue for validated input
+    assert "\n" not in value and '"' not in value and "{" not in value

@@ -1,0 +1,261 @@
+# ruff: noqa: E501  (the table holds exact user-facing error lines)
+"""Cross-object rules (a gateway, its peers and the operator's options): the ones no admission schema
+can express. Pure, table-driven; per-object rules are covered by tests/component/test_crd_*.py."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.model import parse
+from controller.render import RenderOptions, render_documents
+from controller.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+INTERNAL = ("192.0.2.64/26",)
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+
+
+def problems(documents: list[dict[str, Any]], internal: tuple[str, ...] = INTERNAL) -> list[Problem]:
+    try:
+        render_documents(documents, RenderOptions(internal_source_cidrs=internal))
+    except InvalidInput as exc:
+        return list(exc.problems)
+    return []
+
+
+def edit(documents: list[dict[str, Any]], i: int, path: list[Any], value: Any) -> list[dict[str, Any]]:
+    out = copy.deepcopy(documents)
+    node: Any = out[i]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+@pytest.mark.parametrize("name", ["ipsec.yaml", "wireguard.yaml", "legacy-ipsecgateway.yaml"])
+def test_examples_render_cleanly(name: str) -> None:
+    assert problems(docs(name)) == []
+
+
+IPSEC = docs("ipsec.yaml")
+WG = docs("wireguard.yaml")
+LEGACY = docs("legacy-ipsecgateway.yaml")
+
+
+@pytest.mark.parametrize(
+    "documents, internal, line, reason",
+    [
+        pytest.param(
+            edit(IPSEC, 1, ["spec", "authorization", "exposures"], ["web", "nope"]),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "nope" names no exposure of '
+            "VPNGateway/tenant-acme/acme",
+            "UnknownExposure",
+            id="grant-unknown-exposure",
+        ),
+        pytest.param(
+            edit(IPSEC, 2, ["spec", "authorization", "reverseExposures"], ["web"]),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s2: spec.authorization.reverseExposures[0]: "web" names no reverse exposure',
+            "UnknownExposure",
+            id="grant-exposure-as-reverse",
+        ),
+        pytest.param(
+            IPSEC,
+            (),
+            "VPNGateway/tenant-acme/acme: spec.reverseExposures: need the operator's internalSourceCIDRs",
+            REVERSE_NEEDS_INTERNAL,
+            id="reverse-without-internal-cidrs",
+        ),
+        pytest.param(
+            LEGACY,
+            (),
+            "IPsecGateway/tenant-old/legacy: spec.reverseExposures: need the operator's internalSourceCIDRs",
+            REVERSE_NEEDS_INTERNAL,
+            id="legacy-reverse-without-internal-cidrs",
+        ),
+        pytest.param(
+            IPSEC,
+            ("203.0.0.0/16",),
+            'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[0]: "203.0.113.0/28" overlaps the operator\'s '
+            "internalSourceCIDRs entry 203.0.0.0/16",
+            "InternalSourceCIDRsOverlapPeer",
+            id="internal-cidrs-overlap-peer",
+        ),
+        pytest.param(
+            edit(IPSEC, 2, ["spec", "ipsec", "remoteSubnets"], ["203.0.113.8/29"]),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s2: spec.ipsec.remoteSubnets[0]: "203.0.113.8/29" overlaps VPNPeer/tenant-acme/s1 '
+            'spec.ipsec.remoteSubnets[0] "203.0.113.0/28"',
+            "SubnetsOverlap",
+            id="subnets-overlap-across-peers",
+        ),
+        pytest.param(
+            edit(IPSEC, 1, ["spec", "ipsec", "remoteSubnets"], ["10.0.0.0/8", "10.1.0.0/16"]),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[1]: "10.1.0.0/16" overlaps spec.ipsec.remoteSubnets[0]',
+            "SubnetsOverlap",
+            id="subnets-overlap-within-peer",
+        ),
+        pytest.param(
+            edit(WG, 2, ["spec", "wireguard", "allowedIPs"], ["10.99.0.2/32"]),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s1: spec.wireguard.allowedIPs[0]: "10.99.0.2/32" overlaps VPNPeer/tenant-acme/laptop',
+            "SubnetsOverlap",
+            id="wireguard-allowed-ips-overlap",
+        ),
+        pytest.param(
+            edit(IPSEC, 1, ["spec", "ipsec", "remoteSubnets"], ["198.18.0.128/25"]),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[0]: "198.18.0.128/25" overlaps the gateway\'s '
+            "serviceCIDR",
+            "OverlapsServiceCIDR",
+            id="subnet-overlaps-service-cidr",
+        ),
+        pytest.param(
+            edit(IPSEC, 2, ["spec", "ipsec", "id"], "s1.lab.example"),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s2: spec.ipsec.id: "s1.lab.example" is already the IKE id of VPNPeer/tenant-acme/s1',
+            "FieldValueDuplicate",
+            id="duplicate-ike-id",
+        ),
+        pytest.param(
+            edit(WG, 2, ["spec", "wireguard", "publicKey"], WG[1]["spec"]["wireguard"]["publicKey"]),
+            INTERNAL,
+            "VPNPeer/tenant-acme/s1: spec.wireguard.publicKey: is already the public key of "
+            "VPNPeer/tenant-acme/laptop",
+            "FieldValueDuplicate",
+            id="duplicate-public-key",
+        ),
+        pytest.param(
+            edit(IPSEC, 1, ["spec", "gatewayRef", "name"], "other"),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s1: spec.gatewayRef.name: "other" does not name the gateway being rendered',
+            "GatewayMismatch",
+            id="peer-of-another-gateway",
+        ),
+        pytest.param(
+            [IPSEC[0], WG[1]],
+            INTERNAL,
+            "VPNPeer/tenant-acme/s1: spec.ipsec: is required: VPNGateway/tenant-acme/acme is an ipsec gateway",
+            "FieldValueRequired",
+            id="wireguard-peer-on-ipsec-gateway",
+        ),
+        pytest.param(
+            [edit(IPSEC, 0, ["spec", "ipsec"], {"localID": "gw.lab.example"})[0], IPSEC[2]],
+            INTERNAL,
+            "VPNPeer/tenant-acme/s2: spec.ipsec.pskSecretRef: is required: VPNGateway/tenant-acme/acme has no "
+            "default",
+            "FieldValueRequired",
+            id="psk-peer-without-any-psk",
+        ),
+        pytest.param(
+            edit(
+                IPSEC,
+                2,
+                ["spec", "ipsec"],
+                {"id": "s2.lab.example", "auth": "pubkey", "remoteSubnets": ["203.0.113.16/28"]},
+            ),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s2: spec.ipsec.auth: "pubkey" needs a gateway certificate',
+            "FieldValueRequired",
+            id="pubkey-peer-without-gateway-certificate",
+        ),
+        pytest.param(
+            edit(IPSEC, 2, ["spec", "authorization", "reverseExposures"], ["printer"]),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s2: spec.authorization.reverseExposures[0]: "printer" targets 203.0.113.1, which is '
+            "not inside this peer's subnets",
+            "ReverseTargetOutsidePeer",
+            id="reverse-grant-to-a-peer-not-holding-the-target",
+        ),
+        pytest.param(
+            edit(LEGACY, 0, ["spec", "reverseExposures", 0, "target", "address"], "10.9.9.9"),
+            INTERNAL,
+            'IPsecGateway/tenant-old/legacy: spec.reverseExposures[0].target.address: "10.9.9.9" is not inside any '
+            "tunnel's remoteSubnets",
+            "ReverseTargetOutsidePeer",
+            id="legacy-reverse-target-outside-tunnels",
+        ),
+        pytest.param(
+            edit(LEGACY, 0, ["spec", "tunnels", 1, "peer", "id"], "s1.lab.example"),
+            INTERNAL,
+            'IPsecGateway/tenant-old/legacy: spec.tunnels[1].peer.id: "s1.lab.example" is already the IKE id of '
+            "spec.tunnels[0]",
+            "FieldValueDuplicate",
+            id="legacy-duplicate-peer-id",
+        ),
+        pytest.param(
+            IPSEC,
+            ("192.0.2.64/33",),
+            'operator: internalSourceCIDRs[0]: "192.0.2.64/33" is not an IPv4 CIDR',
+            "FieldValueInvalid",
+            id="bad-internal-cidr",
+        ),
+        pytest.param(
+            [IPSEC[0], LEGACY[0]],
+            INTERNAL,
+            "input: (documents): must contain exactly one VPNGateway or IPsecGateway",
+            "FieldValueInvalid",
+            id="two-gateways",
+        ),
+        pytest.param(
+            [*LEGACY, IPSEC[1]],
+            INTERNAL,
+            "VPNPeer/tenant-acme/s1: kind: VPNPeers belong to VPNGateways",
+            "FieldValueInvalid",
+            id="peer-with-legacy-gateway",
+        ),
+    ],
+)
+def test_cross_object_rules(
+    documents: list[dict[str, Any]], internal: tuple[str, ...], line: str, reason: str
+) -> None:
+    found = problems(documents, internal)
+    matching = [p for p in found if str(p).startswith(line)]
+    assert matching, [str(p) for p in found]
+    assert matching[0].reason == reason
+
+
+def test_every_problem_is_reported_not_just_the_first() -> None:
+    bad = edit(IPSEC, 1, ["spec", "authorization", "exposures"], ["nope1", "nope2"])
+    bad = edit(bad, 2, ["spec", "ipsec", "id"], "s1.lab.example")
+    found = [str(p) for p in problems(bad)]
+    assert len(found) == 3, found
+
+
+def test_per_object_problems_of_every_document_are_reported_together() -> None:
+    bad = edit(IPSEC, 1, ["spec", "ipsec", "remoteSubnets", 1], "192.168.20.0/33")
+    bad = edit(bad, 0, ["spec", "ha"], {"enabled": True})
+    found = [str(p) for p in problems(bad)]
+    assert (
+        'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[1]: "192.168.20.0/33" is not an IPv4 CIDR' in found
+    )
+    assert any(
+        p.startswith('VPNGateway/tenant-acme/acme: spec.ha.enabled: "true" is not supported') for p in found
+    )
+
+
+def test_overlap_check_scales_to_thousands_of_subnets() -> None:
+    gateway = parse(IPSEC[0])
+    peer = IPSEC[1]
+    many = []
+    for i in range(3000):
+        doc = copy.deepcopy(peer)
+        doc["metadata"]["name"] = f"p{i}"
+        doc["spec"]["ipsec"]["id"] = f"p{i}.example"
+        doc["spec"]["ipsec"]["remoteSubnets"] = [f"10.{i // 256}.{i % 256}.0/24"]
+        doc["spec"]["authorization"] = {}
+        many.append(doc)
+    many[-1]["spec"]["ipsec"]["remoteSubnets"] = ["10.0.5.128/25"]  # inside p5's /24
+    found = problems([IPSEC[0], *many])
+    assert [p.resource for p in found] == ["VPNPeer/tenant-acme/p2999"]
+    assert gateway.meta.name == "acme"
