@@ -30,6 +30,8 @@ FINAL_HORIZON = 600.0
 """Seconds to remember a retired SA (late events, REKEYED SAs still listed)."""
 
 Section = Mapping[str, Any]
+CARRYING = frozenset({"INSTALLED", "REKEYING"})
+"""CHILD_SA states that carry traffic: a REKEYING SA is still the live one until its successor is in."""
 
 
 @dataclass(frozen=True)
@@ -333,8 +335,10 @@ def view(
     next_rekey: dict[str, float] = {}
     ike_info: list[Info] = []
     child_info: list[Info] = []
+    seen: set[str] = set()
     for ike_uid, ike in (sas or {}).items():
         tunnel = str(ike.get("name", ""))
+        seen.add(tunnel)
         if ike.get("state") == "ESTABLISHED":
             ike_count[tunnel] = ike_count.get(tunnel, 0) + 1
             est = carry.stamps.get(f"{epoch}/ike/{ike_uid}")
@@ -344,7 +348,7 @@ def view(
     for uid, (key, child) in listed.items():
         subnet = subnets.get(key, "")
         child_info.append(_child_labels(key[0], child, subnet))
-        if child.get("state") != "INSTALLED":
+        if child.get("state") not in CARRYING:
             continue
         installed.add(key)
         rk = carry.stamps.get(f"{uid}/rekey")
@@ -354,7 +358,7 @@ def view(
     by_tunnel: dict[str, list[ChildKey]] = {name: [] for name in planned}
     for k in child_keys:
         by_tunnel.setdefault(k[0], []).append(k)
-    for name in ike_count:
+    for name in seen:
         by_tunnel.setdefault(name, [])
     tunnels: list[TunnelView] = []
     for name in sorted(by_tunnel):

@@ -1,0 +1,117 @@
+"""Exporter shells without daemons: a missing VICI socket / UAPI socket (real OS behaviour: refused),
+the HTTP server over real TCP on 127.0.0.1, plan reloads, event-follower backoff with injected sleep."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agent.vici import ViciSession, ViciUnavailable
+from exporter.app import MetricsApp
+from exporter.http import serve
+from exporter.service import Exporter, PlanFile
+from exporter.sources import StrongswanSource, WireGuardSource, follow_events
+from gwplan.model import Child, GatewayRef, Ipsec, Plan, Tunnel, dumps
+
+pytestmark = pytest.mark.anyio
+
+
+def plan(*tunnels: str) -> Plan:
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "ns", "gw"),
+        type="ipsec",
+        ipsec=Ipsec(
+            tunnels=tuple(Tunnel(t, True, (Child(f"{t}-0", "10.0.0.0/24"),), {t: {}}) for t in tunnels)
+        ),
+    )
+
+
+async def test_missing_sockets_give_up_zero_fast_and_backoff_skips_connects(tmp_path: Path) -> None:
+    attempts: list[float] = []
+
+    async def counting_connect(path: Any, *, timeout: float) -> ViciSession:
+        attempts.append(time.monotonic())
+        return await ViciSession.connect(path, timeout=timeout)
+
+    source = StrongswanSource(tmp_path / "charon.vici", connect=counting_connect)
+    pf = tmp_path / "plan.json"
+    pf.write_bytes(dumps(plan("t1")))
+    plan_file = PlanFile(pf)
+    plan_file.load_initial()
+    exporter = Exporter(
+        strongswan=source, wireguard=WireGuardSource(tmp_path), interfaces=("wg0",), plan=plan_file
+    )
+    t0 = time.monotonic()
+    snap = await exporter.snapshot()
+    assert time.monotonic() - t0 < 1.0
+    assert snap.strongswan is not None and not snap.strongswan.up
+    assert [t.up for t in snap.strongswan.view.tunnels] == [False]
+    assert snap.wireguard is not None and [i.up for i in snap.wireguard.interfaces] == [False]
+    await exporter.snapshot()  # within the backoff window: no new connect attempt
+    assert len(attempts) == 1 and source.failures == 1
+
+
+async def test_plan_reload_keeps_the_last_good_plan(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(plan("t1")))
+    pf = PlanFile(path)
+    pf.load_initial()
+    assert [t.name for t in pf.current().tunnels] == ["t1"]
+    path.write_text('{"version": "garbage"}')
+    assert [t.name for t in pf.current().tunnels] == ["t1"]
+    path.write_bytes(dumps(plan("t1", "t2")))
+    assert [t.name for t in pf.current().tunnels] == ["t1", "t2"]
+
+
+async def test_event_follower_reconnects_with_backoff(tmp_path: Path) -> None:
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 5:
+            raise anyio.get_cancelled_exc_class()()
+
+    class Sink:
+        def observe_event(self, name: str, body: Any, epoch: str) -> None:
+            raise AssertionError("no events without a daemon")
+
+    with pytest.raises(anyio.get_cancelled_exc_class()):
+        await follow_events(tmp_path / "none.vici", Sink(), sleep=sleep)
+    assert sleeps == [0.25, 0.5, 1.0, 2.0, 4.0]
+
+
+async def _http(port: int, request: bytes) -> bytes:
+    async with await anyio.connect_tcp("127.0.0.1", port) as s:
+        await s.send(request)
+        data = b""
+        while True:
+            try:
+                data += await s.receive()
+            except anyio.EndOfStream:
+                return data
+
+
+async def test_http_server_routes(tmp_path: Path) -> None:
+    exporter = Exporter(strongswan=StrongswanSource(tmp_path / "none.vici"))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve, "127.0.0.1", 0, MetricsApp(exporter))
+        metrics = await _http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert metrics.startswith(b"HTTP/1.1 200 OK\r\n") and b"\nstrongswan_up 0\n" in metrics
+        om = await _http(port, b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text\r\n\r\n")
+        assert b"Content-Type: application/openmetrics-text" in om and om.endswith(b"# EOF\n")
+        assert (await _http(port, b"GET /healthz HTTP/1.1\r\n\r\n")).endswith(b"\r\n\r\nok\n")
+        assert (await _http(port, b"GET /nope HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 404")
+        assert (await _http(port, b"POST /metrics HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 405")
+        assert (await _http(port, b"nonsense\r\n\r\n")).startswith(b"HTTP/1.1 400")
+        head = await _http(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+        assert head.endswith(b"\r\n\r\n") and b"strongswan_up" not in head
+        tg.cancel_scope.cancel()
+
+
+async def test_refused_socket_is_vici_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(ViciUnavailable):
+        await ViciSession.connect(tmp_path / "none.vici", timeout=1)
