@@ -204,3 +204,24 @@ def test_watch_follows_kubelet_swaps_and_keeps_the_last_good_ruleset(ns: str, tm
     text = log.read_text()
     assert "initnat.rejected" in text and "nat.exposures[0].virtualIp" in text and "kept=last-good" in text
     assert text.count("initnat.applied") == 3 and "initnat.stopped" in text
+
+
+def test_a_restarted_init_nat_flushes_grants_revoked_while_it_was_not_running(
+    ns: str, tmp_path: Path
+) -> None:
+    """No previous plan in memory: the marks our chain set in the kernel tell which grants went away."""
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(dumps(make_plan(GA, GB)))
+    assert initnat(ns, "--plan", str(plan)).returncode == 0
+    for i, mark in enumerate((0x10000, 0x10000, 0x20000)):
+        netns.run(
+            netns.ns_exec(ns, "conntrack", "-I", "-s", f"203.0.113.{i + 1}", "-d", "198.18.0.10", "-p", "tcp",
+                          "--sport", str(3000 + i), "--dport", "80", "--state", "ESTABLISHED", "-t", "300",
+                          "-u", "ASSURED", "-m", str(mark))
+        )  # fmt: skip
+    plan.write_bytes(dumps(make_plan(GB)))
+    res = initnat(ns, "--plan", str(plan))
+    assert res.returncode == 0, res.stderr
+    assert "revoked_marks=0x10000 " in res.stderr
+    listed = netns.run(netns.ns_exec(ns, "conntrack", "-L")).stdout.decode()
+    assert "mark=65536" not in listed and listed.count("mark=131072") == 1
