@@ -49,9 +49,10 @@ def _peer_update(want: DesiredPeer, have: PeerState | None) -> PeerUpdate | None
     elif want.preshared_key is None and (have.has_preshared_key or have.preshared_key is not None):
         psk = ZERO_KEY
     keepalive = want.persistent_keepalive if want.persistent_keepalive != have.persistent_keepalive else None
+    same_ips = frozenset(want.allowed_ips) == frozenset(have.allowed_ips)  # fast path: same spelling
     allowed = (
         tuple(normalise_ip(a) for a in want.allowed_ips)
-        if _ips(want.allowed_ips) != _ips(have.allowed_ips)
+        if not same_ips and _ips(want.allowed_ips) != _ips(have.allowed_ips)
         else None
     )
     if endpoint is None and psk is None and keepalive is None and allowed is None:

@@ -151,6 +151,9 @@ class WireGuardAgent:
         self._published_sig: list[dict[str, Any]] | None = None
         self._published_at = 0.0
         self.wake = anyio.Event()
+        self._hosts: tuple[Plan, frozenset[str]] | None = None
+        self._routes: tuple[WireGuard, tuple[str, ...]] | None = None
+        self._inputs: tuple[Plan, tuple[object, ...]] | None = None
 
     # --- the loop -----------------------------------------------------------------------------------
 
@@ -179,7 +182,7 @@ class WireGuardAgent:
         await self._accept_config()
         if self.good is None:
             self.health.set_ready(
-                False, f"no valid WireGuard configuration: {self.config_error or 'no plan'}"
+                False, f"no valid WireGuard configuration: {self.config_error or 'waiting for the plan'}"
             )
             return
         wg, want = self.good
@@ -188,14 +191,16 @@ class WireGuardAgent:
 
     # --- configuration (plan + secrets + DNS) ---------------------------------------------------------
 
-    def _read_key(self, ref: SecretRef) -> str:
+    def _read(self, ref: SecretRef) -> bytes:
         try:
-            raw = self.secrets.read(ref)
+            return self.secrets.read(ref)
         except SecretError as exc:
             raise ConfigError(str(exc)) from None
-        return secret_key(raw, ref)
 
     async def _accept_config(self) -> None:
+        """Rebuild the desired device when the plan, a secret value or a resolved address changed. Secret
+        files are re-read every step (that is how a rotation is noticed); validation, key decoding and
+        building run only on change, so an idle step stays cheap with thousands of peers."""
         plan = self.plan
         if plan is None:
             return
@@ -203,8 +208,16 @@ class WireGuardAgent:
             if plan.wireguard is None:
                 raise ConfigError("wireguard: required for a gateway of type wireguard")
             wg = plan.wireguard
-            await self.endpoints.refresh(hostnames(wg))
-            want = desired(wg, self._read_key, self.endpoints.addresses)
+            if self._hosts is None or self._hosts[0] is not plan:
+                self._hosts = (plan, hostnames(wg))
+            await self.endpoints.refresh(self._hosts[1])
+            refs = [wg.private_key_ref, *(p.preshared_key_ref for p in wg.peers if p.preshared_key_ref)]
+            values = {ref: self._read(ref) for ref in refs}
+            inputs = (tuple(values.values()), tuple(sorted(self.endpoints.addresses.items())))
+            if self._inputs is not None and self._inputs[0] is plan and self._inputs[1] == inputs:
+                return  # nothing changed since the last attempt (good or rejected)
+            self._inputs = (plan, inputs)
+            want = desired(wg, lambda ref: secret_key(values[ref], ref), self.endpoints.addresses)
         except ConfigError as exc:
             if str(exc) != self.config_error:
                 self.config_error = str(exc)
@@ -285,7 +298,9 @@ class WireGuardAgent:
         self.health.set_ready(True, f"{iface} configured with {len(want.peers)} peers ({backend.name})")
 
     async def _configure_net(self, wg: WireGuard) -> None:
-        routes = peer_routes(wg.address, (ip for p in wg.peers for ip in p.allowed_ips))
+        if self._routes is None or self._routes[0] is not wg:  # computed once per plan
+            self._routes = (wg, peer_routes(wg.address, (ip for p in wg.peers for ip in p.allowed_ips)))
+        routes = self._routes[1]
         target = (wg.interface, wg.address, routes)
         now = self.monotonic()
         if (
