@@ -30,6 +30,7 @@ class ViciSession:
         self._stream = stream
         self._buffer = wire.FrameBuffer()
         self._pending: list[wire.Frame] = []
+        self._early: list[wire.Frame] = []  # events that arrived while registering (listen yields them)
         self._lock = anyio.Lock()
         self._broken: str | None = None
         self.timeout = timeout
@@ -156,6 +157,8 @@ class ViciSession:
                     raise ViciCommandFailed(command, "unknown command")
             await self._send(wire.unregister(event))
             await self._confirm(event)
+            events.extend(f.body for f in self._early if f.name == event)  # late ones, before the confirm
+            self._early.clear()
             return events, frame.body
 
         events, body = await self._guarded(command, timeout, go)
@@ -166,6 +169,11 @@ class ViciSession:
 
     async def _confirm(self, event: str) -> None:
         frame = await self._frame()
+        while frame.type == wire.EVENT:
+            # An event registered a moment ago can arrive before the next registration's confirmation
+            # (seen live: ike-updown between the ike-updown and child-updown confirmations). Keep it.
+            self._early.append(frame)
+            frame = await self._frame()
         if frame.type == wire.EVENT_UNKNOWN:
             raise ViciCommandFailed(f"register {event}", "unknown event")
         if frame.type != wire.EVENT_CONFIRM:
@@ -185,6 +193,8 @@ class ViciSession:
         await self._guarded("register", None, register)
         if on_registered is not None:
             on_registered()
+        while self._early:
+            yield self._early.pop(0)
         async with self._lock:
             while True:
                 frame = await self._frame()

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from agent.vici import ViciSession
@@ -202,6 +203,27 @@ async def bring_up(lab: Lab, agent: Agent, n: int, child_options: dict[str, str]
     return sites
 
 
+async def eventually(cond: Callable[[], Any], timeout: float, what: str) -> None:
+    """Poll ``cond`` (sync or async) until it is true; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = cond()
+        if hasattr(result, "__await__"):
+            result = await result
+        if result:
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+
+def start_ping(lab: Lab, dst: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        lab.gw.argv("ping", "-q", "-n", "-i", "0.2", "-I", "198.18.0.1", dst),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def parse_time(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
@@ -224,3 +246,177 @@ async def test_twenty_site_tunnels_established_with_rekey_at_from_charon(lab: La
         assert t["lastError"] is None and parse_time(t["establishedAt"]) <= now
     assert agent.status()["agent"]["connected"] is True
     assert PSK not in agent.log() and PSK not in agent.status_file.read_text()
+
+
+def ike_ids(sas: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {name: str(sa["uniqueid"]) for name, sa in sas.items()}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode()
+
+
+async def test_kill_9_charon_is_survived_and_every_tunnel_comes_back(lab: Lab, agent: Agent) -> None:
+    sites = await bring_up(lab, agent, 10)
+    names = [s.role for s in sites]
+    assert lab.gw.charon is not None
+    pid = agent.proc.pid if agent.proc else None
+    lab.gw.charon.kill()
+    agent.wait_for(lambda ts: all(t["state"] == "Down" for t in ts.values()), 10, "tunnels reported Down")
+    assert "charon unreachable" in (agent.status()["agent"]["lastError"] or "")
+    lab.gw.charon.start()  # returns once the new charon answers on VICI
+    took = agent.wait_for(all_established(names), 10, "all tunnels Established after the restart")
+    assert agent.proc is not None and agent.proc.pid == pid and agent.proc.poll() is None, "no agent restart"
+    assert took < 2.0, f"took {took:.2f}s after charon answered (acceptance: within 2 s)"
+    sas = await gw_sas(lab)
+    assert sorted(sas) == sorted(names), "re-pushed and re-initiated, one IKE_SA each"
+    assert lab.gw.charon.starts == 2
+
+
+async def test_sigstopped_charon_times_out_agent_stays_live_and_recovers(lab: Lab, agent: Agent) -> None:
+    port = free_port()
+    sites = start_sites(lab, 2)
+    for s in sites:
+        await setup_site(lab, s)
+    agent.write_psk(PSK)
+    agent.write_plan(make_plan(lab, sites))
+    agent.start("--health-listen", f"127.0.0.1:{port}")
+    names = [s.role for s in sites]
+    agent.wait_for(all_established(names), 30, "up")
+    assert http_get(port, "/readyz")[0] == 200
+    assert lab.gw.charon is not None
+    lab.gw.charon.pause()
+    try:
+        agent.wait_for(lambda ts: all(t["state"] == "Down" for t in ts.values()), 15, "reported while hung")
+        assert "no answer" in (agent.status()["agent"]["lastError"] or "")
+        assert http_get(port, "/healthz")[0] == 200, "a hung charon is not the agent's liveness failure"
+        code, body = http_get(port, "/readyz")
+        assert code == 503 and "charon" in body
+    finally:
+        lab.gw.charon.resume()
+    agent.wait_for(all_established(names), 15, "recovered after SIGCONT")
+    assert http_get(port, "/readyz")[0] == 200
+    assert len(await gw_sas(lab)) == 2
+
+
+async def test_reload_adding_and_removing_tunnels_leaves_the_others_alone(lab: Lab, agent: Agent) -> None:
+    sites = start_sites(lab, 4)
+    for s in sites:
+        await setup_site(lab, s)
+    agent.write_psk(PSK)
+    agent.write_plan(make_plan(lab, sites[:3]))
+    agent.start()
+    agent.wait_for(all_established([s.role for s in sites[:3]]), 30, "three up")
+    before = ike_ids(await gw_sas(lab))
+    agent.write_plan(make_plan(lab, sites))  # one more tunnel
+    took = agent.wait_for(all_established([s.role for s in sites]), 10, "the added tunnel up")
+    after = ike_ids(await gw_sas(lab))
+    assert {n: after[n] for n in before} == before, "unchanged tunnels keep their IKE_SA"
+    assert took < 2.5, f"plan change applied in {took:.2f}s"
+    agent.write_plan(make_plan(lab, sites[1:]))  # s1 removed: unloaded AND terminated
+    agent.wait_for(lambda ts: sites[0].role not in ts, 10, "s1 gone from status")
+
+    async def s1_gone() -> bool:
+        return sites[0].role not in await gw_sas(lab)
+
+    await eventually(s1_gone, 10, "s1's IKE_SA terminated")
+    sas = await gw_sas(lab)
+    assert {n: ike_ids(sas)[n] for n in ("s2", "s3", "s4")} == {n: after[n] for n in ("s2", "s3", "s4")}
+
+
+async def test_psk_rotation_keeps_the_sa_reauth_uses_the_new_key_mismatch_reported(
+    lab: Lab, agent: Agent
+) -> None:
+    (site,) = await bring_up(lab, agent, 1)
+    assert lab.gw.charon is not None
+    first = ike_ids(await gw_sas(lab))[site.role]
+    # Rotate on both sides: the site's admin loads the new key, our Secret file changes.
+    await setup_site(lab, site, psk=PSK2)
+    agent.write_psk(PSK2)
+    await eventually(lambda: "rotated=yes" in agent.log(), 2.5, "the changed secret pushed")
+    assert ike_ids(await gw_sas(lab))[site.role] == first, "rotation alone does not disturb the SA"
+    async with await ViciSession.connect(lab.gw.charon.vici_socket) as v:
+        await v.call("rekey", {"ike": site.role, "reauth": "yes"})
+
+    async def reauthenticated() -> bool:
+        ids = ike_ids(await gw_sas(lab))
+        return ids.get(site.role, first) != first and agent.tunnels()[site.role]["state"] == "Established"
+
+    await eventually(reauthenticated, 10, "reauth with the new key")
+    sas = await gw_sas(lab)
+    assert sas[site.role]["state"] == "ESTABLISHED" and str(sas[site.role]["uniqueid"]) != first, (
+        "the forced reauth authenticated with the new key"
+    )
+    # Now the site alone changes its key: the next reauth fails with charon's reason.
+    await setup_site(lab, site, psk="site-only-key-0b9e")
+    async with await ViciSession.connect(lab.gw.charon.vici_socket) as v:
+        await v.call("rekey", {"ike": site.role, "reauth": "yes"})
+    agent.wait_for(
+        lambda ts: "AUTHENTICATION_FAILED" in (ts[site.role].get("lastError") or ""), 20, "mismatch reported"
+    )
+    t = agent.tunnels()[site.role]
+    assert t["state"] in ("Failed", "Connecting"), t
+    for secret in (PSK, PSK2, "site-only-key-0b9e"):
+        assert secret not in agent.log() and secret not in agent.status_file.read_text()
+
+
+async def test_child_rekey_never_shows_zero_bytes_or_a_non_established_state(lab: Lab, agent: Agent) -> None:
+    """20 s child rekey_time on the gateway; status sampled every 100 ms across at least one rekey."""
+    sites = start_sites(lab, 1)
+    (site,) = sites
+    await setup_site(lab, site)
+    agent.write_psk(PSK)
+    agent.write_plan(make_plan(lab, sites, child_options={"rekey_time": "20s"}))
+    agent.start()
+    agent.wait_for(all_established([site.role]), 30, "up")
+    child_ids = lambda sas: {str(c["uniqueid"]) for c in sas[site.role]["child-sas"].values()}  # noqa: E731
+    before = child_ids(await gw_sas(lab))
+    ping = start_ping(lab, site.lan_host)
+    samples: list[dict[str, Any]] = []
+    try:
+        agent.wait_for(lambda ts: ts[site.role]["bytesOut"] > 0, 10, "traffic counted")
+        end = time.monotonic() + 26
+        while time.monotonic() < end:
+            samples.append(agent.tunnels()[site.role])
+            await anyio.sleep(0.1)
+    finally:
+        ping.terminate()
+        ping.wait(timeout=5)
+    after = child_ids(await gw_sas(lab))
+    assert not before & after, "a CHILD_SA rekey happened during the sampling"
+    assert len(samples) > 200
+    assert all(s["state"] == "Established" for s in samples), [s["state"] for s in samples]
+    assert all(s["bytesOut"] > 0 and s["bytesIn"] > 0 for s in samples)
+    outs = [s["bytesOut"] for s in samples]
+    assert outs == sorted(outs), "counters never go backwards across the rekey"
+
+
+async def test_invalid_plan_keeps_the_running_tunnels_and_says_why(lab: Lab, agent: Agent) -> None:
+    sites = await bring_up(lab, agent, 2)
+    before = ike_ids(await gw_sas(lab))
+    agent.plan_file.write_text('{"version": "plan.vpn.bnerd.net/v1", "type": "ipsec"}')
+    await eventually(lambda: "plan.rejected" in agent.log(), 5, "bad plan reported")
+    assert "gateway: required" in agent.log()
+    bad = make_plan(lab, sites)
+    assert bad.ipsec is not None
+    broken = Tunnel("s1", True, (Child("nope", "10.9.9.0/24"),), bad.ipsec.tunnels[0].conn)
+    agent.write_plan(Plan(gateway=GATEWAY, type="ipsec", ipsec=Ipsec(bad.ipsec.secrets, (broken,))))
+    await eventually(lambda: "is not a child of conn" in agent.log(), 5, "inconsistent plan reported")
+    await anyio.sleep(1)
+    assert ike_ids(await gw_sas(lab)) == before
+    assert all_established([s.role for s in sites])(agent.tunnels())
