@@ -94,8 +94,8 @@ class Gateway:
             gone = {g.mark for g in rules.revoked(self.last, policy)}
         else:
             gone = set(rules.stale_marks(applied.marks_before, policy))
-        self.last = policy
         flushed = flush_marks(self.flusher, gone, policy.mask)
+        self.last = policy  # only now: a failed flush is retried by the next apply (same revoked marks)
         log.info(
             "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
             "revoked_marks=%s restore_s=%.3f total_s=%.3f",
@@ -159,6 +159,10 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
             next_sync = now + resync
             try:
                 gw.apply(loads(data))
+            except NicError as exc:  # NIC2 may still be on its way (a slow attachment): look again
+                next_sync = now + min(resync, 2.0)
+                if first_look:
+                    log.error("initnat.rejected plan=%s digest=%s error=%s", path, digest, _describe(exc))
             except BAD_INPUT as exc:
                 next_sync = float("inf")  # same bytes, same verdict: wait for a change
                 if first_look:

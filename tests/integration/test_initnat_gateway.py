@@ -1,0 +1,118 @@
+"""initnat.__main__.Gateway, the apply sequence, in a throwaway namespace with the real iptables and
+netlink; the conntrack flusher is the FakeFlusher (real flushing is covered in test_initnat_iptables.py
+and the traffic acceptance) so that the ORDER of rule swap and flush can be recorded and a flush failure
+injected."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from ipaddress import IPv4Address
+
+import pytest
+from pyroute2 import IPRoute
+
+from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port
+from initnat.__main__ import Gateway
+from initnat.conntrack import ConntrackError, FakeFlusher
+from initnat.iptables import Completed, Iptables, run_process
+from initnat.rules import NatConfigError
+from lab import netns
+
+pytestmark = [pytest.mark.lab]
+
+MAC = "fa:16:3e:aa:bb:02"
+GA = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000)
+GB = Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000)
+
+
+def plan(*grants: Grant, host: str | None = None) -> Plan:
+    target = {"target_host": host} if host else {"target_address": "192.0.2.66"}
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
+        type="ipsec",
+        nic=Nic(mac=MAC, gateway="192.0.2.1"),
+        nat=Nat(exposures=(Exposure("web", "198.18.0.10", (Port(80),), **target),), grants=grants),  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-gwy"
+    netns.add_ns(name)
+    try:
+        netns.run(
+            ["ip", "-n", name, "link", "add", "n2", "address", MAC, "type", "veth", "peer", "name", "p2"]
+        )
+        for dev in ("n2", "p2"):
+            netns.run(["ip", "-n", name, "link", "set", dev, "up"])
+        netns.addr(name, "n2", "192.0.2.2/26")
+        yield name
+    finally:
+        netns.del_ns(name)
+
+
+class Recorder(FakeFlusher):
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def flush_mark(self, mark: int, mask: int) -> None:
+        self.events.append(f"flush {mark:#x}")
+        super().flush_mark(mark, mask)
+
+
+@pytest.fixture
+def gateway(ns: str) -> Iterator[tuple[Gateway, list[str]]]:
+    events: list[str] = []
+
+    def run(argv: Sequence[str], input: str | None = None) -> Completed:
+        if argv[0].endswith("restore") and "--test" not in argv:
+            events.append("restore")
+        return run_process(netns.ns_exec(ns, *argv), input)
+
+    with IPRoute(netns=ns, flags=0) as ipr:
+        yield (
+            Gateway(
+                Iptables("nft", run), ipr, Recorder(events), resolver=lambda h: IPv4Address("192.0.2.70")
+            ),
+            events,
+        )
+
+
+def test_revocation_flushes_only_after_the_rules_stopped_admitting(
+    gateway: tuple[Gateway, list[str]],
+) -> None:
+    gw, events = gateway
+    gw.apply(plan(GA, GB))
+    assert events == ["restore"], "first apply: nothing to revoke"
+    gw.apply(plan(GB))
+    assert events == ["restore", "restore", "flush 0x10000"]
+    gw.apply(plan(GB))
+    assert events == ["restore", "restore", "flush 0x10000"], "same plan: no restore, no flush"
+
+
+def test_failed_flush_is_retried_by_the_next_apply(gateway: tuple[Gateway, list[str]]) -> None:
+    gw, events = gateway
+    gw.apply(plan(GA, GB))
+    assert isinstance(gw.flusher, FakeFlusher)
+    gw.flusher.fail = ConntrackError("ctnetlink unavailable")
+    with pytest.raises(ConntrackError):
+        gw.apply(plan(GB))
+    gw.flusher.fail = None
+    gw.apply(plan(GB))
+    assert events[-1] == "flush 0x10000" and gw.flusher.flushed == [(0x10000, 0x0FFF0000)]
+
+
+def test_target_hosts_are_resolved_and_invalid_ones_never_resolved(
+    gateway: tuple[Gateway, list[str]],
+) -> None:
+    gw, _ = gateway
+    asked: list[str] = []
+    gw.resolver = lambda h: asked.append(h) or IPv4Address("192.0.2.70")  # type: ignore[func-returns-value]
+    gw.apply(plan(GA, host="API.Fabric.example."))
+    assert asked == ["api.fabric.example"]
+    with pytest.raises(NatConfigError, match=r"nat\.exposures\[0\]\.targetHost"):
+        gw.apply(plan(GA, host="x; rm -rf /"))
+    assert asked == ["api.fabric.example"]
