@@ -94,6 +94,15 @@ ike_id = Str(
     pattern=IKE_ID,
     max_length=255,
     rule="is not an IKE id (FQDN, IPv4 or email-style characters only)",
+    rules=(
+        # Found by the live hostile-value test: charon parses the IPv4 id 0.0.0.0 as %any, the wildcard
+        # identity that matches EVERY peer.
+        Rule(
+            "self != '0.0.0.0'",
+            "is the wildcard identity to charon (it reads 0.0.0.0 as %any); name the peer",
+            lambda v: v != "0.0.0.0",
+        ),
+    ),
 )
 secret_ref = Obj(
     {

@@ -73,7 +73,7 @@ class Rule:
 
     cel: str
     message: str
-    holds: Callable[[Mapping[str, Any]], bool]
+    holds: Callable[[Any], bool]
     field_path: str = ""
     """Relative path the error is reported at (CEL ``fieldPath``), e.g. ``.ha.enabled``."""
     reason: str = "FieldValueInvalid"
@@ -93,6 +93,8 @@ class Str:
     rule: str = "is not valid"
     """What a pattern violation says, e.g. ``is not an IPv4 CIDR``."""
     default: str | None = None
+    rules: tuple[Rule, ...] = ()
+    """CEL rules on the string itself (``self`` is the string); checked after the pattern."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,10 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
                         "FieldValueTooLong",
                     )
                 )
+            else:
+                for rule in node.rules:
+                    if not rule.holds(value):
+                        errors.append(FieldError(path, rule.message, show(value), rule.reason))
         case Bool():
             if not isinstance(value, bool):
                 errors.append(FieldError(path, "must be a boolean", show(value), "FieldValueTypeInvalid"))
@@ -281,6 +287,8 @@ def openapi(node: Node) -> dict[str, Any]:
                 out["maxLength"] = node.max_length
             if node.default is not None:
                 out["default"] = node.default
+            if node.rules:
+                out["x-kubernetes-validations"] = _cel(node.rules)
         case Int():
             out["type"] = "integer"
             if node.description:
@@ -316,11 +324,15 @@ def openapi(node: Node) -> dict[str, Any]:
             if node.preserve_unknown:
                 out["x-kubernetes-preserve-unknown-fields"] = True
             if node.rules:
-                rules = []
-                for r in node.rules:
-                    rule: dict[str, Any] = {"rule": r.cel, "message": r.message, "reason": r.reason}
-                    if r.field_path:
-                        rule["fieldPath"] = r.field_path
-                    rules.append(rule)
-                out["x-kubernetes-validations"] = rules
+                out["x-kubernetes-validations"] = _cel(node.rules)
+    return out
+
+
+def _cel(rules: tuple[Rule, ...]) -> list[dict[str, Any]]:
+    out = []
+    for r in rules:
+        rule: dict[str, Any] = {"rule": r.cel, "message": r.message, "reason": r.reason}
+        if r.field_path:
+            rule["fieldPath"] = r.field_path
+        out.append(rule)
     return out

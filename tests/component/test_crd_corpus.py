@@ -198,6 +198,7 @@ INVALID: list[Case] = [
     _c("gw-local-id-brace", GATEWAY, ["spec", "ipsec", "localID"], "gw}{", "is not an IKE id"),
     _c("gw-local-id-dn", GATEWAY, ["spec", "ipsec", "localID"], "CN=gw,O=acme", "is not an IKE id"),
     _c("gw-local-id-any", GATEWAY, ["spec", "ipsec", "localID"], "%any", "is not an IKE id"),
+    _c("gw-local-id-wildcard", GATEWAY, ["spec", "ipsec", "localID"], "0.0.0.0", "is the wildcard identity"),
     _c("gw-local-id-empty", GATEWAY, ["spec", "ipsec", "localID"], "", "is not an IKE id"),
     _c("gw-ike-v1", GATEWAY, ["spec", "ipsec", "ike", "version"], 1, "IKE version 2 only"),
     _c("gw-ike-v3", GATEWAY, ["spec", "ipsec", "ike", "version"], 3, "IKE version 2 only"),
@@ -320,6 +321,20 @@ INVALID: list[Case] = [
     _c("peer-rw-endpoint", PEER, ["spec", "type"], "roadWarrior", "is not allowed for roadWarrior peers"),
     _c("peer-id-space", PEER, ["spec", "ipsec", "id"], "hq acme", "is not an IKE id"),
     _c("peer-id-newline", PEER, ["spec", "ipsec", "id"], "hq\nacme", "is not an IKE id"),
+    _c(
+        "peer-id-wildcard",
+        PEER,
+        ["spec", "ipsec", "id"],
+        "0.0.0.0",
+        'spec.ipsec.id: "0.0.0.0" is the wildcard',
+    ),
+    _c(
+        "legacy-peer-id-wildcard",
+        LEGACY_GW,
+        ["spec", "tunnels", 0, "peer", "id"],
+        "0.0.0.0",
+        "is the wildcard",
+    ),
     _c("peer-id-quote", PEER, ["spec", "ipsec", "id"], 'hq"acme', "is not an IKE id"),
     _c(
         "peer-subnet-33",
