@@ -74,7 +74,11 @@ def ipsec_snapshot() -> Snapshot:
     info = DaemonInfo("charon", "5.9.8", "Linux", "6.1", "x86_64", 900.0, 1, 0, ("counters",), 16, 7, 0, 3)
     return Snapshot(
         strongswan=StrongswanSnapshot(
-            True, 0.01, v, info, {"child-rekey": 3, "ike-init-out-req": 2, "invalid": 1}
+            True,
+            0.01,
+            v,
+            info,
+            {"child-rekey": 3, "ike-init-out-req": 2, "invalid": 1, "ike-rekey-init": 1, "ike-rekey-resp": 0},
         ),
         wireguard=wg_snapshot().wireguard,
     )
