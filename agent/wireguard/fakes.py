@@ -32,7 +32,7 @@ from pyroute2.netlink.generic.wireguard import (
 
 from agent.wireguard.backend import ApplyRejected, DeviceUnavailable, LinkControl, WireGuardBackend
 from agent.wireguard.model import ZERO_KEY, DeviceState, DeviceUpdate, PeerState
-from agent.wireguard.netdev import NetDev
+from agent.wireguard.netdev import NetDev, NetDevError
 
 # --- an in-memory device --------------------------------------------------------------------------
 
@@ -127,8 +127,6 @@ class FakeNetDev:
     fail: str | None = None
 
     async def configure(self, interface: str, address: str, routes: tuple[str, ...]) -> tuple[int, int]:
-        from agent.wireguard.netdev import NetDevError
-
         if self.fail:
             raise NetDevError(self.fail)
         self.calls.append((interface, address, routes))

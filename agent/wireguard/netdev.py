@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from pyroute2 import AsyncIPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,10 @@ class IpRouteNetDev:
                     await ipr.route("replace", dst=dst, oif=index, proto=RTPROT_STATIC, table=MAIN_TABLE)
                 for dst in sorted(current - wanted):
                     await ipr.route("del", dst=dst, oif=index, proto=RTPROT_STATIC, table=MAIN_TABLE)
+        except NetDevError:
+            raise
+        except NetlinkError as exc:  # not an OSError in pyroute2
+            raise NetDevError(f"{interface}: {exc}") from exc
         except OSError as exc:
-            if isinstance(exc, NetDevError):
-                raise
             raise NetDevError(f"{interface}: {exc.strerror or exc}") from exc
         return len(wanted - current), len(current - wanted)

@@ -29,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from agent.runtime import Health, PlanSource, SecretError, Secrets, Settings, StatusSink
+from agent.runtime import Backend, Health, PlanSource, SecretError, Secrets, Settings, StatusSink
 from agent.wireguard.backend import (
     ApplyRejected,
     BackendUnavailable,
@@ -168,7 +168,13 @@ class WireGuardAgent:
             tg.start_soon(consume)
             try:
                 while True:
-                    await self.step()
+                    try:
+                        await self.step()
+                    except Exception as exc:  # a bug must not take the data plane's keeper down
+                        log.error(
+                            "wireguard.step.failed error=%r", f"{type(exc).__name__}: {exc}", exc_info=True
+                        )
+                        self.health.set_ready(False, f"internal error: {type(exc).__name__}")
                     with anyio.move_on_after(self.settings.poll_interval):
                         await self.wake.wait()
                     self.wake = anyio.Event()
@@ -295,7 +301,10 @@ class WireGuardAgent:
             )
         self.available = True
         self._lost_reported = None
-        self.health.set_ready(True, f"{iface} configured with {len(want.peers)} peers ({backend.name})")
+        reason = f"{iface} configured with {len(want.peers)} peers ({backend.name})"
+        if self.config_error:
+            reason += f"; newer input rejected, last good config running: {self.config_error}"
+        self.health.set_ready(True, reason)
 
     async def _configure_net(self, wg: WireGuard) -> None:
         if self._routes is None or self._routes[0] is not wg:  # computed once per plan
@@ -347,3 +356,6 @@ async def run(
 ) -> None:
     """``runtime.Backend`` for WireGuard gateways: runs until cancelled."""
     await WireGuardAgent(settings, secrets, sink, health).run(plans)
+
+
+_conforms: Backend = run

@@ -326,3 +326,33 @@ async def test_run_consumes_plans_and_wakes_at_once(rig: Rig) -> None:
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
     assert set(rig.device.peers) == {A, B} and rig.device.closed
+
+
+async def test_readiness_says_when_newer_input_is_rejected(rig: Rig) -> None:
+    await rig.step(plan(SITE))
+    await rig.step(plan(SITE, port=0))
+    ready, reason = rig.health.ready
+    assert ready and reason.endswith(
+        "newer input rejected, last good config running: wireguard.listenPort: 0 must be 1-65535"
+    )
+
+
+async def test_an_unexpected_error_in_a_step_does_not_end_the_loop(rig: Rig) -> None:
+    rig.agent.settings = replace(rig.agent.settings, poll_interval=0.01)
+    calls = []
+    original = rig.agent.step
+
+    async def flaky_step() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("bug")
+        await original()
+
+    rig.agent.step = flaky_step  # type: ignore[method-assign]
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.agent.run, Plans(plan(SITE)))
+            while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert len(calls) >= 2 and set(rig.device.peers) == {A}
