@@ -20,9 +20,9 @@ import anyio
 import pytest
 
 from agent.vici import ViciSession
-from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps
+from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, ReverseExposure, dumps
 from lab import netns
-from lab.world import GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
+from lab.world import CLUSTER_GW, CLUSTER_POD, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
 
@@ -43,7 +43,8 @@ def serve(c):
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(64); print("listening", flush=True)
 while True:
-    c, _ = s.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+    c, peer = s.accept(); print("from", peer[0], flush=True)
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
 
 # A long-lived connection: one echo every 0.1 s; prints "ok <t>" per echo, "cut <t> <why>" when an echo
@@ -93,7 +94,12 @@ def conn(
     }
 
 
-def plan(lab: Lab, grants: tuple[Grant, ...]) -> Plan:
+def plan(
+    lab: Lab,
+    grants: tuple[Grant, ...],
+    reverse: tuple[ReverseExposure, ...] = (),
+    internal: tuple[str, ...] = (),
+) -> Plan:
     return Plan(
         gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant", "gw"),
         type="ipsec",
@@ -101,10 +107,12 @@ def plan(lab: Lab, grants: tuple[Grant, ...]) -> Plan:
         nat=Nat(
             service_cidr=SERVICE_CIDR,
             source_address="198.18.0.1",
+            internal_source_cidrs=internal,
             exposures=(
                 Exposure("web", WEB_VIP, (Port(8080),), target_address=SVC_ADDR),
                 Exposure("api", API_VIP, (Port(9090),), target_address=API_ADDR),
             ),
+            reverse_exposures=reverse,
             grants=grants,
             mark_mask=MASK,
         ),
@@ -199,40 +207,13 @@ def marked(lab: Lab, mark: int, *state: str) -> int:
     return sum(1 for line in out.splitlines() if line.strip())
 
 
-async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_nothing(
-    pod_lab: Lab, procs: Procs, tmp_path: Path
-) -> None:
-    lab = pod_lab
-    s1, s2 = lab.add_site(), lab.add_site()
-    netns.addr(lab.svc.ns, "lo", f"{API_ADDR}/32")
-    netns.route(lab.rtr.ns, f"{API_ADDR}/32", "via", SVC_ADDR)
-    for name, body in (("echo", ECHO_SERVER), ("long", LONG_CLIENT), ("once", ONE_SHOT)):
-        (tmp_path / f"{name}.py").write_text(body)
-    once = tmp_path / "once.py"
-    for addr, port in ((SVC_ADDR, 8080), (API_ADDR, 9090)):
-        procs.start(lab.svc, PY, str(tmp_path / "echo.py"), addr, str(port), name=f"echo{port}")
-        wait_for(lambda p=port: "listening" in procs.output(f"echo{p}"), 10, f"echo server :{port}")
-
+async def tunnels_up(lab: Lab, sites: list[Host]) -> list[str]:
+    """charon in the gateway and each site, hand-written conns (local_ts serviceCIDR, remote_ts the site's
+    LAN), initiated by the sites; returns the gateway's ESTABLISHED IKE_SAs."""
     charon_gw = lab.start_charon(lab.gw)
-    site_charons = [lab.start_charon(s) for s in (s1, s2)]
-    v1 = plan(
-        lab,
-        (
-            Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),
-            Grant("s2", "web", "exposure", (s2.lans[0],), GRANT_S2_WEB),
-            Grant("s1", "api", "exposure", (s1.lans[0],), GRANT_S1_API),
-        ),
-    )
-    plan_file = tmp_path / "plan.json"
-    write_plan(plan_file, v1)
-    initnat = procs.start(lab.gw, PY, "-m", "initnat", "--plan", str(plan_file), "--watch", name="initnat")
-    wait_for(lambda: "initnat.applied" in procs.output("initnat"), 15, "init-nat's first apply")
-    assert "nic=ens7" in procs.output("initnat"), "NIC2 must be found by MAC, whatever its name"
-
-    # Live tunnels, initiated by the sites: the gateway's IKE replies leave through NIC2 only because
-    # of init-nat's source-policy routing (the pod's default route points at eth0).
     async with await ViciSession.connect(charon_gw.vici_socket) as gv:
-        for site, sc in zip((s1, s2), site_charons, strict=True):
+        for site in sites:
+            sc = lab.start_charon(site)
             sid, gid = f"{site.role}.lab.example", "gw.lab.example"
             await gv.call("load-shared", {"id": site.role, "type": "IKE", "data": PSK, "owners": [gid, sid]})
             await gv.call(
@@ -247,10 +228,43 @@ async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_n
                 )
                 await sv.stream("initiate", {"child": "gw-0", "timeout": "8000"}, "control-log")
         sas, _ = await gv.stream("list-sas", {}, "list-sa")
-        assert sorted(name for sa in sas for name, ike in sa.items() if ike["state"] == "ESTABLISHED") == [
-            "s1",
-            "s2",
-        ]
+    return sorted(name for sa in sas for name, ike in sa.items() if ike["state"] == "ESTABLISHED")
+
+
+async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_nothing(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    lab = pod_lab
+    s1, s2 = lab.add_site(), lab.add_site()
+    netns.addr(lab.svc.ns, "lo", f"{API_ADDR}/32")
+    netns.route(lab.rtr.ns, f"{API_ADDR}/32", "via", SVC_ADDR)
+    for name, body in (("echo", ECHO_SERVER), ("long", LONG_CLIENT), ("once", ONE_SHOT)):
+        (tmp_path / f"{name}.py").write_text(body)
+    once = tmp_path / "once.py"
+    for addr, port in ((SVC_ADDR, 8080), (API_ADDR, 9090)):
+        procs.start(lab.svc, PY, str(tmp_path / "echo.py"), addr, str(port), name=f"echo{port}")
+        wait_for(lambda p=port: "listening" in procs.output(f"echo{p}"), 10, f"echo server :{port}")
+
+    v1 = plan(
+        lab,
+        (
+            Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),
+            Grant("s2", "web", "exposure", (s2.lans[0],), GRANT_S2_WEB),
+            Grant("s1", "api", "exposure", (s1.lans[0],), GRANT_S1_API),
+        ),
+    )
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, v1)
+    route_get = ("ip", "route", "get", s1.addresses[0], "from", GW_NIC2_ADDR)
+    assert "dev eth0" in lab.gw.run(*route_get).stdout.decode(), "a pod: replies would leave via eth0"
+    initnat = procs.start(lab.gw, PY, "-m", "initnat", "--plan", str(plan_file), "--watch", name="initnat")
+    wait_for(lambda: "initnat.applied" in procs.output("initnat"), 15, "init-nat's first apply")
+    assert "nic=ens7" in procs.output("initnat"), "NIC2 must be found by MAC, whatever its name"
+    assert "dev ens7" in lab.gw.run(*route_get).stdout.decode(), "replies to NIC2 traffic leave via NIC2"
+
+    # Live tunnels, initiated by the sites: the gateway's IKE replies leave through NIC2 only because
+    # of init-nat's source-policy routing (the pod's default route points at eth0).
+    assert await tunnels_up(lab, [s1, s2]) == ["s1", "s2"]
 
     s1_ip, s2_ip = s1.lan_host, s2.lan_host
     # Granted clients reach the targets through the virtual IPs; an ungranted one does not.
@@ -313,3 +327,41 @@ async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_n
     assert one_shot(s1, s1_ip, API_VIP, 9090, once), "s1's other grant is untouched"
     assert initnat.poll() is None, "the watcher keeps running"
     assert PSK not in procs.output("initnat")
+
+
+async def test_reverse_exposure_admits_only_internal_sources_snated_into_the_tunnel(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """A cluster client (an internalSourceCIDR, behind the pod's eth0) reaches a service in the remote
+    site's LAN through a reverse exposure's virtual IP; its packets are SNATed to the gateway's
+    serviceCIDR address, which is what lets them match the tunnel's traffic selector. A fabric host
+    outside internalSourceCIDRs is dropped."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    cluster = lab.hosts["cl"]
+    netns.route(cluster.ns, SERVICE_CIDR, "via", CLUSTER_POD)
+    (tmp_path / "echo.py").write_text(ECHO_SERVER)
+    (tmp_path / "once.py").write_text(ONE_SHOT)
+    procs.start(s1, PY, str(tmp_path / "echo.py"), s1.lan_host, "7070", name="echo7070")
+    wait_for(lambda: "listening" in procs.output("echo7070"), 10, "the site's echo server")
+    rvip, mark = "198.18.0.20", 0x00040000
+    p = plan(
+        lab,
+        (Grant("s1", "db", "reverse", ("10.244.0.0/30",), mark),),
+        reverse=(ReverseExposure("db", rvip, s1.lan_host, (Port(7070),)),),
+        internal=("10.244.0.0/30",),
+    )
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, p)
+    res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), check=False)
+    assert res.returncode == 0, res.stderr.decode()
+    assert await tunnels_up(lab, [s1]) == ["s1"]
+
+    assert one_shot(cluster, CLUSTER_GW, rvip, 7070, tmp_path / "once.py"), "an internal source is admitted"
+    assert "from 198.18.0.1" in procs.output("echo7070"), "SNATed to nat.sourceAddress (inside serviceCIDR)"
+    assert marked(lab, mark) >= 1, "the reverse grant's flow carries its mark"
+    drops = [n for n, r in our_rules_with_counters(lab) if f"--ctorigdst {rvip} " in r and "DROP" in r]
+    assert not one_shot(lab.svc, SVC_ADDR, rvip, 7070, tmp_path / "once.py"), "not an internalSourceCIDR"
+    after = [n for n, r in our_rules_with_counters(lab) if f"--ctorigdst {rvip} " in r and "DROP" in r]
+    assert after[0] > drops[0], "refused by our authorisation (the DROP rule counted it), not lost elsewhere"
+    assert procs.output("echo7070").count("from ") == 1
