@@ -217,7 +217,7 @@ def _name_rule(kind: str) -> Rule:
         "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",
         f"{kind} names must be DNS labels: they name charon connections and status entries",
         _dns_label_name,
-        field_path=".metadata.name",
+        report_at=".metadata.name",
         needs_valid=False,
     )
 

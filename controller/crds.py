@@ -35,7 +35,11 @@ _PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
 
 def schema_of(resource: Resource) -> dict[str, Any]:
     """The ``openAPIV3Schema`` of one resource."""
-    return openapi(resource.root)
+    schema = openapi(resource.root)
+    # A CRD may not describe metadata beyond its type (the API server validates ObjectMeta itself);
+    # metadata.name is constrained by the root CEL rule instead.
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
 
 
 def crd(resource: Resource) -> dict[str, Any]:

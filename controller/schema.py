@@ -79,6 +79,9 @@ class Rule:
     reason: str = "FieldValueInvalid"
     needs_valid: bool = True
     """Evaluate only when the object is otherwise well-formed (the Python twin may assume types)."""
+    report_at: str | None = None
+    """Where Python reports the error when it differs from ``field_path`` (which must name a schema field
+    for the API server, e.g. ``metadata.name`` cannot be a fieldPath)."""
 
 
 @dataclass(frozen=True)
@@ -256,11 +259,12 @@ def _duplicates(node: Arr, value: list[Any], path: str, errors: list[FieldError]
 
 
 def _rule_error(rule: Rule, obj: Mapping[str, Any], path: str) -> FieldError:
-    at = path + rule.field_path if path else rule.field_path.lstrip(".")
+    rel = rule.report_at if rule.report_at is not None else rule.field_path
+    at = path + rel if path else rel.lstrip(".")
     value: Any = obj
-    for part in rule.field_path.strip(".").split(".") if rule.field_path else []:
+    for part in rel.strip(".").split(".") if rel else []:
         value = value.get(part) if isinstance(value, Mapping) else None
-    shown = show(value) if isinstance(value, str | int | bool) and rule.field_path else None
+    shown = show(value) if isinstance(value, str | int | bool) and rel else None
     return FieldError(at, rule.message, shown, rule.reason)
 
 

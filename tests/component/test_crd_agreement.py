@@ -35,15 +35,17 @@ from tests.component.test_crd_corpus import CORPUS, GATEWAY, LEGACY_GW, PEER, WG
 SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
-def _strict(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema as jsonschema should see it: unknown fields rejected where the CRD prunes them."""
+def _strict(schema: dict[str, Any], root: bool = True) -> dict[str, Any]:
+    """The schema as jsonschema should see it: unknown fields rejected where the CRD prunes them.
+    ObjectMeta is the API server's own business (checked separately below)."""
     out = copy.deepcopy(schema)
     if out.get("type") == "object" and not out.get("x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
     for key, sub in out.get("properties", {}).items():
-        out["properties"][key] = _strict(sub)
+        if not (root and key == "metadata"):
+            out["properties"][key] = _strict(sub, root=False)
     if "items" in out:
-        out["items"] = _strict(out["items"])
+        out["items"] = _strict(out["items"], root=False)
     return out
 
 
