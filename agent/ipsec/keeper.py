@@ -73,6 +73,12 @@ class Timing:
     initiate_timeout: float = 10.0
     """charon-side timeout of one ``initiate``; the session's deadline is a little longer."""
     terminate_timeout: float = 2.0
+    list_timeout: float = 60.0
+    """Budget of one full ``list_sas``: an IKE_SA with thousands of children is listed child by child
+    (charon drops messages over 512 KiB); each single call still has ``call_timeout``."""
+    bulk_children: int = 8
+    """A tunnel initiating more children than this queues them without waiting (``timeout -1``): each
+    waiting ``initiate`` would hold a charon worker thread."""
     debounce: float = 0.05
     """After an event, wait this long for its siblings before listing SAs (an up/down storm = one list)."""
     max_initiating: int = 4
@@ -193,6 +199,7 @@ class Keeper:
     async def _cycle(self) -> None:
         t = self.timing
         control = await self._connect(self.socket, t.call_timeout)
+        control.max_call_timeout = t.call_timeout
         async with control:
             version = await control.call("version")
             stats = await control.call("stats")
@@ -386,7 +393,7 @@ class Keeper:
 
     async def _refresh_status(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
         assert self.want is not None
-        sas = await list_sas(control, timeout=self.timing.call_timeout)
+        sas = await list_sas(control, timeout=self.timing.list_timeout)
         stats = await control.call("stats")
         self._check_daemon(stats)
         self.sas = sas
@@ -416,21 +423,30 @@ class Keeper:
     async def _initiate(self, action: Initiate) -> None:
         t = self.timing
         ok = False
+        queued = 0
         assert self._slots is not None
         try:
             async with self._slots, await self._connect(self.socket, t.call_timeout) as s:
-                for child in action.children:
-                    log.info("tunnel.initiate name=%s child=%s", action.tunnel, child)
+                bulk = len(action.children) > t.bulk_children
+                for i, child in enumerate(action.children):
+                    # The first child creates the IKE_SA (if none): always wait for it, so the rest reuse it.
+                    wait = i == 0 or not bulk
+                    if wait:
+                        log.info("tunnel.initiate name=%s child=%s", action.tunnel, child)
                     await s.stream(
                         "initiate",
                         {
                             "child": child,
                             "ike": action.tunnel,
-                            "timeout": str(int(t.initiate_timeout * 1000)),
+                            "timeout": str(int(t.initiate_timeout * 1000)) if wait else "-1",
                         },
                         "control-log",
                         timeout=t.initiate_timeout + t.call_timeout,
+                        check=wait,
                     )
+                    queued += not wait
+            if queued:
+                log.info("tunnel.initiate_queued name=%s children=%d", action.tunnel, queued)
             ok = True
             self.errors.pop(action.tunnel, None)
         except ViciCommandFailed as exc:
@@ -445,7 +461,7 @@ class Keeper:
         finally:
             now = self._clock()
             self.attempts[action.tunnel] = link.after_attempt(
-                self.attempts.get(action.tunnel, Attempt()), ok, now
+                self.attempts.get(action.tunnel, Attempt()), ok, now, queued=queued
             )
             self.in_flight.discard(action.tunnel)
             self._poke()

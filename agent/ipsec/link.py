@@ -62,9 +62,11 @@ class Attempt:
     not_before: float = 0.0
 
 
-def after_attempt(a: Attempt, ok: bool, now: float) -> Attempt:
+def after_attempt(a: Attempt, ok: bool, now: float, *, queued: int = 0) -> Attempt:
+    """``queued``: children initiated without waiting; give charon time to set them up before any of
+    them is considered missing again (or it would get a duplicate CHILD_SA)."""
     if ok:
-        return Attempt()
+        return Attempt(0, now + 5.0 + 0.02 * queued) if queued else Attempt()
     failures = a.failures + 1
     return Attempt(failures, now + initiate_backoff(failures))
 
@@ -82,6 +84,8 @@ def missing_children(tunnel: Tunnel, ikes: list[Mapping[str, Any]]) -> tuple[str
     up = any(s in UP_IKE for s in states)
     if not up and ikes:
         return None  # CONNECTING, DELETING, ...: charon is on it; initiating now could duplicate the IKE_SA
+    if any(sa.get("children-incomplete") == "yes" for sa in ikes):
+        return None  # too big to list its children (queries.list_sas): unknown is not missing
     sas = [child for sa in ikes for child in (sa.get("child-sas") or {}).values()]
     busy = ACTIVE_CHILD | STARTING_CHILD
     return tuple(

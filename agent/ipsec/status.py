@@ -170,11 +170,16 @@ def tunnel_status(
     for counters in seen.values():
         active += counters
 
+    # An IKE_SA whose children could not be listed at all (charon's 512 KiB limit, even per child name:
+    # queries.list_sas marks it) is up; its children are unknown, and unknown is not down.
+    incomplete = ike is not None and ike.get("children-incomplete") == "yes"
     children: list[ChildStatus] = []
     for c in tunnel.children:
         mine = [sa for sa in sas if sa.get("name") == c.name]
         up = [sa for sa in mine if sa.get("state") in ACTIVE_CHILD]
-        if up and ike is not None:
+        if incomplete and not mine:
+            children.append(ChildStatus(c.name, c.remote_subnet, "Established"))
+        elif up and ike is not None:
             newest = min(up, key=lambda sa: _seconds(sa, "install-time") or 0)
             left = _seconds(newest, "rekey-time")
             at = rfc3339(now + timedelta(seconds=left)) if left is not None else None

@@ -34,6 +34,9 @@ class ViciSession:
         self._lock = anyio.Lock()
         self._broken: str | None = None
         self.timeout = timeout
+        self.max_call_timeout: float | None = None
+        """If set, caps every call's deadline, even an explicit one (a long query made of many calls
+        still notices a hung charon after this long)."""
 
     @classmethod
     async def connect(cls, path: str | Path, *, timeout: float = DEFAULT_TIMEOUT) -> ViciSession:
@@ -95,6 +98,8 @@ class ViciSession:
     async def _guarded(self, what: str, timeout: float | None, coro: Any) -> Any:
         self._check_open()
         limit = self.timeout if timeout is None else timeout
+        if self.max_call_timeout is not None:
+            limit = min(limit, self.max_call_timeout)
         async with self._lock:
             self._check_open()
             try:

@@ -23,7 +23,7 @@ import pytest
 
 from agent.vici import ViciSession
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel, dumps
-from lab.peers import configure_site
+from lab.peers import configure_site, site_conn
 from lab.world import SERVICE_CIDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -420,3 +420,76 @@ async def test_invalid_plan_keeps_the_running_tunnels_and_says_why(lab: Lab, age
     await anyio.sleep(1)
     assert ike_ids(await gw_sas(lab)) == before
     assert all_established([s.role for s in sites])(agent.tunnels())
+
+
+def add_addresses(site: Host, cidrs: list[str]) -> None:
+    batch = "".join(f"addr add {c} dev lo\n" for c in cidrs).encode()
+    subprocess.run(["ip", "-n", site.ns, "-batch", "-"], input=batch, check=True, timeout=120)
+
+
+MANY = 1500  # > the ~1,450 children at which one IKE_SA's list-sa event passes 512 KiB (LAB-FACTS)
+
+
+async def test_a_tunnel_too_big_for_one_vici_message_is_still_reported_established(
+    lab: Lab, agent: Agent
+) -> None:
+    """charon silently drops a list-sas answer over 512 KiB; the agent lists that IKE_SA per child
+    (agent.vici.queries) and never reports the live tunnel down for it."""
+    site = lab.add_site()
+    remote = [f"10.200.{i // 250}.{i % 250 + 1}/32" for i in range(MANY)]
+    add_addresses(site, remote)
+    lab.start_charon(lab.gw)
+    lab.start_charon(site)
+    esp = "aes128gcm16"  # no PFS: 1,500 CHILD_SAs without 1,500 DH exchanges
+    children = tuple(Child(f"c{i}", r) for i, r in enumerate(remote))
+    conn = {
+        "big": {
+            "version": "2",
+            "local_addrs": [lab.gw.addresses[0]],
+            "remote_addrs": [site.addresses[0]],
+            "proposals": ["aes128-sha256-modp2048"],
+            "local": {"auth": "psk", "id": GW_ID},
+            "remote": {"auth": "psk", "id": site_id(site)},
+            "children": {
+                c.name: {"local_ts": [SERVICE_CIDR], "remote_ts": [c.remote_subnet], "esp_proposals": [esp]}
+                for c in children
+            },
+        }
+    }
+    site_side = site_conn(
+        "gw",
+        local_addr=site.addresses[0],
+        remote_addr=lab.gw.addresses[0],
+        local_id=site_id(site),
+        remote_id=GW_ID,
+        local_ts=remote,
+        remote_ts=[SERVICE_CIDR],
+        proposals="aes128-sha256-modp2048",
+        esp=esp,
+    )
+    assert site.charon is not None
+    async with await ViciSession.connect(site.charon.vici_socket, timeout=60) as v:
+        owners = [site_id(site), GW_ID]
+        await v.call("load-shared", {"id": "psk-gw", "type": "IKE", "data": PSK, "owners": owners})
+        await v.call("load-conn", site_side)
+    agent.write_psk(PSK)
+    agent.write_plan(
+        Plan(
+            gateway=GATEWAY,
+            type="ipsec",
+            ipsec=Ipsec(
+                secrets=(IkeSecret("psk-big", (GW_ID, site_id(site)), SecretRef("tenant-psk", "psk")),),
+                tunnels=(Tunnel("big", True, children, conn),),
+            ),
+        )
+    )
+    agent.start()
+    agent.wait_for(all_established(["big"]), 240, "the big tunnel Established")
+    raw = await gw_sas(lab)
+    assert "big" not in raw, "the premise: charon drops the big IKE_SA from a plain list-sas"
+    t = agent.tunnels()["big"]
+    assert len(t["children"]) == MANY and all(c["state"] == "Established" for c in t["children"])
+    assert "vici.list_sas.split" in agent.log()
+    # Steady state: the resync keeps it Established (no flapping to Down because of the drop).
+    await anyio.sleep(5)
+    assert agent.tunnels()["big"]["state"] == "Established"
