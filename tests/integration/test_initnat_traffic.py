@@ -271,7 +271,10 @@ async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_n
     assert one_shot(s1, s1_ip, WEB_VIP, 8080, once), "s1 is granted web"
     assert one_shot(s1, s1_ip, API_VIP, 9090, once), "s1 is granted api"
     assert one_shot(s2, s2_ip, WEB_VIP, 8080, once), "s2 is granted web"
+    drops = [n for n, r in our_rules_with_counters(lab) if f"--ctorigdst {API_VIP} " in r and "DROP" in r]
     assert not one_shot(s2, s2_ip, API_VIP, 9090, once), "s2 is NOT granted api"
+    after = [n for n, r in our_rules_with_counters(lab) if f"--ctorigdst {API_VIP} " in r and "DROP" in r]
+    assert after[0] > drops[0], "s2's SYNs reached the gateway and our authorisation dropped them"
     assert not one_shot(s1, s1_ip, WEB_VIP, 8081, once), "a port the exposure does not list is dropped"
 
     # Three long-lived connections: one under grant s1/web, two under grant s2/web.
