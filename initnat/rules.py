@@ -247,6 +247,7 @@ def validate(
     services: list[Service] = []
     by_name: dict[tuple[str, str], list[Service]] = {}
     seen: dict[tuple[IPv4Address, str, int], str] = {}
+    vip_of: dict[IPv4Address, str] = {}  # one virtual IP, one (reverse) exposure: SNAT is chosen per VIP
 
     def add(
         kind: Literal["exposure", "reverse"], e: Exposure | ReverseExposure, path: str, target: IPv4Address
@@ -261,6 +262,9 @@ def validate(
             raise NatConfigError(f"{path}.virtualIp: {vip} is outside nat.serviceCidr {cidr}")
         if vip == source:
             raise NatConfigError(f"{path}.virtualIp: {vip} is nat.sourceAddress (the gateway's own)")
+        if vip in vip_of:
+            raise NatConfigError(f"{path}.virtualIp: {vip} is already the virtual IP of {vip_of[vip]}")
+        vip_of[vip] = path
         if not e.ports:
             raise NatConfigError(f"{path}.ports: at least one port is required")
         mine: list[Service] = []

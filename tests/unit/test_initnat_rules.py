@@ -196,6 +196,17 @@ def test_two_grants_cannot_share_a_mark() -> None:
         policy(nat(grants=(g, dataclasses.replace(g, peer="q"))))
 
 
+def test_a_virtual_ip_belongs_to_one_exposure() -> None:
+    twice = (nat().exposures[0], dataclasses.replace(nat().exposures[1], virtual_ip="198.18.0.10"))
+    with pytest.raises(
+        NatConfigError, match=r"exposures\[1\]\.virtualIp: 198\.18\.0\.10 is already the virtual IP of"
+    ):
+        policy(nat(exposures=twice))
+    rev = (dataclasses.replace(nat().reverse_exposures[0], virtual_ip="198.18.0.11"),)
+    with pytest.raises(NatConfigError, match=r"reverseExposures\[0\]\.virtualIp: .* nat\.exposures\[1\]"):
+        policy(nat(reverse_exposures=rev))
+
+
 def test_reverse_exposures_need_source_address_and_internal_cidrs() -> None:
     with pytest.raises(NatConfigError, match=r"need nat\.sourceAddress"):
         policy(nat(source_address=None))
