@@ -41,7 +41,7 @@ from controller.model import (
     parse,
 )
 from controller.schema import FieldError
-from controller.validate import InvalidInput, Problem, validate_gateway, validate_object
+from controller.validate import InvalidInput, Problem, inside, select, validate_gateway, validate_object
 
 SITE_DPD_DELAY = "30s"
 ROAD_WARRIOR_DPD_DELAY = "60s"
@@ -154,55 +154,12 @@ def _grants(
     )
 
 
-def _inside(address: str, subnets: Sequence[str]) -> bool:
-    a = ipaddress.IPv4Address(address)
-    return any(a in ipaddress.IPv4Network(s, strict=False) for s in subnets)
-
-
-def _reverse_targets(gateway: Gateway, peers: Sequence[VPNPeer]) -> list[Problem]:
-    """A reverse exposure's target must sit behind the peer (or legacy tunnel) that carries it."""
-    problems: list[Problem] = []
-    targets = {e.name: e.address for e in gateway.reverse_exposures}
-    if isinstance(gateway, VPNGateway):
-        for peer in peers:
-            for i, name in enumerate(peer.reverse_exposures):
-                if name in targets and not _inside(targets[name], peer.subnets):
-                    problems.append(
-                        Problem(
-                            str(peer.meta),
-                            FieldError(
-                                f"spec.authorization.reverseExposures[{i}]",
-                                f"targets {targets[name]}, which is not inside this peer's subnets",
-                                f'"{name}"',
-                                "ReverseTargetOutsidePeer",
-                            ),
-                        )
-                    )
-    else:
-        for i, e in enumerate(gateway.reverse_exposures):
-            if not any(_inside(e.address, t.remote_subnets) for t in gateway.tunnels):
-                problems.append(
-                    Problem(
-                        str(gateway.meta),
-                        FieldError(
-                            f"spec.reverseExposures[{i}].target.address",
-                            "is not inside any tunnel's remoteSubnets",
-                            f'"{e.address}"',
-                            "ReverseTargetOutsidePeer",
-                        ),
-                    )
-                )
-    return problems
-
-
 def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | None = None) -> gwplan.Plan:
     """The plan for ``gateway`` and its ``peers`` (already schema-valid and parsed).
 
     Raises ``InvalidInput`` with every problem found (cross-object rules and allocation)."""
     options = options or RenderOptions()
     problems = validate_gateway(gateway, peers, options.internal_source_cidrs)
-    if not problems:
-        problems = _reverse_targets(gateway, peers)
     if problems:
         raise InvalidInput(problems)
     peers = sorted(peers, key=lambda p: p.meta.name)
@@ -233,7 +190,7 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
                 wanted += [
                     (("reverse", t.name, e.name), internal)
                     for e in gateway.reverse_exposures
-                    if _inside(e.address, t.remote_subnets)
+                    if inside(e.address, t.remote_subnets)
                 ]
         grants = _grants(wanted, previous, mask)
     except AllocationError as exc:
@@ -361,43 +318,6 @@ def _wireguard(gateway: VPNGateway, peers: Sequence[VPNPeer], options: RenderOpt
 
 
 # --- documents in, plan out -------------------------------------------------------------------------
-
-
-def select(resources: Sequence[Any]) -> tuple[Gateway, list[VPNPeer]]:
-    """The one gateway of the input and its peers; InvalidInput when there is not exactly one gateway."""
-    gateways = [r for r in resources if isinstance(r, VPNGateway | IPsecGateway)]
-    peers = [r for r in resources if isinstance(r, VPNPeer)]
-    seen: set[str] = set()
-    duplicates = []
-    for r in resources:
-        if str(r.meta) in seen:
-            duplicates.append(Problem(str(r.meta), FieldError("metadata.name", "appears twice in the input")))
-        seen.add(str(r.meta))
-    if duplicates:
-        raise InvalidInput(duplicates)
-    if len(gateways) != 1:
-        found = ", ".join(str(g.meta) for g in gateways) or "none"
-        raise InvalidInput(
-            [
-                Problem(
-                    "input",
-                    FieldError(
-                        "(documents)", f"must contain exactly one VPNGateway or IPsecGateway (found {found})"
-                    ),
-                )
-            ]
-        )
-    if isinstance(gateways[0], IPsecGateway) and peers:
-        raise InvalidInput(
-            [
-                Problem(
-                    str(p.meta),
-                    FieldError("kind", "VPNPeers belong to VPNGateways, not legacy IPsecGateways"),
-                )
-                for p in peers
-            ]
-        )
-    return gateways[0], peers
 
 
 def render_documents(docs: Sequence[Mapping[str, Any]], options: RenderOptions | None = None) -> gwplan.Plan:

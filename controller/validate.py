@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.api import BY_KIND, CIDR
-from controller.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of
+from controller.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of, parse
 from controller.schema import FieldError, check, show
 
 REVERSE_NEEDS_INTERNAL = "ReverseExposuresRequireInternalSourceCIDRs"
@@ -176,6 +176,18 @@ def validate_gateway(
                 )
             )
     problems += _overlaps(nets)
+    if isinstance(gateway, VPNGateway) and gateway.wireguard is not None:
+        tunnel = _net(gateway.wireguard.address, gw, "spec.wireguard.address")
+        if tunnel.first <= service.last and service.first <= tunnel.last:
+            problems.append(
+                _problem(
+                    gw,
+                    tunnel.path,
+                    tunnel.text,
+                    f"overlaps the gateway's serviceCIDR {gateway.service_cidr}",
+                    "OverlapsServiceCIDR",
+                )
+            )
     if gateway.reverse_exposures and not internal_source_cidrs:
         problems.append(
             _problem(
@@ -202,6 +214,8 @@ def validate_gateway(
                         "InternalSourceCIDRsOverlapPeer",
                     )
                 )
+    if not problems:
+        problems += _reverse_targets(gateway, peers)
     return problems
 
 
@@ -329,3 +343,94 @@ def _legacy(gateway: IPsecGateway) -> list[Problem]:
                 )
             )
     return problems
+
+
+def inside(address: str, subnets: Sequence[str]) -> bool:
+    a = ipaddress.IPv4Address(address)
+    return any(a in ipaddress.IPv4Network(s, strict=False) for s in subnets)
+
+
+def _reverse_targets(gateway: Gateway, peers: Sequence[VPNPeer]) -> list[Problem]:
+    """A reverse exposure's target must sit behind the peer (or legacy tunnel) that carries it."""
+    problems: list[Problem] = []
+    targets = {e.name: e.address for e in gateway.reverse_exposures}
+    if isinstance(gateway, VPNGateway):
+        for peer in peers:
+            for i, name in enumerate(peer.reverse_exposures):
+                if name in targets and not inside(targets[name], peer.subnets):
+                    problems.append(
+                        Problem(
+                            str(peer.meta),
+                            FieldError(
+                                f"spec.authorization.reverseExposures[{i}]",
+                                f"targets {targets[name]}, which is not inside this peer's subnets",
+                                f'"{name}"',
+                                "ReverseTargetOutsidePeer",
+                            ),
+                        )
+                    )
+    else:
+        for i, e in enumerate(gateway.reverse_exposures):
+            if not any(inside(e.address, t.remote_subnets) for t in gateway.tunnels):
+                problems.append(
+                    Problem(
+                        str(gateway.meta),
+                        FieldError(
+                            f"spec.reverseExposures[{i}].target.address",
+                            "is not inside any tunnel's remoteSubnets",
+                            f'"{e.address}"',
+                            "ReverseTargetOutsidePeer",
+                        ),
+                    )
+                )
+    return problems
+
+
+def select(resources: Sequence[Any]) -> tuple[Gateway, list[VPNPeer]]:
+    """The one gateway of the input and its peers; InvalidInput when there is not exactly one gateway."""
+    gateways = [r for r in resources if isinstance(r, VPNGateway | IPsecGateway)]
+    peers = [r for r in resources if isinstance(r, VPNPeer)]
+    seen: set[str] = set()
+    duplicates = []
+    for r in resources:
+        if str(r.meta) in seen:
+            duplicates.append(Problem(str(r.meta), FieldError("metadata.name", "appears twice in the input")))
+        seen.add(str(r.meta))
+    if duplicates:
+        raise InvalidInput(duplicates)
+    if len(gateways) != 1:
+        found = ", ".join(str(g.meta) for g in gateways) or "none"
+        raise InvalidInput(
+            [
+                Problem(
+                    "input",
+                    FieldError(
+                        "(documents)", f"must contain exactly one VPNGateway or IPsecGateway (found {found})"
+                    ),
+                )
+            ]
+        )
+    if isinstance(gateways[0], IPsecGateway) and peers:
+        raise InvalidInput(
+            [
+                Problem(
+                    str(p.meta),
+                    FieldError("kind", "VPNPeers belong to VPNGateways, not legacy IPsecGateways"),
+                )
+                for p in peers
+            ]
+        )
+    return gateways[0], peers
+
+
+def validate(documents: Sequence[Any], internal_source_cidrs: Sequence[str] = ()) -> list[Problem]:
+    """Every problem of a set of documents (one gateway and its peers): per-object rules first; when
+    every object is well-formed, the cross-object rules. Allocation problems are render's business."""
+    problems = [p for d in documents for p in validate_object(d)]
+    if problems:
+        return problems
+    try:
+        gateway, peers = select([parse(d) for d in documents])
+    except InvalidInput as exc:
+        return list(exc.problems)
+    return validate_gateway(gateway, peers, internal_source_cidrs)

@@ -13,7 +13,7 @@ import yaml
 
 from controller.model import parse
 from controller.render import RenderOptions, render_documents
-from controller.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem
+from controller.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem, validate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 INTERNAL = ("192.0.2.64/26",)
@@ -259,3 +259,19 @@ def test_overlap_check_scales_to_thousands_of_subnets() -> None:
     found = problems([IPSEC[0], *many])
     assert [p.resource for p in found] == ["VPNPeer/tenant-acme/p2999"]
     assert gateway.meta.name == "acme"
+
+
+def test_validate_reports_per_object_then_cross_object_problems() -> None:
+    assert validate(IPSEC, INTERNAL) == []
+    per_object = validate(edit(IPSEC, 1, ["spec", "endpoint"], "not a host"), INTERNAL)
+    assert [p.error.path for p in per_object] == ["spec.endpoint"]
+    cross = validate(IPSEC, ())
+    assert [p.reason for p in cross] == [REVERSE_NEEDS_INTERNAL]
+
+
+def test_wireguard_tunnel_address_must_not_overlap_the_service_cidr() -> None:
+    found = validate(edit(WG, 0, ["spec", "wireguard", "address"], "198.18.0.200/24"), INTERNAL)
+    assert [str(p) for p in found] == [
+        'VPNGateway/tenant-acme/acme-wg: spec.wireguard.address: "198.18.0.200/24" overlaps the gateway\'s '
+        "serviceCIDR 198.18.0.0/24"
+    ]
