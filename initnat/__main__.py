@@ -133,6 +133,9 @@ def run_once(gw: Gateway, path: Path) -> int:
     except FAILED as exc:
         log.error("initnat.failed plan=%s error=%s", path, _describe(exc))
         return EXIT_FAILED
+    except Exception as exc:  # a bug, not an input or kernel verdict: still one log line and exit 1
+        log.exception("initnat.failed plan=%s error=unexpected %s: %s", path, type(exc).__name__, exc)
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -177,6 +180,9 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
                 log.error(
                     "initnat.failed plan=%s digest=%s error=%s kept=last-good", path, digest, _describe(exc)
                 )
+            except Exception as exc:  # a bug: keep the last good ruleset and the loop alive, say so loudly
+                next_sync = now + min(resync, 2.0)
+                log.exception("initnat.failed plan=%s digest=%s error=unexpected %s", path, digest, exc)
         stop.wait(poll)
     log.info("initnat.stopped plan=%s", path)
     return EXIT_OK

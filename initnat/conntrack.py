@@ -43,7 +43,7 @@ class NetlinkFlusher:
             if self._ct is None:
                 self._ct = Conntrack()
             self._ct.flush(mark=mark, mark_mask=mask)
-        except Exception as exc:  # NetlinkError is an OSError; translate once here
+        except Exception as exc:  # NetlinkError (not an OSError) and socket errors; translate once here
             self.close()
             raise ConntrackError(f"conntrack flush of mark {mark:#x}/{mask:#x} failed: {exc}") from exc
 

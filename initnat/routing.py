@@ -81,6 +81,15 @@ def open_netlink() -> IPRoute:
 
 def find_nic(ipr: Netlink, cfg: NicConfig, mac: str) -> Nic2:
     """NIC2 by ``mac``; its address and gateway from ``cfg`` or, when absent there, the interface."""
+    try:
+        return _find_nic(ipr, cfg, mac)
+    except NicError:
+        raise
+    except Exception as exc:  # pyroute2's NetlinkError is NOT an OSError; translate once here
+        raise RoutingError(f"netlink: reading interfaces failed: {exc}") from exc
+
+
+def _find_nic(ipr: Netlink, cfg: NicConfig, mac: str) -> Nic2:
     found = ipr.link_lookup(address=mac)
     if not found:
         raise NicError(f"nic: no interface with MAC {mac} in this network namespace")
@@ -119,7 +128,7 @@ def ensure(ipr: Netlink, nic: Nic2, cfg: NicConfig, targets: Iterable[IPv4Addres
         return replace(change, targets=_ensure_targets(ipr, cfg, frozenset(targets)))
     except NicError:
         raise
-    except Exception as exc:  # pyroute2 raises NetlinkError (an OSError) and friends; translate once here
+    except Exception as exc:  # pyroute2 raises NetlinkError (not an OSError) and friends; translate once here
         raise RoutingError(f"netlink refused a change on {nic.name}: {exc}") from exc
 
 
