@@ -149,3 +149,13 @@ def test_unwritable_output_is_a_runtime_failure(tmp_path: Path) -> None:
         "render", "-f", str(EXAMPLES / "wireguard.yaml"), "-o", str(tmp_path / "missing-dir" / "plan.json")
     )
     assert res.returncode == 1 and "render.write_failed" in res.stderr
+
+
+def test_bad_internal_source_cidrs_are_reported_like_any_input_problem() -> None:
+    res = run(
+        "render", "-f", str(EXAMPLES / "ipsec.yaml"), "--internal-source-cidrs", "192.0.2.64/26,10.0.0.0/33"
+    )
+    assert res.returncode == 2 and res.stdout == ""
+    assert (
+        'operator: --internal-source-cidrs[1]: "10.0.0.0/33" is not an IPv4 CIDR' in res.stderr.splitlines()
+    )
