@@ -21,7 +21,7 @@ from prometheus_client.core import Metric
 
 from agent.vici.queries import DaemonInfo
 from exporter.family import Family
-from exporter.ipsec import IpsecView
+from exporter.ipsec import CHILD_INFO_LABELS, IKE_INFO_LABELS, IpsecView
 from exporter.wireguard import InterfaceView
 
 
@@ -91,12 +91,9 @@ def _counter_families(counters: Mapping[str, int]) -> Iterator[Family]:
     yield from (rekeys, child, invalid, messages)
 
 
-def _info(name: str, doc: str, rows: Iterable[tuple[tuple[str, str], ...]]) -> Family | None:
-    rows = list(rows)
-    if not rows:
-        return None
-    fam = Family.info(name, doc, labels=[k for k, _ in rows[0]])
-    fam.rows.extend((tuple(v for _, v in row), 1.0) for row in rows)
+def _info(name: str, doc: str, labels: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> Family:
+    fam = Family.info(name, doc, labels=labels)
+    fam.rows.extend((row, 1) for row in rows)
     return fam
 
 
@@ -197,20 +194,20 @@ def strongswan_families(s: StrongswanSnapshot) -> Iterator[Family]:
         child_bytes.add_metric([c.tunnel, c.child, c.subnet, "in"], c.counts.bytes_in)
         child_bytes.add_metric([c.tunnel, c.child, c.subnet, "out"], c.counts.bytes_out)
     yield from (child_up, child_bytes)
-    for fam in (
+    yield from (
         _info(
             "strongswan_ike_sa",
             "One series per IKE_SA: unique id, identities, algorithms.",
-            (i.labels for i in v.ike_info),
+            IKE_INFO_LABELS,
+            (i.values for i in v.ike_info),
         ),
         _info(
             "strongswan_child_sa",
             "One series per CHILD_SA: unique id, reqid, algorithms, traffic selectors.",
-            (i.labels for i in v.child_info),
+            CHILD_INFO_LABELS,
+            (i.values for i in v.child_info),
         ),
-    ):
-        if fam is not None:
-            yield fam
+    )
 
 
 def wireguard_families(w: WireGuardSnapshot) -> Iterator[Family]:

@@ -62,7 +62,8 @@ class Family:
         return cls(name, doc, "info", tuple(labels))
 
     def add_metric(self, labels: Sequence[str], value: float | Mapping[str, str]) -> None:
-        self.rows.append((labels, 1.0 if self.kind == "info" else float(value)))  # type: ignore[arg-type]
+        # Values stay as given (ints render without a float round trip: most samples are byte counts).
+        self.rows.append((labels, 1 if self.kind == "info" else value))  # type: ignore[arg-type]
 
     @property
     def sample_name(self) -> str:
@@ -94,7 +95,7 @@ def _escape_doc(doc: str) -> str:
 
 
 def _number(v: float) -> str:
-    if isinstance(v, int):
+    if type(v) is int:
         return str(v)
     if v == math.inf:
         return "+Inf"

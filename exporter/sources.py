@@ -23,10 +23,12 @@ import anyio
 
 from agent.vici import ViciError, ViciSession
 from agent.vici.queries import DaemonInfo, counters, daemon_info, list_sas
-from agent.wireguard.backend import WireGuardBackend, WireGuardError, detect
-from agent.wireguard.model import DeviceState
+from agent.wireguard import uapi
+from agent.wireguard.backend import UapiBackend, WireGuardBackend, WireGuardError, detect
 from exporter import ipsec
 from exporter.collector import StrongswanSnapshot, WireGuardSnapshot
+from exporter.uapifast import KeyCache, fast_view, read_get
+from exporter.vicicodec import FastSession
 from exporter.wireguard import InterfaceView, interface_view
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ class StrongswanSource:
         self,
         socket: Path,
         *,
-        connect: Connect = ViciSession.connect,
+        connect: Connect = FastSession.connect,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
     ) -> None:
@@ -143,7 +145,7 @@ async def follow_events(
     socket: Path,
     sink: EventSink,
     *,
-    connect: Connect = ViciSession.connect,
+    connect: Connect = FastSession.connect,
     sleep: Sleep = anyio.sleep,
 ) -> None:
     """Forever: connect, learn the epoch, feed rekey/down events to ``sink``; reconnect with backoff."""
@@ -181,21 +183,37 @@ class WireGuardSource:
         self._clock = clock
         self._backends: dict[str, WireGuardBackend] = {}
         self._down: set[str] = set()
+        self._keys = KeyCache()
+
+    async def _read(
+        self, backend: WireGuardBackend, interface: str, names: Mapping[str, str], timeout: float
+    ) -> InterfaceView:
+        if isinstance(backend, UapiBackend):
+            # Fast path (exporter.uapifast); the generic parser when the reply has another shape.
+            try:
+                text = await read_get(backend.socket(interface), timeout)
+                view = fast_view(interface, text, names, self._keys, backend=backend.name)
+                if view is None:
+                    view = interface_view(interface, uapi.parse_get(text), names, backend=backend.name)
+                return view
+            except uapi.UapiError as exc:
+                raise WireGuardError(f"{interface} (uapi): {exc}") from exc
+        return interface_view(interface, await backend.get(interface), names, backend=backend.name)
 
     async def _one(self, interface: str, names: Mapping[str, str], timeout: float) -> InterfaceView:
         backend = self._backends.get(interface)
-        state: DeviceState | None = None
+        view: InterfaceView | None = None
         why = ""
         with anyio.move_on_after(timeout) as scope:
             try:
                 if backend is None:
                     backend = self._backends[interface] = await self._detect(interface, self.uapi_dir)
-                state = await backend.get(interface)
+                view = await self._read(backend, interface, names, timeout)
             except WireGuardError as exc:
                 why = str(exc)
         if scope.cancelled_caught:
             why = f"no answer in {timeout:.1f}s"
-        if state is None:
+        if view is None:
             self._backends.pop(interface, None)  # re-detect next time (daemon restarted, module loaded)
             if interface not in self._down:
                 log.warning("exporter.wireguard.down interface=%s error=%s", interface, why)
@@ -203,10 +221,8 @@ class WireGuardSource:
             return interface_view(interface, None, names, backend=backend.name if backend else "")
         if interface in self._down:
             self._down.discard(interface)
-            log.info(
-                "exporter.wireguard.up interface=%s backend=%s", interface, backend.name if backend else ""
-            )
-        return interface_view(interface, state, names, backend=backend.name if backend else "")
+            log.info("exporter.wireguard.up interface=%s backend=%s", interface, view.backend)
+        return view
 
     async def scrape(
         self, timeout: float, interfaces: Iterable[str], names: Mapping[str, Mapping[str, str]]

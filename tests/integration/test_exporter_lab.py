@@ -26,6 +26,7 @@ from agent.vici import ViciSession
 from agent.wireguard import uapi
 from exporter.collector import Snapshot, SnapshotCollector, families
 from exporter.family import Renderer
+from exporter.ipsec import CHILD_INFO_LABELS
 from exporter.service import Exporter, PlanFile
 from exporter.sources import StrongswanSource, WireGuardSource, follow_events
 from gwplan.model import Child, GatewayRef, Plan, SecretRef, Tunnel, WgPeer, WireGuard, dumps
@@ -270,7 +271,9 @@ async def test_bytes_never_decrease_across_child_rekeys_while_traffic_flows(lab:
                     totals.append(
                         value(snap, "strongswan_tunnel_bytes_total", tunnel="s1", direction="out") or 0
                     )
-                    uids |= {dict(i.labels)["uniqueid"] for i in snap.strongswan.view.child_info}
+                    uids |= {
+                        i.values[CHILD_INFO_LABELS.index("uniqueid")] for i in snap.strongswan.view.child_info
+                    }
                     await anyio.sleep(0.3)
                 tg.cancel_scope.cancel()
         finally:

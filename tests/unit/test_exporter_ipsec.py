@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from exporter.ipsec import Carry, Counts, PlanTunnel, observe_event, observe_listing, totals, view
+from exporter.ipsec import (
+    CHILD_INFO_LABELS,
+    Carry,
+    Counts,
+    PlanTunnel,
+    observe_event,
+    observe_listing,
+    totals,
+    view,
+)
 
 E1 = "1790000000"
 
@@ -143,7 +152,10 @@ def test_view_rows_for_configured_down_tunnels_and_offline_daemon() -> None:
         ("t2", "c0", "10.2.0.0/24", False),
         ("t2", "c1", "10.3.0.0/24", False),
     }
-    assert len(v.ike_info) == 1 and dict(v.child_info[0].labels)["uniqueid"] == "1"
+    assert (
+        len(v.ike_info) == 1
+        and dict(zip(CHILD_INFO_LABELS, v.child_info[0].values, strict=True))["uniqueid"] == "1"
+    )
     offline = view(carry, None, plan, epoch=E1)
     assert [x.up for x in offline.tunnels] == [False, False]
     assert offline.tunnels[0].counts.bytes_in == 100, "counters hold their value while charon is away"

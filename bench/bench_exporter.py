@@ -1,0 +1,322 @@
+"""Benchmark: exporter scrape latency and RSS against live daemons, next to the raw floor of the same run.
+
+* IPsec: a lab charon pair with IKES IKE_SAs x CHILDREN CHILD_SAs (default 100 x 10 = 1,000); the floor
+  is one raw ``list-sas`` read off the VICI socket (request out, every byte of the answer in, no decoding).
+* WireGuard: a wireguard-go interface with 1,000 and 10,000 peers; the floor is one raw UAPI ``get=1``.
+
+Each scrape is a real HTTP GET /metrics against ``python -m exporter`` running as its own process (so
+its RSS is the exporter's alone: VmHWM, the peak). Needs root (network namespaces). Prints a table; the
+numbers go to docs/exporter.md.
+
+    .venv/bin/python bench/bench_exporter.py [--repeat 30] [--ikes 100] [--children 10] [--peers 1000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ipaddress
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent.vici import ViciSession  # noqa: E402
+from agent.vici import wire  # noqa: E402
+from lab.world import SERVICE_CIDR, Lab  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PSK = "bench-psk-only"  # bench-only value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, accept: str = "text/plain;version=0.0.4") -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\n\r\n".encode())
+        chunks = []
+        while True:
+            data = s.recv(1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+    raw = b"".join(chunks)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(head.decode(errors="replace"))
+    return body
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def raw_list_sas(path: Path) -> int:
+    """Register list-sa, send list-sas, read frames (length prefix only) until the response: bytes read."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        s.sendall(wire.register("list-sa"))
+        total, buf = 0, b""
+
+        def frame() -> int:
+            nonlocal buf, total
+            while len(buf) < 4:
+                buf += s.recv(1 << 20)
+            (n,) = struct.unpack("!I", buf[:4])
+            while len(buf) < 4 + n:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise RuntimeError("closed")
+                buf += chunk
+            kind = buf[4]
+            total += 4 + n
+            buf = buf[4 + n :]
+            return kind
+
+        frame()  # EVENT_CONFIRM
+        s.sendall(wire.request("list-sas"))
+        while frame() != wire.CMD_RESPONSE:
+            pass
+        return total
+
+
+def raw_uapi_get(path: Path) -> int:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(path))
+        s.sendall(b"get=1\n\n")
+        data = bytearray()
+        while not data.endswith(b"\n\n"):
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+        return len(data)
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def series(body: bytes) -> int:
+    return sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+
+
+class ExporterProcess:
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-exporter-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{self.port}", "--log-level", "WARNING", *args],
+            cwd=REPO,
+            stdout=self.log,
+            stderr=self.log,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                http_get(self.port)
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"exporter did not start; see {self.log.name}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        os.unlink(self.log.name)
+
+
+def report(label: str, floor: float, median: float, body: bytes, pid: int, extra: str = "") -> dict[str, Any]:
+    rss, hwm = rss_mb(pid)
+    row = {
+        "case": label,
+        "floor_ms": floor * 1000,
+        "scrape_ms": median * 1000,
+        "ratio": median / floor,
+        "series": series(body),
+        "bytes": len(body),
+        "rss_mb": rss,
+        "peak_rss_mb": hwm,
+    }
+    print(
+        f"{label:<28} floor {row['floor_ms']:8.1f} ms  scrape {row['scrape_ms']:8.1f} ms  x{row['ratio']:.2f}  "
+        f"series {row['series']:>6}  {row['bytes'] / 1e6:6.2f} MB  RSS {rss:5.1f} MB (peak {hwm:5.1f}) {extra}",
+        flush=True,
+    )
+    return row
+
+
+async def setup_ipsec(lab: Lab, ikes: int, children: int) -> Path:
+    site = lab.add_site()
+    addrs = [f"{ipaddress.ip_address('10.200.0.0') + i + 1}/32" for i in range(ikes * children)]
+    cmds = "".join(f"addr add {a} dev lo\n" for a in addrs)
+    subprocess.run(["ip", "-n", site.ns, "-batch", "-"], input=cmds.encode(), check=True)
+    g, c = lab.start_charon(lab.gw), lab.start_charon(site)
+    async with (
+        await ViciSession.connect(g.vici_socket, timeout=60) as gv,
+        await ViciSession.connect(c.vici_socket, timeout=60) as sv,
+    ):
+        for i in range(ikes):
+            gid, sid = f"gw-{i}.bench", f"s-{i}.bench"
+            for v, me, peer in ((gv, gid, sid), (sv, sid, gid)):
+                await v.call("load-shared", {"id": f"k{i}", "type": "IKE", "data": PSK, "owners": [me, peer]})
+            kids = addrs[i * children : (i + 1) * children]
+
+            def conn(name: str, local: str, remote: str, lid: str, rid: str, gw_side: bool) -> dict[str, Any]:
+                return {
+                    name: {
+                        "version": "2",
+                        "local_addrs": [local],
+                        "remote_addrs": [remote],
+                        "proposals": ["aes128-sha256-modp2048"],
+                        "local": {"auth": "psk", "id": lid},
+                        "remote": {"auth": "psk", "id": rid},
+                        "children": {
+                            f"t{i}-{j}": {
+                                "local_ts": [SERVICE_CIDR] if gw_side else [a],
+                                "remote_ts": [a] if gw_side else [SERVICE_CIDR],
+                                "esp_proposals": ["aes128gcm16"],
+                            }
+                            for j, a in enumerate(kids)
+                        },
+                    }
+                }
+
+            await gv.call("load-conn", conn(f"t{i}", lab.gw.addresses[0], site.addresses[0], gid, sid, True))
+            await sv.call("load-conn", conn(f"gw{i}", site.addresses[0], lab.gw.addresses[0], sid, gid, False))
+        for i in range(ikes):
+            await gv.stream("initiate", {"child": f"t{i}-0", "ike": f"t{i}", "timeout": "10000"}, "control-log")
+            for j in range(1, children):
+                await gv.stream(
+                    "initiate", {"child": f"t{i}-{j}", "ike": f"t{i}", "timeout": "-1"}, "control-log", check=False
+                )
+        want = ikes * children
+        deadline = time.monotonic() + 300
+        while True:
+            events, _ = await gv.stream("list-sas", {}, "list-sa")
+            got = sum(
+                1 for e in events for sa in e.values() for ch in sa["child-sas"].values() if ch["state"] == "INSTALLED"
+            )
+            if got >= want:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {got}/{want} CHILD_SAs installed")
+            await anyio.sleep(1)
+    return g.vici_socket
+
+
+def setup_wireguard(lab: Lab, peers: int, name: str) -> tuple[Path, Path]:
+    wgd = lab.start_wireguard(lab.gw, name)
+    lines = ["set=1", "private_key=" + os.urandom(32).hex(), "listen_port=0"]
+    for i in range(peers):
+        lines += [
+            "public_key=" + os.urandom(32).hex(),
+            f"allowed_ip={ipaddress.ip_address('10.128.0.0') + i}/32",
+            f"endpoint=192.0.2.{1 + i % 200}:{20000 + i % 30000}",
+        ]
+    payload = ("\n".join(lines) + "\n\n").encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(wgd.uapi_socket))
+        s.sendall(payload)
+        reply = b""
+        while not reply.endswith(b"\n\n"):
+            reply += s.recv(65536)
+    if b"errno=0" not in reply:
+        raise RuntimeError(f"uapi set failed: {reply!r}")
+    return wgd.uapi_dir, wgd.uapi_socket
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=30, help="scrapes and raw reads per case (median)")
+    p.add_argument("--ikes", type=int, default=100)
+    p.add_argument("--children", type=int, default=10)
+    p.add_argument("--peers", default="1000,10000", help="comma-separated WireGuard peer counts")
+    p.add_argument("--skip-ipsec", action="store_true")
+    p.add_argument("--skip-wireguard", action="store_true")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("bench_exporter: needs root (network namespaces)", file=sys.stderr)
+        return 2
+    rows = []
+    with Lab() as lab:
+        if not args.skip_ipsec:
+            t0 = time.monotonic()
+            vici = anyio.run(setup_ipsec, lab, args.ikes, args.children)
+            print(f"# {args.ikes} IKE_SAs x {args.children} CHILD_SAs up in {time.monotonic() - t0:.1f}s", flush=True)
+            floor, nbytes = timed(lambda: raw_list_sas(vici), args.repeat)
+            exp = ExporterProcess("--vici-socket", str(vici))
+            try:
+                http_get(exp.port)
+                median, body = timed(lambda: http_get(exp.port), args.repeat)
+                om_median, _ = timed(
+                    lambda: http_get(exp.port, "application/openmetrics-text;version=1.0.0"), args.repeat
+                )
+                rows.append(
+                    report(
+                        f"ipsec {args.ikes}x{args.children}",
+                        floor,
+                        median,
+                        body,
+                        exp.proc.pid,
+                        f"(list-sas {nbytes / 1e3:.0f} kB; OpenMetrics {om_median * 1000:.1f} ms)",
+                    )
+                )
+            finally:
+                exp.stop()
+        if not args.skip_wireguard:
+            for n, peers in enumerate(int(x) for x in args.peers.split(",")):
+                name = f"wgb{n}"
+                uapi_dir, sock = setup_wireguard(lab, peers, name)
+                floor, nbytes = timed(lambda: raw_uapi_get(sock), args.repeat)  # noqa: B023
+                exp = ExporterProcess("--wireguard-interface", name, "--wireguard-uapi-dir", str(uapi_dir))
+                try:
+                    http_get(exp.port)
+                    median, body = timed(lambda: http_get(exp.port), args.repeat)  # noqa: B023
+                    om_median, _ = timed(
+                        lambda: http_get(exp.port, "application/openmetrics-text;version=1.0.0"),  # noqa: B023
+                        args.repeat,
+                    )
+                    rows.append(
+                        report(
+                            f"wireguard {peers} peers",
+                            floor,
+                            median,
+                            body,
+                            exp.proc.pid,
+                            f"(UAPI {nbytes / 1e6:.2f} MB; OpenMetrics {om_median * 1000:.1f} ms)",
+                        )
+                    )
+                finally:
+                    exp.stop()
+                lab.gw.wireguard[name].stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

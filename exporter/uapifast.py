@@ -1,0 +1,120 @@
+"""A fast read of a userspace WireGuard device (UAPI ``get=1``) straight into the exporter's view.
+
+At 10,000 peers the generic path (``agent.wireguard.uapi.parse_get`` -> ``DeviceState`` ->
+``interface_view``) took ~120 ms here against a ~27-50 ms raw UAPI read. This module reads the reply with
+one regular expression over the whole text (C speed) for the field order wireguard-go writes
+(public_key, preshared_key, protocol_version, [endpoint], last_handshake_time_sec/nsec, tx_bytes,
+rx_bytes, ...), and keeps hex -> base64 public keys cached between scrapes. If the reply has any other
+shape (another implementation, a future field order), the number of matches differs from the number of
+peers and the caller falls back to the generic parser: fast when it can be, never wrong.
+
+The preshared and private keys are matched over, never captured.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import anyio
+
+from agent.wireguard.uapi import UapiRejected, UapiUnavailable
+from exporter.wireguard import InterfaceView, PeerView
+
+_PEER = re.compile(
+    r"^public_key=([0-9a-f]{64})\n"
+    r"(?:preshared_key=[0-9a-f]{64}\n)?"
+    r"(?:protocol_version=\d+\n)?"
+    r"(?:endpoint=([^\n]*)\n)?"
+    r"last_handshake_time_sec=(\d+)\n"
+    r"last_handshake_time_nsec=(\d+)\n"
+    r"tx_bytes=(\d+)\n"
+    r"rx_bytes=(\d+)\n",
+    re.MULTILINE,
+)
+_LISTEN_PORT = re.compile(r"^listen_port=(\d+)$", re.MULTILINE)
+_ERRNO = re.compile(r"^errno=(-?\d+)\n*\Z", re.MULTILINE)
+
+
+async def read_get(path: Path, timeout: float) -> str:
+    """One ``get=1`` exchange: the raw reply text. Raises UapiUnavailable (never a key in the message)."""
+    try:
+        with anyio.fail_after(timeout):
+            async with await anyio.connect_unix(str(path)) as stream:
+                await stream.send(b"get=1\n\n")
+                chunks: list[bytes] = []
+                tail = b""
+                while True:
+                    try:
+                        data = await stream.receive(1 << 20)
+                    except anyio.EndOfStream:
+                        break
+                    chunks.append(data)
+                    tail = (tail + data)[-2:]
+                    if tail == b"\n\n":
+                        break
+    except TimeoutError as exc:
+        raise UapiUnavailable(f"{path}: no answer in {timeout:.1f}s") from exc
+    except OSError as exc:
+        raise UapiUnavailable(f"{path}: {exc.strerror or exc}") from exc
+    return b"".join(chunks).decode(errors="replace")
+
+
+def check_errno(text: str) -> None:
+    m = _ERRNO.search(text)
+    if m is None:
+        raise UapiUnavailable("truncated reply: no errno line")
+    if m.group(1) != "0":
+        raise UapiRejected(f"get failed: errno={m.group(1)}")
+
+
+class KeyCache:
+    """hex -> base64 public keys, kept across scrapes (peers are stable); bounded."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self._map: dict[str, str] = {}
+        self._limit = limit
+
+    def b64(self, hexkey: str) -> str:
+        got = self._map.get(hexkey)
+        if got is None:
+            if len(self._map) >= self._limit:
+                self._map.clear()
+            got = self._map[hexkey] = base64.b64encode(bytes.fromhex(hexkey)).decode()
+        return got
+
+
+def fast_view(
+    interface: str, text: str, names: Mapping[str, str], keys: KeyCache, *, backend: str = "uapi"
+) -> InterfaceView | None:
+    """The interface view from a ``get=1`` reply, or None when the reply's shape is not the one expected
+    (use the generic parser then). Pure but for the key cache."""
+    check_errno(text)
+    matches = _PEER.findall(text)
+    if len(matches) != text.count("public_key="):
+        return None
+    port = _LISTEN_PORT.search(text)
+    b64 = keys.b64
+    get_name = names.get
+    peers: list[PeerView] = []
+    seen: set[str] = set()
+    for hexkey, endpoint, sec, nsec, tx, rx in matches:
+        key = b64(hexkey)
+        seen.add(key)
+        peers.append(
+            PeerView(
+                get_name(key, key),
+                key,
+                True,
+                endpoint,
+                int(rx),
+                int(tx),
+                (int(sec) + int(nsec) / 1e9) if sec != "0" else None,
+            )
+        )
+    for key, name in sorted(names.items()):
+        if key not in seen:
+            peers.append(PeerView(peer=name, public_key=key, present=False))
+    return InterfaceView(interface, True, backend, int(port.group(1)) if port else 0, tuple(peers))
