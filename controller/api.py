@@ -223,7 +223,8 @@ def _name_rule(kind: str) -> Rule:
 
 
 def _dns_label_name(o: Mapping[str, Any]) -> bool:
-    name = o.get("metadata", {}).get("name", "")
+    md = o.get("metadata")
+    name = md.get("name", "") if isinstance(md, Mapping) else ""
     return isinstance(name, str) and len(name) <= 63 and re.fullmatch(DNS_LABEL, name) is not None
 
 

@@ -120,7 +120,8 @@ def admitted(doc: Any) -> bool:
     version = crd["spec"]["versions"][0]
     if doc.get("apiVersion") != f"{crd['spec']['group']}/{version['name']}":
         return False
-    name = doc.get("metadata", {}).get("name")
+    md = doc.get("metadata")
+    name = md.get("name") if isinstance(md, Mapping) else None
     if not isinstance(name, str) or len(name) > 253 or not SUBDOMAIN.fullmatch(name):
         return False
     schema = version["schema"]["openAPIV3Schema"]

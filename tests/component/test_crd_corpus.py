@@ -262,6 +262,8 @@ INVALID: list[Case] = [
     _c("gw-unknown-field", GATEWAY, ["spec", "routing"], "bgp", "spec.routing: is not a known field"),
     _c("gw-spec-missing", GATEWAY, ["spec"], DELETE, "spec: is required"),
     _c("gw-name-dotted", GATEWAY, ["metadata", "name"], "acme.gw", "names must be DNS labels"),
+    _c("gw-metadata-string", GATEWAY, ["metadata"], "acme", 'metadata: "acme" must be an object'),
+    _c("gw-name-missing", GATEWAY, ["metadata"], {"namespace": "x"}, "names must be DNS labels"),
     _c("gw-name-upper", GATEWAY, ["metadata", "name"], "Acme", "names must be DNS labels"),
     _c("gw-wg-port", WG_GATEWAY, ["spec", "wireguard", "listenPort"], 0, "must be between 1 and 65535"),
     _c(
@@ -462,7 +464,8 @@ def test_invalid_objects_fail_for_the_intended_reason(case: Case) -> None:
     assert problems, "expected a problem"
     assert case.expect is not None
     assert any(case.expect in p for p in problems), problems
-    name = case.doc.get("metadata", {}).get("name")
+    md = case.doc.get("metadata")
+    name = md.get("name") if isinstance(md, dict) else None
     assert all(
         p.startswith(f"{case.doc['kind']}/") and (name is None or f"/{name}:" in p) for p in problems
     ), problems
