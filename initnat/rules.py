@@ -5,8 +5,8 @@ Model (one gateway pod, one network namespace)::
     peer --tunnel--> gw: PREROUTING  VPNGW-PREROUTING   DNAT  <virtual ip>:<port> -> <target>:<port>
                          FORWARD     VPNGW-FORWARD      authz: a grant's sources may open NEW connections
                                                         to its exposure; they get the grant's conntrack
-                                                        mark; established flows pass while their mark is
-                                                        still granted; everything else to a virtual IP drops
+                                                        mark; marked established flows pass (one rule);
+                                                        everything else to a virtual IP drops
                          POSTROUTING VPNGW-POSTROUTING  SNAT  exposures -> NIC2's address (targets reply
                                                         to us); reverse exposures -> Nat.source_address
                                                         (inside serviceCIDR: the tunnels' traffic selector)
@@ -220,6 +220,7 @@ class Policy:
     mask: int
     exposure_snat: IPv4Address
     reverse_snat: IPv4Address | None
+    service_cidr: IPv4Network | None = None
 
     @property
     def marks(self) -> frozenset[int]:
@@ -332,6 +333,7 @@ def validate(
         mask=mask,
         exposure_snat=nic2_address,
         reverse_snat=source,
+        service_cidr=cidr,
     )
 
 
@@ -371,12 +373,17 @@ def render(policy: Policy) -> Ruleset:
     m = _hex(policy.mask)
     filter_rules: list[str] = []
     grant_names = {g.mark: f"peer={comment(g.peer)} {g.kind}={comment(g.exposure)}" for g in policy.grants}
-    for g in policy.grants:
+    if policy.service_cidr is not None:  # traffic that is not for a virtual IP leaves our chain at once
         filter_rules.append(
-            f"-A {FILTER_CHAIN} -m connmark --mark {_hex(g.mark)}/{m} "
-            f"-m conntrack --ctstate RELATED,ESTABLISHED {_c('vpngw established', grant_names[g.mark])} "
-            "-j ACCEPT"
+            f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {policy.service_cidr} "
+            f"{_c('vpngw not for a virtual IP')} -j RETURN"
         )
+    # Established flows of admitted grants: one rule, whatever the number of grants. A revoked grant's
+    # flows fall through to the DROP once their conntrack entries are deleted (re-tracked as NEW).
+    filter_rules.append(
+        f"-A {FILTER_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/{m} "
+        f"{_c('vpngw established granted flows')} -j ACCEPT"
+    )
     for a in policy.admissions:
         s = a.service
         filter_rules.append(

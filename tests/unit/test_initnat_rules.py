@@ -47,9 +47,11 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     rs = rules.render(policy())
     (flt, nt) = rs.tables
     assert flt.table == "filter" and flt.chains == ("VPNGW-FORWARD",)
-    assert flt.rules[0] == (
-        "-A VPNGW-FORWARD -m connmark --mark 0x10000/0xfff0000 -m conntrack --ctstate RELATED,ESTABLISHED "
-        '-m comment --comment "vpngw established peer=s1 exposure=web" -j ACCEPT'
+    assert flt.rules[:2] == (
+        "-A VPNGW-FORWARD -m conntrack ! --ctorigdst 198.18.0.0/24 "
+        '-m comment --comment "vpngw not for a virtual IP" -j RETURN',
+        "-A VPNGW-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/0xfff0000 "
+        '-m comment --comment "vpngw established granted flows" -j ACCEPT',
     )
     assert (
         "-A VPNGW-FORWARD -s 203.0.113.16/28 -p udp -m conntrack --ctstate NEW -m conntrack --ctorigdst "
@@ -73,9 +75,11 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     assert [r.rsplit(" ", 1)[1] for r in snat] == ["192.0.2.2", "192.0.2.2", "198.18.0.1"], (
         "exposures SNAT to NIC2, reverse exposures to the serviceCIDR source address"
     )
-    # 3 established + (1 source x 2 ports + 2 sources x 2 ports + 1 source x 1 port) + 1 + 3 drops
-    assert len(flt.rules) == 3 + 7 + 1 + 3
+    # gate + established + (1 source x 2 ports + 2 sources x 2 ports + 1 source x 1 port) + NEW + 3 drops
+    assert len(flt.rules) == 1 + 1 + 7 + 1 + 3
     assert rs.marks == {A, B, C} and rules.render(policy()) == rs, "deterministic"
+    no_cidr = rules.render(policy(nat(service_cidr=None))).tables[0].rules
+    assert "RETURN" not in no_cidr[0] and len(no_cidr) == len(flt.rules) - 1, "no gate without serviceCidr"
 
 
 def test_names_only_ever_appear_sanitised_inside_comments() -> None:
