@@ -133,6 +133,7 @@ class Keeper:
         self.statuses: list[TunnelStatus] = []
         self.sas: IkeSas | None = None
         self.cycles = 0
+        self._maybe_same_daemon = False
         self._published: dict[str, Any] | None = None
         self._refresh = True
         self._wake: anyio.Event | None = None
@@ -180,10 +181,14 @@ class Keeper:
                 continue
             try:
                 await self._cycle()
-            except* ViciError as group:
-                reason = _first(group)
-            except* CycleLost as group:
-                reason = _first(group)
+            except* (ViciError, CycleLost) as group:
+                cause = _leaf(group)
+            except* Exception as group:  # a bug must not kill the pod's tunnels: log it, start over
+                cause = _leaf(group)
+                log.error("keeper.bug error=%r", f"{type(cause).__name__}: {cause}", exc_info=cause)
+            reason = str(cause) or type(cause).__name__
+            # Only a hung charon (deadline) can still be the same daemon; EOF/refused means it died.
+            self._maybe_same_daemon = isinstance(cause, ViciTimeout)
             self.conn = link.step(self.conn, "lost")
             self.daemon_error = f"charon unreachable: {reason}"
             log.warning("vici.lost failures=%d error=%r", self.conn.failures, reason)
@@ -205,7 +210,7 @@ class Keeper:
             stats = await control.call("stats")
             started = parse_since(str((stats.get("uptime") or {}).get("since", "")))
             fresh = (
-                self.cycles == 0
+                not self._maybe_same_daemon
                 or started is None
                 or self.daemon_started is None
                 or abs(started - self.daemon_started) > 2
@@ -214,9 +219,9 @@ class Keeper:
             self.daemon = f"{version.get('daemon', 'charon')} {version.get('version', '')}".strip()
             self.conn = link.step(self.conn, "connected")
             self.cycles += 1
+            self.attempts.clear()  # (re)connected: initiate what is down now, not after old backoffs
             if fresh:
-                self.attempts.clear()  # a new daemon: initiate everything now, not after old backoffs
-                self.carry.clear()
+                self.carry.clear()  # a new daemon's SAs and unique ids have nothing to do with the old ones
             log.info(
                 "vici.connected daemon=%r started=%s fresh=%s cycle=%d",
                 self.daemon,
@@ -494,8 +499,8 @@ class Keeper:
             self._published = doc
 
 
-def _first(group: BaseExceptionGroup[Any]) -> str:
+def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
     exc: BaseException = group
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
-    return str(exc) or type(exc).__name__
+    return exc

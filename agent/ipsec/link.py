@@ -46,7 +46,7 @@ def step(c: Conn, event: LinkEvent) -> Conn:
     raise ValueError(f"session event {event!r} while {c.link.value}")
 
 
-def reconnect_backoff(failures: int, base: float = 0.05, cap: float = 0.5) -> float:
+def reconnect_backoff(failures: int, base: float = 0.02, cap: float = 0.25) -> float:
     """Seconds before reconnect number ``failures`` (1, 2, ...)."""
     return float(min(cap, base * 2 ** max(0, failures - 1)))
 

@@ -274,7 +274,7 @@ def test_session_state_machine() -> None:
 
 
 def test_backoffs_grow_and_are_bounded() -> None:
-    assert [reconnect_backoff(n) for n in (1, 2, 3, 4, 5, 50)] == [0.05, 0.1, 0.2, 0.4, 0.5, 0.5]
+    assert [reconnect_backoff(n) for n in (1, 2, 3, 4, 5, 50)] == [0.02, 0.04, 0.08, 0.16, 0.25, 0.25]
     assert initiate_backoff(1) == 1.0 and initiate_backoff(100) == 30.0
     assert sink_backoff(1) < sink_backoff(3) <= 30.0
     a = after_attempt(Attempt(), False, 100.0)
