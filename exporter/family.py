@@ -63,7 +63,7 @@ class Family:
 
     def add_metric(self, labels: Sequence[str], value: float | Mapping[str, str]) -> None:
         # Values stay as given (ints render without a float round trip: most samples are byte counts).
-        self.rows.append((labels, 1 if self.kind == "info" else value))  # type: ignore[arg-type]
+        self.rows.append((tuple(labels), 1 if self.kind == "info" else value))  # type: ignore[arg-type]
 
     @property
     def sample_name(self) -> str:
@@ -109,25 +109,23 @@ def _number(v: float) -> str:
 
 
 class Renderer:
-    """Renders families; keeps escaped ``{labels}`` blocks between scrapes (label sets are stable by
-    design, so the cache mostly hits). The cache is dropped when it outgrows ``max_cache``."""
+    """Renders families; keeps each series' ``name{labels} `` prefix between scrapes (label sets are
+    stable by design, so the cache mostly hits). The cache is dropped when it outgrows ``max_cache``."""
 
     def __init__(self, max_cache: int = 200_000) -> None:
-        self._cache: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+        self._cache: dict[tuple[str, tuple[str, ...]], str] = {}
         self._max = max_cache
 
-    def _block(self, names: tuple[str, ...], values: Sequence[str]) -> str:
-        key = (names, tuple(values))
-        block = self._cache.get(key)
-        if block is None:
-            if len(self._cache) >= self._max:
-                self._cache.clear()
-            inner = ",".join(f'{n}="{_escape_value(v)}"' for n, v in zip(names, values, strict=True))
-            block = self._cache[key] = "{" + inner + "}"
-        return block
+    def _prefix(self, sample: str, names: tuple[str, ...], values: Sequence[str]) -> str:
+        if len(self._cache) >= self._max:
+            self._cache.clear()
+        inner = ",".join(f'{n}="{_escape_value(v)}"' for n, v in zip(names, values, strict=True))
+        prefix = self._cache[(sample, tuple(values))] = f"{sample}{{{inner}}} "
+        return prefix
 
     def render(self, families: Iterable[Family], *, openmetrics: bool = False) -> bytes:
         out: list[str] = []
+        cache = self._cache
         for fam in families:
             if not fam.rows:
                 continue
@@ -140,11 +138,14 @@ class Renderer:
                 kind = "gauge" if fam.kind == "info" else fam.kind
             out.append(f"# HELP {head} {_escape_doc(fam.doc)}\n# TYPE {head} {kind}\n")
             names = fam.labels
-            if names:
-                block = self._block
-                out.extend(f"{sample}{block(names, values)} {_number(v)}\n" for values, v in fam.rows)
-            else:
+            if not names:
                 out.extend(f"{sample} {_number(v)}\n" for _, v in fam.rows)
+                continue
+            for values, v in fam.rows:
+                prefix = cache.get((sample, values))  # type: ignore[arg-type]
+                if prefix is None:
+                    prefix = self._prefix(sample, names, values)
+                out.append(f"{prefix}{v}\n" if type(v) is int else f"{prefix}{_number(v)}\n")
         if openmetrics:
             out.append("# EOF\n")
         return "".join(out).encode()

@@ -63,7 +63,7 @@ async def read_get(path: Path, timeout: float) -> str:
 
 
 def check_errno(text: str) -> None:
-    m = _ERRNO.search(text)
+    m = _ERRNO.search(text, max(0, len(text) - 64))  # the last line: never scan megabytes for it
     if m is None:
         raise UapiUnavailable("truncated reply: no errno line")
     if m.group(1) != "0":
@@ -95,7 +95,7 @@ def fast_view(
     matches = _PEER.findall(text)
     if len(matches) != text.count("public_key="):
         return None
-    port = _LISTEN_PORT.search(text)
+    port = _LISTEN_PORT.search(text, 0, 512)  # device lines come first
     b64 = keys.b64
     get_name = names.get
     peers: list[PeerView] = []

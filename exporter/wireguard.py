@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agent.wireguard.model import DeviceState
 
 
-@dataclass(frozen=True)
-class PeerView:
+class PeerView(NamedTuple):
+    """A NamedTuple, not a frozen dataclass: 10,000 of these per scrape, and a frozen dataclass's
+    ``__init__`` (``object.__setattr__`` per field) measured several times slower."""
+
     peer: str
     public_key: str
     present: bool
