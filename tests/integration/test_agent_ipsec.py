@@ -354,8 +354,9 @@ async def test_psk_rotation_keeps_the_sa_reauth_uses_the_new_key_mismatch_report
         await v.call("rekey", {"ike": site.role, "reauth": "yes"})
 
     async def reauthenticated() -> bool:
-        ids = ike_ids(await gw_sas(lab))
-        return ids.get(site.role, first) != first and agent.tunnels()[site.role]["state"] == "Established"
+        sa = (await gw_sas(lab)).get(site.role, {})
+        new = str(sa.get("uniqueid", first)) != first and sa.get("state") == "ESTABLISHED"
+        return new and agent.tunnels()[site.role]["state"] == "Established"
 
     await eventually(reauthenticated, 10, "reauth with the new key")
     sas = await gw_sas(lab)
