@@ -9,11 +9,13 @@ runs it first); it never guesses. Defaults documented on each field are applied 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 from controller.api import DEFAULT_ESP_PROPOSALS, DEFAULT_IKE_PROPOSALS
+from controller.schema import show
 
 
 @dataclass(frozen=True)
@@ -162,11 +164,23 @@ def meta_of(doc: Mapping[str, Any]) -> Meta:
     md = doc.get("metadata") if isinstance(doc, Mapping) else None
     md = md if isinstance(md, Mapping) else {}
     kind = doc.get("kind") if isinstance(doc, Mapping) else None
+    namespace, name = md.get("namespace"), md.get("name")
     return Meta(
-        kind=kind if isinstance(kind, str) else "?",
-        namespace=str(md.get("namespace") or "default"),
-        name=str(md.get("name") or "?"),
+        kind=kind if isinstance(kind, str) and _KIND.fullmatch(kind) else "?",
+        namespace="default" if namespace is None else _shown(namespace),
+        name=_shown(name),
     )
+
+
+_KIND = re.compile(r"[A-Za-z][A-Za-z0-9]{0,62}")
+_NAME = re.compile(r"[-A-Za-z0-9._]{1,253}")
+
+
+def _shown(value: Any) -> str:
+    """A name as it appears in ``Kind/namespace/name``: as is when well-formed, else quoted (one line)."""
+    if isinstance(value, str) and _NAME.fullmatch(value):
+        return value
+    return "?" if value is None else show(value)
 
 
 def _ref(d: Mapping[str, Any] | None) -> SecretKeyRef | None:

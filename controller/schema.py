@@ -145,6 +145,12 @@ def matches(node: Str, value: str) -> bool:
     return node.pattern is None or _compiled(node.pattern).fullmatch(value) is not None
 
 
+def _key(key: Any) -> str:
+    """An unknown field's name in a path: as is when it is a plain word, else JSON-quoted (one line)."""
+    text = str(key)
+    return text if re.fullmatch(r"[A-Za-z0-9_-]{1,63}", text) else show(text)
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -231,7 +237,7 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
                     if key not in node.fields:
                         errors.append(
                             FieldError(
-                                _join(path, str(key)), "is not a known field", None, "FieldValueForbidden"
+                                _join(path, _key(key)), "is not a known field", None, "FieldValueForbidden"
                             )
                         )
             for key in node.required:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.api import BY_KIND, CIDR
+from controller.api import BY_KIND, CIDR, DNS_LABEL
 from controller.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of, parse
 from controller.schema import FieldError, check, show
 
@@ -77,7 +77,15 @@ def validate_object(doc: Any) -> list[Problem]:
                 ),
             )
         ]
-    return [Problem(str(meta), e) for e in check(resource.root, doc, "")]
+    problems = [Problem(str(meta), e) for e in check(resource.root, doc, "")]
+    md = doc.get("metadata")
+    namespace = md.get("namespace") if isinstance(md, Mapping) else None
+    if namespace is not None and not (isinstance(namespace, str) and re.fullmatch(DNS_LABEL, namespace)):
+        # The API server validates ObjectMeta itself; offline input gets the same rule here.
+        problems.append(
+            Problem(str(meta), FieldError("metadata.namespace", "is not a DNS label", show(namespace)))
+        )
+    return problems
 
 
 # --- a gateway and its peers ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from controller.crds import crds
 from controller.validate import validate_object
 from tests.component.test_crd_corpus import CORPUS, GATEWAY, LEGACY_GW, PEER, WG_SITE, Case, mutate
 
+LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -124,6 +125,9 @@ def admitted(doc: Any) -> bool:
     name = md.get("name") if isinstance(md, Mapping) else None
     if not isinstance(name, str) or len(name) > 253 or not SUBDOMAIN.fullmatch(name):
         return False
+    namespace = md.get("namespace") if isinstance(md, Mapping) else None
+    if namespace is not None and not (isinstance(namespace, str) and LABEL.fullmatch(namespace)):
+        return False  # ObjectMeta: a namespace is a DNS label
     schema = version["schema"]["openAPIV3Schema"]
     if not Validator(_strict(schema), format_checker=jsonschema.FormatChecker()).is_valid(doc):
         return False

@@ -264,6 +264,14 @@ INVALID: list[Case] = [
     _c("gw-name-dotted", GATEWAY, ["metadata", "name"], "acme.gw", "names must be DNS labels"),
     _c("gw-metadata-string", GATEWAY, ["metadata"], "acme", 'metadata: "acme" must be an object'),
     _c("gw-name-missing", GATEWAY, ["metadata"], {"namespace": "x"}, "names must be DNS labels"),
+    _c(
+        "peer-namespace-upper",
+        PEER,
+        ["metadata", "namespace"],
+        "Tenant",
+        'metadata.namespace: "Tenant" is not a DNS',
+    ),
+    _c("peer-namespace-object", PEER, ["metadata", "namespace"], {"a": 1}, "metadata.namespace"),
     _c("gw-name-upper", GATEWAY, ["metadata", "name"], "Acme", "names must be DNS labels"),
     _c("gw-wg-port", WG_GATEWAY, ["spec", "wireguard", "listenPort"], 0, "must be between 1 and 65535"),
     _c(
