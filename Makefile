@@ -23,5 +23,6 @@ lint:
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+## make bench: every benchmark in bench/ (root: most run live daemons); numbers go to docs/
 bench: setup
-	$(PY) -m bench
+	set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
