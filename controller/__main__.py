@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from typing import Any
 import yaml
 
 import gwplan
+from controller.api import CIDR, IPV4
 from controller.crds import crds_yaml
 from controller.render import RenderOptions, render_documents
 from controller.swanctl import render_swanctl
@@ -31,6 +33,8 @@ log = logging.getLogger("controller")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 INTERNAL_CIDRS_ENV = "IPSEC_INTERNAL_SOURCE_CIDRS"
+MAC = r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}"
+IFNAME = r"[A-Za-z0-9_-]{1,15}"
 
 
 class UsageError(Exception):
@@ -86,10 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--format", choices=("plan", "swanctl"), default="plan", help="output format (default: plan)"
     )
-    r.add_argument("--nic-mac", help="NIC2's MAC address (the Neutron port's)")
+    r.add_argument("--nic-mac", metavar="MAC", help="NIC2's MAC address (the Neutron port's)")
     r.add_argument("--nic-address", metavar="ADDR/PREFIX", help="NIC2's fixed IP with prefix")
     r.add_argument("--nic-gateway", metavar="ADDR", help="the router on NIC2's subnet")
-    r.add_argument("--wireguard-interface", default="wg0", help="WireGuard interface name (default: wg0)")
+    r.add_argument(
+        "--wireguard-interface", metavar="IF", default="wg0", help="WireGuard interface name (default: wg0)"
+    )
     return p
 
 
@@ -122,6 +128,14 @@ def _options(args: argparse.Namespace) -> RenderOptions:
             raise UsageError(f"--previous {args.previous}: cannot read: {exc.strerror or exc}") from exc
         except gwplan.PlanError as exc:
             raise UsageError(f"--previous {args.previous}: {exc}") from exc
+    for flag, value, pattern in (
+        ("--nic-mac", args.nic_mac, MAC),
+        ("--nic-address", args.nic_address, CIDR),
+        ("--nic-gateway", args.nic_gateway, IPV4),
+        ("--wireguard-interface", args.wireguard_interface, IFNAME),
+    ):
+        if value is not None and re.fullmatch(pattern, value) is None:
+            raise UsageError(f"{flag}: {value!r} is not valid")
     nic = gwplan.Nic(mac=args.nic_mac, address=args.nic_address, gateway=args.nic_gateway)
     return RenderOptions(
         internal_source_cidrs=cidrs, previous=previous, nic=nic, wireguard_interface=args.wireguard_interface

@@ -159,3 +159,17 @@ def test_bad_internal_source_cidrs_are_reported_like_any_input_problem() -> None
     assert (
         'operator: --internal-source-cidrs[1]: "10.0.0.0/33" is not an IPv4 CIDR' in res.stderr.splitlines()
     )
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--nic-mac", "fa:16:3e:00:00"),
+        ("--nic-address", "10.0.0.5"),
+        ("--nic-gateway", "x"),
+        ("--wireguard-interface", "wg0; rm -rf /"),
+    ],
+)
+def test_bad_flags_exit_2(flag: str, value: str) -> None:
+    res = run("render", "-f", str(EXAMPLES / "wireguard.yaml"), flag, value)
+    assert res.returncode == 2 and f"{flag}:" in res.stderr and res.stdout == ""
