@@ -222,6 +222,28 @@ def validate_gateway(
                         "InternalSourceCIDRsOverlapPeer",
                     )
                 )
+    for c in internal:
+        if c.first <= service.last and service.first <= c.last:
+            problems.append(
+                _problem(
+                    gw,
+                    "spec.serviceCIDR",
+                    gateway.service_cidr,
+                    f"overlaps the operator's internalSourceCIDRs entry {c.text}",
+                    "OverlapsServiceCIDR",
+                )
+            )
+    for i, e in enumerate(gateway.exposures):
+        if e.address is not None and inside(e.address, [gateway.service_cidr]):
+            problems.append(
+                _problem(
+                    gw,
+                    f"spec.exposures[{i}].target.address",
+                    e.address,
+                    "is inside the gateway's serviceCIDR: a target must be a fabric address",
+                    "OverlapsServiceCIDR",
+                )
+            )
     if not problems:
         problems += _reverse_targets(gateway, peers)
     return problems

@@ -275,3 +275,16 @@ def test_wireguard_tunnel_address_must_not_overlap_the_service_cidr() -> None:
         'VPNGateway/tenant-acme/acme-wg: spec.wireguard.address: "198.18.0.200/24" overlaps the gateway\'s '
         "serviceCIDR 198.18.0.0/24"
     ]
+
+
+def test_service_cidr_must_not_hold_exposure_targets_or_internal_sources() -> None:
+    target = validate(edit(IPSEC, 0, ["spec", "exposures", 0, "target", "address"], "198.18.0.9"), INTERNAL)
+    assert [str(p) for p in target] == [
+        'VPNGateway/tenant-acme/acme: spec.exposures[0].target.address: "198.18.0.9" is inside the gateway\'s '
+        "serviceCIDR: a target must be a fabric address"
+    ]
+    internal = validate(IPSEC, ("198.18.0.0/16",))
+    assert [str(p) for p in internal] == [
+        'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/24" overlaps the operator\'s '
+        "internalSourceCIDRs entry 198.18.0.0/16"
+    ]
