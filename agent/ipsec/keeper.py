@@ -135,6 +135,7 @@ class Keeper:
         self.cycles = 0
         self._maybe_same_daemon = False
         self._published: dict[str, Any] | None = None
+        self._published_problems: list[str] = []
         self._refresh = True
         self._wake: anyio.Event | None = None
         self._slots: anyio.Semaphore | None = None
@@ -370,13 +371,18 @@ class Keeper:
             self.health.beat()
             if await self._apply(control):
                 self._refresh = True
+            if self._problems() != self._published_problems:
+                self._refresh = True  # e.g. a rejected plan file: report it in status.agent
             now = self._clock()
             if self._refresh or now >= next_resync:
                 self._refresh = False
                 await self._refresh_status(control, tg)
                 next_resync = now + self.timing.resync_seconds
-                if any(s.state != "Established" for s in self.statuses):
-                    self._refresh = True  # poll while something is coming up or backing off
+                initiating = {t.name for t in self.want.tunnels if t.initiate} if self.want else set()
+                if self.in_flight or any(
+                    s.state != "Established" and s.name in initiating for s in self.statuses
+                ):
+                    self._refresh = True  # poll while a site tunnel is coming up or backing off
             else:
                 stats = await control.call("stats")
                 self._check_daemon(stats)
@@ -477,9 +483,14 @@ class Keeper:
         agent: dict[str, Any] = {"connected": self.daemon_error is None, "daemon": self.daemon}
         if self.plan is not None:
             agent["planHash"] = plan_hash(self.plan)
-        problems = [p for p in (self.daemon_error, self.plan_error, *self.secret_errors.values()) if p]
+        problems = self._problems()
         agent["lastError"] = "; ".join(problems) if problems else None
         return {"tunnels": [s.to_dict() for s in self.statuses], "agent": agent}
+
+    def _problems(self) -> list[str]:
+        plan_file = self.plans.last_error
+        candidates = (self.daemon_error, self.plan_error, plan_file and f"plan rejected: {plan_file}")
+        return [p for p in (*candidates, *self.secret_errors.values()) if p]
 
     async def _publish(self) -> None:
         if self.want is None:
@@ -494,6 +505,7 @@ class Keeper:
             daemon_error=self.daemon_error,
         )
         doc = self.status_document()
+        self._published_problems = self._problems()
         if doc != self._published:
             await self.sink.publish(doc)
             self._published = doc

@@ -413,6 +413,9 @@ async def test_invalid_plan_keeps_the_running_tunnels_and_says_why(lab: Lab, age
     agent.plan_file.write_text('{"version": "plan.vpn.bnerd.net/v1", "type": "ipsec"}')
     await eventually(lambda: "plan.rejected" in agent.log(), 5, "bad plan reported")
     assert "gateway: required" in agent.log()
+    await eventually(
+        lambda: "gateway: required" in (agent.status()["agent"]["lastError"] or ""), 5, "in status"
+    )
     bad = make_plan(lab, sites)
     assert bad.ipsec is not None
     broken = Tunnel("s1", True, (Child("nope", "10.9.9.0/24"),), bad.ipsec.tunnels[0].conn)
