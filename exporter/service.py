@@ -141,15 +141,23 @@ class Exporter:
             interfaces.add(names.wireguard_interface)
         peer_names = {names.wireguard_interface: dict(names.peers)} if names.wireguard_interface else {}
 
+        # A bug or an unexpected reply in one source must not take the others (or the scrape) down:
+        # that source reports up 0 for this scrape and the traceback goes to the log.
         async def run_ss() -> None:
             nonlocal ss
             assert self.strongswan is not None
-            ss = await self.strongswan.scrape(self.scrape_timeout, names.tunnels)
+            try:
+                ss = await self.strongswan.scrape(self.scrape_timeout, names.tunnels)
+            except Exception:
+                log.exception("exporter.scrape.error source=strongswan")
 
         async def run_wg() -> None:
             nonlocal wg
             assert self.wireguard is not None
-            wg = await self.wireguard.scrape(self.scrape_timeout, interfaces, peer_names)
+            try:
+                wg = await self.wireguard.scrape(self.scrape_timeout, interfaces, peer_names)
+            except Exception:
+                log.exception("exporter.scrape.error source=wireguard")
 
         with anyio.move_on_after(self.scrape_timeout + 0.5):  # belt and braces: sources keep their own
             async with anyio.create_task_group() as tg:

@@ -19,6 +19,7 @@ from typing import Any
 import anyio.abc
 
 from agent.vici import wire
+from agent.vici.errors import ViciUnavailable
 from agent.vici.session import DEFAULT_TIMEOUT, ViciSession
 
 SECTION_START, SECTION_END, KEY_VALUE, LIST_START, LIST_ITEM, LIST_END = range(1, 7)
@@ -110,7 +111,10 @@ class FrameBuffer(wire.FrameBuffer):
             (length,) = struct.unpack_from("!I", buf, start)
             if size - start < 4 + length:
                 break
-            out.append(parse_packet(bytes(buf[start + 4 : start + 4 + length])))
+            try:
+                out.append(parse_packet(bytes(buf[start + 4 : start + 4 + length])))
+            except DecodeError as exc:  # the session's owner discards it and reconnects
+                raise ViciUnavailable(f"malformed VICI message from charon: {exc}") from exc
             start += 4 + length
         if start:
             del buf[:start]

@@ -115,3 +115,18 @@ async def test_http_server_routes(tmp_path: Path) -> None:
 async def test_refused_socket_is_vici_unavailable(tmp_path: Path) -> None:
     with pytest.raises(ViciUnavailable):
         await ViciSession.connect(tmp_path / "none.vici", timeout=1)
+
+
+async def test_a_crashing_source_reports_down_without_failing_the_scrape(tmp_path: Path) -> None:
+    class Broken(StrongswanSource):
+        async def scrape(self, timeout: float, plan: Any) -> Any:
+            raise KeyError("unexpected reply shape")
+
+    exporter = Exporter(
+        strongswan=Broken(tmp_path / "x.vici"), wireguard=WireGuardSource(tmp_path), interfaces=("wg0",)
+    )
+    snap = await exporter.snapshot()
+    assert snap.strongswan is not None and not snap.strongswan.up
+    assert snap.wireguard is not None and snap.wireguard.interfaces[0].interface == "wg0"
+    again = await exporter.snapshot()
+    assert exporter.queries == 2 and again.strongswan is not None

@@ -15,9 +15,7 @@ from vici.protocol import FiniteStream, Message
 from agent.vici import wire
 from exporter.vicicodec import DecodeError, FrameBuffer, decode
 
-names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12).filter(
-    lambda s: len(s.encode()) < 256
-)
+names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12).filter(lambda s: len(s.encode()) < 256)
 values = st.binary(max_size=40)
 sections: Any = st.recursive(
     st.dictionaries(names, st.one_of(values, st.lists(values, max_size=4)), max_size=5),
@@ -62,3 +60,11 @@ def test_frames_split_anywhere_reassemble(section: dict[str, Any], chunk: int) -
 def test_malformed_messages_raise(body: bytes) -> None:
     with pytest.raises(DecodeError):
         decode(body)
+
+
+def test_a_malformed_frame_makes_the_session_unusable_not_the_exporter_crash() -> None:
+    from agent.vici import ViciUnavailable
+
+    bad = struct.pack("!BB", wire.EVENT, 7) + b"list-sa" + b"\x09"
+    with pytest.raises(ViciUnavailable, match="malformed"):
+        FrameBuffer().feed(struct.pack("!I", len(bad)) + bad)
