@@ -102,8 +102,31 @@ def expected(plan: gwplan.Plan) -> dict[str, Any]:
     return out
 
 
-async def test_vici_and_swanctl_renderings_load_identically_into_two_live_charons(lab: Lab) -> None:
-    plan = render_documents(example("ipsec.yaml"), OPTS)
+def _pubkey_road_warrior() -> list[dict[str, Any]]:
+    documents = example("ipsec.yaml")
+    documents[0]["spec"]["ipsec"]["certificateSecretRef"] = {"name": "acme-tls"}
+    documents[2]["spec"]["type"] = "roadWarrior"
+    del documents[2]["spec"]["endpoint"]
+    documents[2]["spec"]["ipsec"] = {
+        "id": "laptop@acme.example",
+        "auth": "pubkey",
+        "remoteSubnets": ["10.250.0.0/24"],
+    }
+    return documents
+
+
+@pytest.mark.parametrize(
+    "documents",
+    [
+        pytest.param(example("ipsec.yaml"), id="vpngateway"),
+        pytest.param(example("legacy-ipsecgateway.yaml"), id="legacy"),
+        pytest.param(_pubkey_road_warrior(), id="pubkey-road-warrior"),
+    ],
+)
+async def test_vici_and_swanctl_renderings_load_identically_into_two_live_charons(
+    lab: Lab, documents: list[dict[str, Any]]
+) -> None:
+    plan = render_documents(documents, OPTS)
     assert plan.ipsec is not None
     a = lab.start_charon(lab.gw)
     other = lab.add_site()
@@ -128,7 +151,9 @@ async def test_vici_and_swanctl_renderings_load_identically_into_two_live_charon
     assert [len(c["children"]) for c in spec.values()] == [2, 1], "one child per remote subnet"
     async with await ViciSession.connect(b.vici_socket) as v:
         keys = text(await v.call("get-shared"))["keys"]
-    assert sorted(keys) == ["ike-psk-s1", "ike-psk-s2"], "the secrets include placeholder is honoured"
+    assert sorted(keys) == sorted(f"ike-{s.id}" for s in plan.ipsec.secrets), (
+        "the secrets include is honoured"
+    )
 
 
 def _site_conn(site: Host, gw_addr: str, site_id: str, service_cidr: str) -> dict[str, Any]:
@@ -209,15 +234,7 @@ async def test_the_plan_alone_brings_up_one_child_sa_per_subnet_with_the_specs_p
 
 
 async def test_pubkey_and_road_warrior_conns_load_as_intended(lab: Lab) -> None:
-    documents = example("ipsec.yaml")
-    documents[0]["spec"]["ipsec"]["certificateSecretRef"] = {"name": "acme-tls"}
-    documents[2]["spec"]["type"] = "roadWarrior"
-    del documents[2]["spec"]["endpoint"]
-    documents[2]["spec"]["ipsec"] = {
-        "id": "laptop@acme.example",
-        "auth": "pubkey",
-        "remoteSubnets": ["10.250.0.0/24"],
-    }
+    documents = _pubkey_road_warrior()
     plan = render_documents(documents, OPTS)
     assert plan.ipsec is not None
     g = lab.start_charon(lab.gw)
