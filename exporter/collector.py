@@ -16,13 +16,41 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client.core import Metric
 
-from agent.vici.queries import DaemonInfo
 from exporter.family import Family
 from exporter.ipsec import CHILD_INFO_LABELS, IKE_INFO_LABELS, IpsecView
 from exporter.wireguard import InterfaceView
+
+
+class DaemonFacts(Protocol):
+    """What the metrics read of ``agent.vici.queries.DaemonInfo`` (a Protocol, so this pure module does
+    not import the VICI client)."""
+
+    @property
+    def daemon(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def sysname(self) -> str: ...
+    @property
+    def release(self) -> str: ...
+    @property
+    def started(self) -> float | None: ...
+    @property
+    def ikesas_total(self) -> int: ...
+    @property
+    def ikesas_half_open(self) -> int: ...
+    @property
+    def workers_total(self) -> int: ...
+    @property
+    def workers_idle(self) -> int: ...
+    @property
+    def queued_jobs(self) -> int: ...
+    @property
+    def scheduled_jobs(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -30,7 +58,7 @@ class StrongswanSnapshot:
     up: bool
     duration: float
     view: IpsecView = field(default_factory=IpsecView)
-    info: DaemonInfo | None = None
+    info: DaemonFacts | None = None
     counters: Mapping[str, int] | None = None
 
 

@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+import anyio.abc
 
 from agent.vici import ViciError, ViciSession
 from agent.vici.queries import DaemonInfo, counters, daemon_info, list_sas
+from agent.vici.session import DEFAULT_TIMEOUT
 from agent.wireguard import uapi
 from agent.wireguard.backend import UapiBackend, WireGuardBackend, WireGuardError, detect
-from exporter import ipsec
+from exporter import ipsec, vicicodec
 from exporter.collector import StrongswanSnapshot, WireGuardSnapshot
-from exporter.uapifast import KeyCache, fast_view, read_get
-from exporter.vicicodec import FastSession
+from exporter.uapifast import KeyCache, ReplyError, fast_view
 from exporter.wireguard import InterfaceView, interface_view
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,35 @@ Connect = Callable[..., Awaitable[ViciSession]]
 Detect = Callable[[str, Path | None], Awaitable[WireGuardBackend]]
 
 EVENTS = ("child-rekey", "child-updown", "ike-updown")
+
+
+class FastSession(ViciSession):
+    """``ViciSession`` decoding with ``exporter.vicicodec`` (the clean fix is in agent.vici.wire)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        super().__init__(stream, timeout=timeout)
+        self._buffer = vicicodec.FrameBuffer()
+
+
+async def read_get(path: Path, timeout: float) -> str:
+    """One ``get=1`` exchange: the raw reply text. Raises UapiUnavailable (never a key in the message).
+    (``agent.wireguard.uapi.get`` parses into ``DeviceState``; the exporter wants the text for its fast
+    parser, ``exporter.uapifast``.)"""
+    try:
+        with anyio.fail_after(timeout):
+            async with await anyio.connect_unix(str(path)) as stream:
+                await stream.send(b"get=1\n\n")
+                reply = bytearray()  # one growing buffer: at 10,000 peers the reply is ~3.4 MB
+                while not reply.endswith(b"\n\n"):
+                    try:
+                        reply += await stream.receive(1 << 20)
+                    except anyio.EndOfStream:
+                        break
+    except TimeoutError as exc:
+        raise uapi.UapiUnavailable(f"{path}: no answer in {timeout:.1f}s") from exc
+    except OSError as exc:
+        raise uapi.UapiUnavailable(f"{path}: {exc.strerror or exc}") from exc
+    return reply.decode(errors="replace")
 
 
 def backoff(failures: int, base: float = 0.25, cap: float = 5.0) -> float:
@@ -196,7 +226,7 @@ class WireGuardSource:
                 if view is None:
                     view = interface_view(interface, uapi.parse_get(text), names, backend=backend.name)
                 return view
-            except uapi.UapiError as exc:
+            except (uapi.UapiError, ReplyError) as exc:
                 raise WireGuardError(f"{interface} (uapi): {exc}") from exc
         return interface_view(interface, await backend.get(interface), names, backend=backend.name)
 

@@ -16,11 +16,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
-import anyio
-
-from agent.wireguard.uapi import UapiRejected, UapiUnavailable
 from exporter.wireguard import InterfaceView, PeerView
 
 _PEER = re.compile(
@@ -38,31 +34,16 @@ _LISTEN_PORT = re.compile(r"^listen_port=(\d+)$", re.MULTILINE)
 _ERRNO = re.compile(r"^errno=(-?\d+)\n*\Z", re.MULTILINE)
 
 
-async def read_get(path: Path, timeout: float) -> str:
-    """One ``get=1`` exchange: the raw reply text. Raises UapiUnavailable (never a key in the message)."""
-    try:
-        with anyio.fail_after(timeout):
-            async with await anyio.connect_unix(str(path)) as stream:
-                await stream.send(b"get=1\n\n")
-                reply = bytearray()  # one growing buffer: at 10,000 peers the reply is ~3.4 MB
-                while not reply.endswith(b"\n\n"):
-                    try:
-                        reply += await stream.receive(1 << 20)
-                    except anyio.EndOfStream:
-                        break
-    except TimeoutError as exc:
-        raise UapiUnavailable(f"{path}: no answer in {timeout:.1f}s") from exc
-    except OSError as exc:
-        raise UapiUnavailable(f"{path}: {exc.strerror or exc}") from exc
-    return reply.decode(errors="replace")
+class ReplyError(ValueError):
+    """The device answered ``errno != 0`` or the reply is truncated (the caller translates it)."""
 
 
 def check_errno(text: str) -> None:
     m = _ERRNO.search(text, max(0, len(text) - 64))  # the last line: never scan megabytes for it
     if m is None:
-        raise UapiUnavailable("truncated reply: no errno line")
+        raise ReplyError("truncated reply: no errno line")
     if m.group(1) != "0":
-        raise UapiRejected(f"get failed: errno={m.group(1)}")
+        raise ReplyError(f"get failed: errno={m.group(1)}")
 
 
 class KeyCache:

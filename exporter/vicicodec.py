@@ -6,9 +6,9 @@ several times the raw ``list-sas`` read. This decoder walks the bytes with index
 ``str`` values directly. Same result as ``wire.to_str(Message.deserialize(...))`` (property-tested in
 tests/unit/test_exporter_vicicodec.py against the vici package's own serializer).
 
-``FastSession`` is ``agent.vici.ViciSession`` with this decoder in its frame buffer. It replaces one
-private attribute of a class this package does not own; the clean fix is to use ``decode`` in
-``agent.vici.wire.parse_packet`` (reported to the lead), after which ``FastSession`` can go.
+``exporter.sources.FastSession`` is ``agent.vici.ViciSession`` with this decoder in its frame buffer. It
+replaces one private attribute of a class this package does not own; the clean fix is to use ``decode``
+in ``agent.vici.wire.parse_packet`` (reported to the lead), after which ``FastSession`` can go.
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import anyio.abc
-
 from agent.vici import wire
 from agent.vici.errors import ViciUnavailable
-from agent.vici.session import DEFAULT_TIMEOUT, ViciSession
 
 SECTION_START, SECTION_END, KEY_VALUE, LIST_START, LIST_ITEM, LIST_END = range(1, 7)
 
@@ -119,11 +116,3 @@ class FrameBuffer(wire.FrameBuffer):
         if start:
             del buf[:start]
         return out
-
-
-class FastSession(ViciSession):
-    """``ViciSession`` decoding with ``decode`` (see the module docstring)."""
-
-    def __init__(self, stream: anyio.abc.ByteStream, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        super().__init__(stream, timeout=timeout)
-        self._buffer = FrameBuffer()
