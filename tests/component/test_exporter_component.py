@@ -3,6 +3,7 @@ the HTTP server over real TCP on 127.0.0.1, plan reloads, event-follower backoff
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,51 @@ async def test_a_crashing_source_reports_down_without_failing_the_scrape(tmp_pat
     assert snap.wireguard is not None and snap.wireguard.interfaces[0].interface == "wg0"
     again = await exporter.snapshot()
     assert exporter.queries == 2 and again.strongswan is not None
+
+
+async def test_kernel_netlink_backend_feeds_the_same_metrics(tmp_path: Path) -> None:
+    """No WireGuard module here: the netlink path runs against agent.wireguard.fakes.FakeKernelWireGuard
+    (pyroute2's real AsyncWireGuard with an in-memory kernel behind its socket)."""
+    from prometheus_client import CollectorRegistry
+
+    from agent.wireguard.backend import NetlinkBackend, WireGuardBackend
+    from agent.wireguard.fakes import FakeKernelWireGuard, FakeLinks, KernelPeer
+    from exporter.collector import SnapshotCollector
+
+    kernel = FakeKernelWireGuard(per_message=2)
+    alice, bob, carol = (base64.b64encode(bytes([i]) * 32).decode() for i in (1, 2, 3))
+    secret = base64.b64encode(bytes(range(32))).decode()
+    kernel.devices["wg0"]["private_key"] = secret
+    kernel.devices["wg0"]["peers"] = {
+        alice: KernelPeer(
+            alice, preshared_key=secret, endpoint=("192.0.2.7", 51820), handshake=(1790000000, 0), rx=5, tx=6
+        ),
+        bob: KernelPeer(bob),
+        carol: KernelPeer(carol, rx=1),
+    }
+
+    async def detect(interface: str, uapi_dir: Path | None) -> WireGuardBackend:
+        return NetlinkBackend(kernel, FakeLinks({"wg0"}, kernel=kernel))
+
+    names = {"wg0": {alice: "alice"}}
+    snap_wg = await WireGuardSource(detect_backend=detect).scrape(2.0, ["wg0"], names)
+    from exporter.collector import Snapshot
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(lambda: Snapshot(wireguard=snap_wg)))
+    assert reg.get_sample_value("wireguard_interface_info", {"interface": "wg0", "backend": "netlink"}) == 1
+    assert reg.get_sample_value("wireguard_peers", {"interface": "wg0"}) == 3
+    assert (
+        reg.get_sample_value("wireguard_peer_receive_bytes_total", {"interface": "wg0", "peer": "alice"}) == 5
+    )
+    assert (
+        reg.get_sample_value("wireguard_peer_transmit_bytes_total", {"interface": "wg0", "peer": "alice"})
+        == 6
+    )
+    hs = "wireguard_peer_last_handshake_timestamp_seconds"
+    assert reg.get_sample_value(hs, {"interface": "wg0", "peer": "alice"}) == 1790000000
+    assert reg.get_sample_value(hs, {"interface": "wg0", "peer": bob}) is None
+    info = {"interface": "wg0", "peer": "alice", "public_key": alice, "endpoint": "192.0.2.7:51820"}
+    assert reg.get_sample_value("wireguard_peer_info", info) == 1
+    text = str([s for m in reg.collect() for s in m.samples])
+    assert secret not in text and bytes(range(32)).hex() not in text
