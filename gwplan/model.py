@@ -123,7 +123,8 @@ class Tunnel:
     name: str
     """Connection name in charon and ``status.tunnels[].name``."""
     initiate: bool
-    """True for site peers with a literal endpoint: the agent initiates and keeps them up."""
+    """True for site peers (literal or hostname endpoint: charon resolves the name at each initiate); the
+    agent initiates and keeps them up. Road-warrior peers only respond."""
     children: tuple[Child, ...]
     conn: ViciDict
     """``load-conn`` payload: ``{name: {...}}``, structured, no secrets."""
