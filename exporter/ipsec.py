@@ -201,8 +201,8 @@ def observe_event(carry: Carry, event: str, body: Section, *, epoch: str, now: f
             key = (str(tunnel), str(child.get("name", "")))
             counts = counts_of(child)
             seen = last.pop(uid, None)
-            if seen is not None:
-                counts = counts.at_least(seen[1])
+            if seen is not None:  # the listing's key wins: it is where the live counts were summed
+                key, counts = seen[0], counts.at_least(seen[1])
             _retire(retired, final, uid, key, counts, now)
     return replace(carry, retired=retired, final=final, last=last)
 
