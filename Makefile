@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: setup demo test lint check unit bench
+.PHONY: setup demo test lint bench chart
 
 setup:
 	bash scripts/setup.sh
@@ -26,3 +26,9 @@ lint:
 ## make bench: every benchmark in bench/ (root: most run live daemons); numbers go to docs/
 bench: setup
 	set -e; for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+## make chart: regenerate the chart's generated copies (CRDs from the controller, monitoring files)
+chart:
+	$(PY) -m controller crds > helm/vpngw/crds/vpngw-crds.yaml
+	cp monitoring/alerts.yml helm/vpngw/files/alerts.yml
+	cp monitoring/grafana-dashboard.json helm/vpngw/files/grafana-dashboard.json

@@ -1,0 +1,89 @@
+"""The Helm chart, checked with the real helm binary (installed by scripts/setup.sh into .tools/bin).
+
+Its CRDs and monitoring files are generated copies; these tests fail on drift, so the chart a platform
+engineer installs always carries the admission rules the controller validates with.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "vpngw"
+HELM = shutil.which("helm", path=str(ROOT / ".tools" / "bin")) or shutil.which("helm")
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    if HELM is None:
+        pytest.fail("helm is missing: run scripts/setup.sh (it installs helm into .tools/bin)")
+    return HELM
+
+
+def _template(helm: str, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [helm, "template", "t", str(CHART), "--include-crds", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_chart_lints_strictly(helm: str) -> None:
+    res = subprocess.run([helm, "lint", "--strict", str(CHART)], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    generated = subprocess.run(
+        [sys.executable, "-m", "controller", "crds"], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    shipped = (CHART / "crds" / "vpngw-crds.yaml").read_text()
+    assert list(yaml.safe_load_all(shipped)) == list(yaml.safe_load_all(generated)), (
+        "helm/vpngw/crds drifted from `python -m controller crds`: run `make chart`"
+    )
+
+
+@pytest.mark.parametrize("name", ["alerts.yml", "grafana-dashboard.json"])
+def test_chart_monitoring_files_are_copies_of_monitoring(name: str) -> None:
+    assert (CHART / "files" / name).read_bytes() == (ROOT / "monitoring" / name).read_bytes(), (
+        f"helm/vpngw/files/{name} drifted from monitoring/{name}: run `make chart`"
+    )
+
+
+def test_rendered_chart_carries_crds_rules_and_dashboard_verbatim(helm: str) -> None:
+    docs = _template(helm)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds.count("CustomResourceDefinition") == 4
+    crd_names = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    assert {"vpngateways.vpn.bnerd.net", "vpnpeers.vpn.bnerd.net"} <= crd_names
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text())
+    # Prometheus' own templates must reach Prometheus untouched by Helm.
+    descriptions = [r["annotations"]["description"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert any("{{ $labels." in d for d in descriptions)
+    (dash,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert json.loads(dash["data"]["vpngw.json"]) == json.loads(
+        (ROOT / "monitoring" / "grafana-dashboard.json").read_text()
+    )
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_monitoring_objects_can_be_switched_off(helm: str) -> None:
+    docs = _template(
+        helm,
+        "--set",
+        "monitoring.prometheusRule.enabled=false",
+        "--set",
+        "monitoring.grafanaDashboard.enabled=false",
+    )
+    assert sorted({d["kind"] for d in docs}) == ["CustomResourceDefinition"]
