@@ -22,6 +22,7 @@ This module is pure: dataclasses and the JSON codec only.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections.abc import Mapping
@@ -456,7 +457,17 @@ def from_dict(doc: Any) -> Plan:
     )
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def loads(data: bytes | str) -> Plan:
+    """Parse a plan file: canonical JSON, or gzip-compressed JSON (a large plan exceeds a ConfigMap's
+    1 MiB as JSON from ~600 peers; compressed it fits in ``binaryData``: 104 KB at 1,000 peers)."""
+    if isinstance(data, bytes) and data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise PlanError(f"plan: corrupt gzip data: {exc}") from exc
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

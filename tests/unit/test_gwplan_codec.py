@@ -1,0 +1,68 @@
+"""The plan codec: canonical bytes, a hash that catches edits, field paths in errors, gzip transport."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import gwplan as g
+
+PLAN = g.Plan(
+    gateway=g.GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-acme", "acme"),
+    type="ipsec",
+    ipsec=g.Ipsec(
+        secrets=(g.IkeSecret("psk-hq", ("gw.example", "hq.example"), g.SecretRef("hq-psk", "psk")),),
+        tunnels=(
+            g.Tunnel("hq", True, (g.Child("net-10-1-0-0-24", "10.1.0.0/24"),), {"hq": {"version": "2"}}),
+        ),
+    ),
+)
+
+
+def test_round_trip_is_lossless_and_bytes_are_canonical() -> None:
+    data = g.dumps(PLAN)
+    assert g.loads(data) == PLAN
+    assert g.dumps(g.loads(data)) == data
+
+
+def test_gzip_compressed_plan_reads_the_same() -> None:
+    assert g.loads(gzip.compress(g.dumps(PLAN))) == PLAN
+
+
+def test_corrupt_gzip_is_a_plan_error() -> None:
+    with pytest.raises(g.PlanError, match="corrupt gzip"):
+        g.loads(gzip.compress(g.dumps(PLAN))[:-9])
+
+
+def test_hand_edited_plan_is_rejected_by_its_hash() -> None:
+    doc = json.loads(g.dumps(PLAN))
+    doc["ipsec"]["tunnels"][0]["initiate"] = False
+    with pytest.raises(g.PlanError, match="hash"):
+        g.loads(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        pytest.param(lambda d: d.update(version="plan.vpn.bnerd.net/v9"), "version", id="unknown-version"),
+        pytest.param(lambda d: d.update(type="openvpn"), "type: 'openvpn' is not one of", id="bad-type"),
+        pytest.param(
+            lambda d: d["ipsec"]["tunnels"][0].update(initiate="yes"),
+            "ipsec.tunnels[0].initiate",
+            id="wrong-kind",
+        ),
+        pytest.param(
+            lambda d: d["ipsec"]["secrets"][0].pop("ref"), "ipsec.secrets[0].ref: required", id="missing"
+        ),
+    ],
+)
+def test_errors_name_the_field(mutate: Callable[[dict[str, Any]], object], message: str) -> None:
+    doc = json.loads(g.dumps(PLAN))
+    del doc["hash"]
+    mutate(doc)
+    with pytest.raises(g.PlanError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        g.from_dict(doc)
