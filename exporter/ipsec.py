@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 FINAL_HORIZON = 600.0
 """Seconds to remember a retired SA (late events, REKEYED SAs still listed)."""
@@ -34,14 +34,16 @@ CARRYING = frozenset({"INSTALLED", "REKEYING"})
 """CHILD_SA states that carry traffic: a REKEYING SA is still the live one until its successor is in."""
 
 
-@dataclass(frozen=True)
-class Counts:
+class Counts(NamedTuple):
+    """Immutable like the frozen dataclasses elsewhere, but a NamedTuple: thousands are made per scrape
+    and a frozen dataclass's ``__init__`` measured ~4x slower. ``+``/``-`` are element-wise here."""
+
     bytes_in: int = 0
     bytes_out: int = 0
     packets_in: int = 0
     packets_out: int = 0
 
-    def __add__(self, other: Counts) -> Counts:
+    def __add__(self, other: Counts) -> Counts:  # type: ignore[override]
         return Counts(
             self.bytes_in + other.bytes_in,
             self.bytes_out + other.bytes_out,
@@ -58,6 +60,13 @@ class Counts:
         )
 
     def at_least(self, other: Counts) -> Counts:
+        if (
+            self.bytes_in >= other.bytes_in
+            and self.bytes_out >= other.bytes_out
+            and self.packets_in >= other.packets_in
+            and self.packets_out >= other.packets_out
+        ):
+            return self  # the usual case: an SA's counters only grow
         return Counts(
             max(self.bytes_in, other.bytes_in),
             max(self.bytes_out, other.bytes_out),
@@ -101,8 +110,7 @@ class PlanTunnel:
     children: Mapping[str, str]
 
 
-@dataclass(frozen=True)
-class ChildView:
+class ChildView(NamedTuple):
     tunnel: str
     child: str
     subnet: str
@@ -123,8 +131,7 @@ class TunnelView:
     next_rekey: float | None = None
 
 
-@dataclass(frozen=True)
-class Info:
+class Info(NamedTuple):
     """One ``_info`` series: the place for unique ids, algorithms and selectors. ``values`` follow
     ``IKE_INFO_LABELS`` / ``CHILD_INFO_LABELS``."""
 
