@@ -234,10 +234,17 @@ async def test_wireguard_series_match_the_uapi_and_use_plan_names(lab: Lab, tmp_
         secrets = [keys["gw"][0], keys["s1"][0], psk_b64]
         secrets += [uapi_hex for uapi_hex in (bytes_hex(k) for k in secrets)]
         assert not [s for s in secrets if s in text], "a private or preshared key leaked into the metrics"
-    wgd.kill()
+    wgd.kill()  # SIGKILL: the stale socket stays behind (LAB-FACTS)
+    t0 = time.monotonic()
     down = await exporter.snapshot()
+    assert time.monotonic() - t0 < 2.0
     assert value(down, "wireguard_up", interface="wg0") == 0
     assert value(down, "wireguard_peer_present", interface="wg0", peer="alice") == 0
+    wgd.start()  # back, empty (the agent would re-apply the peers): up again, alice now missing
+    back = await exporter.snapshot()
+    assert value(back, "wireguard_up", interface="wg0") == 1
+    assert value(back, "wireguard_peers", interface="wg0") == 0
+    assert value(back, "wireguard_peer_present", interface="wg0", peer="alice") == 0
 
 
 def bytes_hex(b64: str) -> str:
