@@ -122,6 +122,9 @@ class Keeper:
         self.want: Desired | None = None
         self.plan_error: str | None = None
         self.secret_errors: dict[str, str] = {}
+        """Secret id -> why its file cannot be read (the loaded key, if any, stays)."""
+        self.secret_rejected: dict[str, str] = {}
+        """Secret id -> why charon refused it."""
         self.loaded = Loaded()
         self.conn = Conn()
         self.daemon: str | None = None
@@ -235,8 +238,10 @@ class Keeper:
             async with events, anyio.create_task_group() as tg:
                 registered = anyio.Event()
                 tg.start_soon(self._listen, events, registered)
-                with anyio.fail_after(t.call_timeout + 1):
+                with anyio.move_on_after(t.call_timeout + 1):
                     await registered.wait()
+                if not registered.is_set():
+                    raise ViciTimeout("event registration: no answer from charon")
                 await self._push(control)
                 self.conn = link.step(self.conn, "pushed")
                 self.daemon_error = None
@@ -281,6 +286,8 @@ class Keeper:
         if want is None:
             return False
         versions: dict[str, str] = {}
+        for gone in set(self.secret_errors) - set(want.secrets):
+            self.secret_errors.pop(gone)
         for sid, s in want.secrets.items():
             try:
                 versions[sid] = self.secrets.version(s.ref)
@@ -308,9 +315,16 @@ class Keeper:
             except SecretError as exc:
                 self.secret_errors[sid] = str(exc)
                 continue
-            await control.call(
-                "load-shared", {"id": sid, "type": "IKE", "data": value, "owners": list(s.owners)}
-            )
+            try:
+                await control.call(
+                    "load-shared", {"id": sid, "type": "IKE", "data": value, "owners": list(s.owners)}
+                )
+            except ViciCommandFailed as exc:  # charon's message never echoes the key
+                self.secret_rejected[sid] = f"load-shared {sid}: {exc.message}"
+                log.error("secret.rejected id=%s error=%r", sid, exc.message)
+                secrets[sid] = SecretState(s.owners, version)  # the same input would fail again
+                continue
+            self.secret_rejected.pop(sid, None)
             rotated = sid in self.loaded.secrets and self.loaded.secrets[sid].version != "unknown"
             secrets[sid] = SecretState(s.owners, version)
             log.info(
@@ -323,6 +337,8 @@ class Keeper:
         for sid in changes.unload_secrets:
             await control.call("unload-shared", {"id": sid}, check=False)
             secrets.pop(sid, None)
+            self.secret_rejected.pop(sid, None)
+            self.secret_errors.pop(sid, None)
             log.info("secret.unloaded id=%s", sid)
         for name in changes.load_conns:
             digest = conn_digest(want.conns[name])
@@ -356,6 +372,8 @@ class Keeper:
             self.carry.pop(name, None)
             log.info("conn.removed name=%s", name)
         self.loaded = Loaded(conns, secrets)
+        if changes.load_secrets or changes.load_conns:
+            self.attempts.clear()  # new keys or config: retry failed tunnels now, not after their backoff
         if force_log or changes.load_conns or changes.unload_conns:
             log.info(
                 "ipsec.applied conns_loaded=%d conns_removed=%d secrets_loaded=%d secrets_removed=%d",
@@ -491,7 +509,8 @@ class Keeper:
     def _problems(self) -> list[str]:
         plan_file = self.plans.last_error
         candidates = (self.daemon_error, self.plan_error, plan_file and f"plan rejected: {plan_file}")
-        return [p for p in (*candidates, *self.secret_errors.values()) if p]
+        secrets = (*self.secret_errors.values(), *self.secret_rejected.values())
+        return [p for p in (*candidates, *secrets) if p]
 
     async def _publish(self) -> None:
         if self.want is None:

@@ -497,3 +497,20 @@ async def test_a_tunnel_too_big_for_one_vici_message_is_still_reported_establish
     # Steady state: the resync keeps it Established (no flapping to Down because of the drop).
     await anyio.sleep(5)
     assert agent.tunnels()["big"]["state"] == "Established"
+
+
+async def test_a_missing_secret_is_reported_by_name_and_used_once_it_appears(lab: Lab, agent: Agent) -> None:
+    sites = start_sites(lab, 1)
+    await setup_site(lab, sites[0])
+    agent.write_plan(make_plan(lab, sites))  # no secret file yet
+    agent.start()
+    await eventually(
+        lambda: "tenant-psk key psk: not mounted" in (agent.status().get("agent", {}).get("lastError") or ""),
+        10,
+        "the missing secret named in status",
+    )
+    assert agent.tunnels()[sites[0].role]["state"] != "Established"
+    agent.write_psk(PSK)
+    agent.wait_for(all_established([sites[0].role]), 10, "up once the Secret file appeared")
+    assert agent.status()["agent"]["lastError"] is None
+    assert PSK not in agent.log() and PSK not in agent.status_file.read_text()
