@@ -290,3 +290,18 @@ async def test_health_server_liveness_and_readiness() -> None:
         assert code == 503 and "no heartbeat" in body
         assert (await _get(port, "/nope"))[0] == 404
         tg.cancel_scope.cancel()
+
+
+async def test_a_plan_of_another_type_is_rejected_and_the_running_one_stays(tmp_path: Path) -> None:
+    from agent.__main__ import SameTypePlans
+
+    f = tmp_path / "plan.json"
+    f.write_bytes(dumps(plan("a")))
+    src = SameTypePlans(FilePlanSource(f, poll_interval=0.01), "ipsec")
+    seen: list[str] = []
+    with anyio.move_on_after(1):
+        async for p in src:
+            seen.append(p.type)
+            replace_atomically(f, dumps(Plan(gateway=GW, type="wireguard")))
+    assert seen == ["ipsec"]
+    assert src.last_error is not None and "'wireguard' differs from the running 'ipsec'" in src.last_error
