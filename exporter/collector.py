@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Protocol
 
 from prometheus_client.core import Metric
@@ -121,7 +122,8 @@ def _counter_families(counters: Mapping[str, int]) -> Iterator[Family]:
 
 def _info(name: str, doc: str, labels: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> Family:
     fam = Family.info(name, doc, labels=labels)
-    fam.rows.extend((row, 1) for row in rows)
+    rows = list(rows)
+    fam.extend(rows, [1] * len(rows))
     return fam
 
 
@@ -267,23 +269,24 @@ def wireguard_families(w: WireGuardSnapshot) -> Iterator[Family]:
         labels=["interface", "peer", "public_key", "endpoint"],
     )
     for i in w.interfaces:
-        up.add_metric([i.interface], float(i.up))
-        if i.backend:
-            info.add_metric([i.interface, i.backend], {})
-        if not i.up:
-            present.rows.extend(((i.interface, p.peer), 0) for p in i.peers)
-            continue
-        here = [p for p in i.peers if p.present]
-        count.add_metric([i.interface], len(here))
-        present.rows.extend(
-            ((i.interface, p.peer), int(p.present)) for p in i.peers if p.peer != p.public_key
-        )
-        # Rows appended directly (not add_metric): at 10,000 peers this loop is a large part of a scrape.
         iface = i.interface
-        rx.rows.extend(((iface, p.peer), p.rx_bytes) for p in here)
-        tx.rows.extend(((iface, p.peer), p.tx_bytes) for p in here)
-        hs.rows.extend(((iface, p.peer), p.last_handshake) for p in here if p.last_handshake is not None)
-        pinfo.rows.extend(((iface, p.peer, p.public_key, p.endpoint), 1) for p in here)
+        up.add_metric([iface], float(i.up))
+        if i.backend:
+            info.add_metric([iface, i.backend], {})
+        present.extend([(iface, n) for n in i.missing], [0] * len(i.missing))
+        if not i.up:
+            continue
+        p = i.peers
+        count.add_metric([iface], len(p))
+        named = [(iface, n) for n, k in zip(p.peer, p.public_key, strict=True) if n != k]
+        present.extend(named, [1] * len(named))
+        # Columns zipped at C level: at 10,000 peers a Python loop per sample was a large part of a scrape.
+        labels = list(zip(repeat(iface), p.peer))
+        rx.extend(labels, p.rx_bytes)
+        tx.extend(labels, p.tx_bytes)
+        seen = [(lab, t) for lab, t in zip(labels, p.last_handshake, strict=True) if t is not None]
+        hs.extend([lab for lab, _ in seen], [t for _, t in seen])
+        pinfo.extend(zip(repeat(iface), p.peer, p.public_key, p.endpoint), repeat(1, len(p)))
     yield from (up, info, count, present, rx, tx, hs, pinfo)
 
 
@@ -301,7 +304,7 @@ class SnapshotCollector:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        return (f.to_metric() for f in families(self._snapshot()) if f.rows)
+        return (f.to_metric() for f in families(self._snapshot()) if f.keys)
 
     def describe(self) -> list[Metric]:
         return []  # no fixed names to pre-register: families vary with what the daemons report

@@ -28,18 +28,22 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 
 @dataclass
 class Family:
+    """Samples as two parallel columns, ``keys`` (label values, one tuple per sample) and ``values``: a
+    collector can fill them with C-level ``zip``/``map`` and the renderer can format them the same way."""
+
     name: str
     """As exposed in the text format: counters end in ``_total``; info families WITHOUT ``_info``."""
     doc: str
     kind: Kind
     labels: tuple[str, ...] = ()
-    rows: list[tuple[Sequence[str], float]] = field(default_factory=list)
+    keys: list[tuple[str, ...]] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
 
     @classmethod
     def gauge(cls, name: str, doc: str, labels: Sequence[str] = (), value: float | None = None) -> Family:
         fam = cls(name, doc, "gauge", tuple(labels))
         if value is not None:
-            fam.rows.append(((), float(value)))
+            fam.add_metric((), value)
         return fam
 
     @classmethod
@@ -48,7 +52,7 @@ class Family:
             raise ValueError(f"counter {name}: name must end in _total")
         fam = cls(name, doc, "counter", tuple(labels))
         if value is not None:
-            fam.rows.append(((), float(value)))
+            fam.add_metric((), value)
         return fam
 
     @classmethod
@@ -57,13 +61,24 @@ class Family:
     ) -> Family:
         if value is not None:
             fam = cls(name, doc, "info", tuple(value))
-            fam.rows.append((tuple(value.values()), 1.0))
+            fam.add_metric(tuple(value.values()), 1)
             return fam
         return cls(name, doc, "info", tuple(labels))
 
     def add_metric(self, labels: Sequence[str], value: float | Mapping[str, str]) -> None:
-        # Values stay as given (ints render without a float round trip: most samples are byte counts).
-        self.rows.append((tuple(labels), 1 if self.kind == "info" else value))  # type: ignore[arg-type]
+        self.keys.append(tuple(labels))
+        self.values.append(1 if self.kind == "info" else value)  # type: ignore[arg-type]
+
+    def extend(self, keys: Iterable[tuple[str, ...]], values: Iterable[float]) -> None:
+        """Many samples at once; ``keys`` and ``values`` must have the same length."""
+        self.keys.extend(keys)
+        self.values.extend(values)
+        if len(self.keys) != len(self.values):
+            raise ValueError(f"{self.name}: {len(self.keys)} label sets for {len(self.values)} values")
+
+    @property
+    def rows(self) -> list[tuple[tuple[str, ...], float]]:
+        return list(zip(self.keys, self.values, strict=True))
 
     @property
     def sample_name(self) -> str:
@@ -73,16 +88,15 @@ class Family:
         m: Metric
         if self.kind == "gauge":
             m = GaugeMetricFamily(self.name, self.doc, labels=list(self.labels))
-            for values, v in self.rows:
-                m.add_metric(list(values), v)
         elif self.kind == "counter":
             m = CounterMetricFamily(self.name, self.doc, labels=list(self.labels))
-            for values, v in self.rows:
-                m.add_metric(list(values), v)
         else:
             m = InfoMetricFamily(self.name, self.doc, labels=list(self.labels))
-            for values, _ in self.rows:
+            for values in self.keys:
                 m.add_metric(list(values), {})
+            return m
+        for values, v in zip(self.keys, self.values, strict=True):
+            m.add_metric(list(values), v)
         return m
 
 
@@ -108,26 +122,42 @@ def _number(v: float) -> str:
     return repr(v)
 
 
+_LINE = "{}{}\n".format
+
+
 class Renderer:
-    """Renders families; keeps each series' ``name{labels} `` prefix between scrapes (label sets are
-    stable by design, so the cache mostly hits). The cache is dropped when it outgrows ``max_cache``."""
+    """Renders families. Each series' ``name{labels} `` prefix is kept between scrapes (label sets are
+    stable by design, so the cache mostly hits), and a family's lines are formatted with C-level ``map``:
+    ``prefix + repr(value)``. Values are ints or finite floats (``repr`` is a valid sample value for
+    both; the exporter produces no NaN/Inf). The cache is dropped when it outgrows ``max_cache``."""
 
     def __init__(self, max_cache: int = 200_000) -> None:
-        self._cache: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._cache: dict[str, dict[tuple[str, ...], str]] = {}
+        self._size = 0
         self._max = max_cache
 
-    def _prefix(self, sample: str, names: tuple[str, ...], values: Sequence[str]) -> str:
-        if len(self._cache) >= self._max:
-            self._cache.clear()
-        inner = ",".join(f'{n}="{_escape_value(v)}"' for n, v in zip(names, values, strict=True))
-        prefix = self._cache[(sample, tuple(values))] = f"{sample}{{{inner}}} "
-        return prefix
+    def _prefixes(self, sample: str, fam: Family) -> list[str]:
+        cache = self._cache.get(sample)
+        if cache is None:
+            cache = self._cache[sample] = {}
+        prefixes: list[str | None] = list(map(cache.get, fam.keys))
+        if None in prefixes:
+            names = fam.labels
+            for i, prefix in enumerate(prefixes):
+                if prefix is None:
+                    values = fam.keys[i]
+                    inner = ",".join(f'{n}="{_escape_value(v)}"' for n, v in zip(names, values, strict=True))
+                    prefixes[i] = cache[values] = f"{sample}{{{inner}}} "
+                    self._size += 1
+        return prefixes  # type: ignore[return-value]
 
     def render(self, families: Iterable[Family], *, openmetrics: bool = False) -> bytes:
+        if self._size > self._max:
+            self._cache.clear()
+            self._size = 0
         out: list[str] = []
-        cache = self._cache
         for fam in families:
-            if not fam.rows:
+            if not fam.keys:
                 continue
             sample = fam.sample_name
             if openmetrics:
@@ -137,15 +167,10 @@ class Renderer:
                 head = sample
                 kind = "gauge" if fam.kind == "info" else fam.kind
             out.append(f"# HELP {head} {_escape_doc(fam.doc)}\n# TYPE {head} {kind}\n")
-            names = fam.labels
-            if not names:
-                out.extend(f"{sample} {_number(v)}\n" for _, v in fam.rows)
+            if not fam.labels:
+                out.extend(f"{sample} {_number(v)}\n" for v in fam.values)
                 continue
-            for values, v in fam.rows:
-                prefix = cache.get((sample, values))  # type: ignore[arg-type]
-                if prefix is None:
-                    prefix = self._prefix(sample, names, values)
-                out.append(f"{prefix}{v}\n" if type(v) is int else f"{prefix}{_number(v)}\n")
+            out.append("".join(map(_LINE, self._prefixes(sample, fam), map(repr, fam.values))))
         if openmetrics:
             out.append("# EOF\n")
         return "".join(out).encode()

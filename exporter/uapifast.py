@@ -17,7 +17,7 @@ import base64
 import re
 from collections.abc import Mapping
 
-from exporter.wireguard import InterfaceView, PeerView
+from exporter.wireguard import InterfaceView, Peers, missing_names
 
 _PEER = re.compile(
     r"^public_key=([0-9a-f]{64})\n"
@@ -72,25 +72,28 @@ def fast_view(
     if len(matches) != text.count("public_key="):
         return None
     port = _LISTEN_PORT.search(text, 0, 512)  # device lines come first
-    b64 = keys.b64
-    get_name = names.get
-    peers: list[PeerView] = []
-    seen: set[str] = set()
-    for hexkey, endpoint, sec, nsec, tx, rx in matches:
-        key = b64(hexkey)
-        seen.add(key)
-        peers.append(
-            PeerView(
-                get_name(key, key),
-                key,
-                True,
-                endpoint,
-                int(rx),
-                int(tx),
-                (int(sec) + int(nsec) / 1e9) if sec != "0" else None,
-            )
+    if not matches:
+        return InterfaceView(
+            interface,
+            True,
+            backend,
+            int(port.group(1)) if port else 0,
+            Peers(),
+            missing_names(names, frozenset()),
         )
-    for key, name in sorted(names.items()):
-        if key not in seen:
-            peers.append(PeerView(peer=name, public_key=key, present=False))
-    return InterfaceView(interface, True, backend, int(port.group(1)) if port else 0, tuple(peers))
+    hexkeys, endpoints, secs, nsecs, txs, rxs = zip(*matches, strict=True)  # columns, C-level
+    public = list(map(keys.b64, hexkeys))
+    get_name = names.get
+    peers = Peers(
+        peer=[get_name(k, k) for k in public],
+        public_key=public,
+        endpoint=endpoints,
+        rx_bytes=list(map(int, rxs)),
+        tx_bytes=list(map(int, txs)),
+        last_handshake=[
+            (int(s) + int(n) / 1e9) if s != "0" else None for s, n in zip(secs, nsecs, strict=True)
+        ],
+    )
+    return InterfaceView(
+        interface, True, backend, int(port.group(1)) if port else 0, peers, missing_names(names, set(public))
+    )
