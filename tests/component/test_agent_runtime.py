@@ -305,3 +305,12 @@ async def test_a_plan_of_another_type_is_rejected_and_the_running_one_stays(tmp_
             replace_atomically(f, dumps(Plan(gateway=GW, type="wireguard")))
     assert seen == ["ipsec"]
     assert src.last_error is not None and "'wireguard' differs from the running 'ipsec'" in src.last_error
+
+
+def test_a_gzip_compressed_plan_is_read_like_json(tmp_path: Path) -> None:
+    import gzip
+
+    f = tmp_path / "plan.json.gz"
+    f.write_bytes(gzip.compress(dumps(plan("a", "b"))))
+    p = FilePlanSource(f).poll()
+    assert p is not None and [t.name for t in p.ipsec.tunnels] == ["a", "b"]  # type: ignore[union-attr]
