@@ -14,7 +14,6 @@ numbers go to docs/exporter.md.
 from __future__ import annotations
 
 import argparse
-import base64
 import ipaddress
 import os
 import socket
@@ -32,9 +31,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.vici import ViciSession  # noqa: E402
-from agent.vici import wire  # noqa: E402
-from lab.world import SERVICE_CIDR, Lab  # noqa: E402
+from agent.vici import ViciSession, wire
+from lab.world import SERVICE_CIDR, Lab
 
 REPO = Path(__file__).resolve().parents[1]
 PSK = "bench-psk-only"  # bench-only value
@@ -69,6 +67,21 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
         result = fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), result
+
+
+def paired(floor: Callable[[], Any], scrape: Callable[[], Any], repeat: int) -> tuple[float, float, Any, Any]:
+    """Alternate one raw read and one scrape per round, so both see the same machine load (this machine
+    is shared with other test runs); medians of each."""
+    fts, sts, fr, sr = [], [], None, None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fr = floor()
+        t1 = time.perf_counter()
+        sr = scrape()
+        t2 = time.perf_counter()
+        fts.append(t1 - t0)
+        sts.append(t2 - t1)
+    return statistics.median(fts), statistics.median(sts), fr, sr
 
 
 def raw_list_sas(path: Path) -> int:
@@ -128,9 +141,18 @@ def series(body: bytes) -> int:
 class ExporterProcess:
     def __init__(self, *args: str) -> None:
         self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="bench-exporter-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile(prefix="bench-exporter-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{self.port}", "--log-level", "WARNING", *args],
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
             cwd=REPO,
             stdout=self.log,
             stderr=self.log,
@@ -153,7 +175,7 @@ class ExporterProcess:
 
 def report(label: str, floor: float, median: float, body: bytes, pid: int, extra: str = "") -> dict[str, Any]:
     rss, hwm = rss_mb(pid)
-    row = {
+    row: dict[str, Any] = {
         "case": label,
         "floor_ms": floor * 1000,
         "scrape_ms": median * 1000,
@@ -164,8 +186,9 @@ def report(label: str, floor: float, median: float, body: bytes, pid: int, extra
         "peak_rss_mb": hwm,
     }
     print(
-        f"{label:<28} floor {row['floor_ms']:8.1f} ms  scrape {row['scrape_ms']:8.1f} ms  x{row['ratio']:.2f}  "
-        f"series {row['series']:>6}  {row['bytes'] / 1e6:6.2f} MB  RSS {rss:5.1f} MB (peak {hwm:5.1f}) {extra}",
+        f"{label:<24} floor {row['floor_ms']:7.1f} ms  scrape {row['scrape_ms']:7.1f} ms  "
+        f"x{row['ratio']:.2f}  series {row['series']:>6}  {row['bytes'] / 1e6:5.2f} MB  "
+        f"RSS {rss:5.1f} MB (peak {hwm:5.1f}) {extra}",
         flush=True,
     )
     return row
@@ -175,7 +198,7 @@ async def setup_ipsec(lab: Lab, ikes: int, children: int) -> Path:
     site = lab.add_site()
     addrs = [f"{ipaddress.ip_address('10.200.0.0') + i + 1}/32" for i in range(ikes * children)]
     cmds = "".join(f"addr add {a} dev lo\n" for a in addrs)
-    subprocess.run(["ip", "-n", site.ns, "-batch", "-"], input=cmds.encode(), check=True)
+    await anyio.run_process(["ip", "-n", site.ns, "-batch", "-"], input=cmds.encode())
     g, c = lab.start_charon(lab.gw), lab.start_charon(site)
     async with (
         await ViciSession.connect(g.vici_socket, timeout=60) as gv,
@@ -187,7 +210,16 @@ async def setup_ipsec(lab: Lab, ikes: int, children: int) -> Path:
                 await v.call("load-shared", {"id": f"k{i}", "type": "IKE", "data": PSK, "owners": [me, peer]})
             kids = addrs[i * children : (i + 1) * children]
 
-            def conn(name: str, local: str, remote: str, lid: str, rid: str, gw_side: bool) -> dict[str, Any]:
+            def conn(
+                name: str,
+                local: str,
+                remote: str,
+                lid: str,
+                rid: str,
+                gw_side: bool,
+                i: int = i,
+                kids: list[str] = kids,
+            ) -> dict[str, Any]:
                 return {
                     name: {
                         "version": "2",
@@ -208,19 +240,30 @@ async def setup_ipsec(lab: Lab, ikes: int, children: int) -> Path:
                 }
 
             await gv.call("load-conn", conn(f"t{i}", lab.gw.addresses[0], site.addresses[0], gid, sid, True))
-            await sv.call("load-conn", conn(f"gw{i}", site.addresses[0], lab.gw.addresses[0], sid, gid, False))
+            await sv.call(
+                "load-conn", conn(f"gw{i}", site.addresses[0], lab.gw.addresses[0], sid, gid, False)
+            )
         for i in range(ikes):
-            await gv.stream("initiate", {"child": f"t{i}-0", "ike": f"t{i}", "timeout": "10000"}, "control-log")
+            await gv.stream(
+                "initiate", {"child": f"t{i}-0", "ike": f"t{i}", "timeout": "10000"}, "control-log"
+            )
             for j in range(1, children):
                 await gv.stream(
-                    "initiate", {"child": f"t{i}-{j}", "ike": f"t{i}", "timeout": "-1"}, "control-log", check=False
+                    "initiate",
+                    {"child": f"t{i}-{j}", "ike": f"t{i}", "timeout": "-1"},
+                    "control-log",
+                    check=False,
                 )
         want = ikes * children
         deadline = time.monotonic() + 300
         while True:
             events, _ = await gv.stream("list-sas", {}, "list-sa")
             got = sum(
-                1 for e in events for sa in e.values() for ch in sa["child-sas"].values() if ch["state"] == "INSTALLED"
+                1
+                for e in events
+                for sa in e.values()
+                for ch in sa["child-sas"].values()
+                if ch["state"] == "INSTALLED"
             )
             if got >= want:
                 break
@@ -268,12 +311,16 @@ def main() -> int:
         if not args.skip_ipsec:
             t0 = time.monotonic()
             vici = anyio.run(setup_ipsec, lab, args.ikes, args.children)
-            print(f"# {args.ikes} IKE_SAs x {args.children} CHILD_SAs up in {time.monotonic() - t0:.1f}s", flush=True)
-            floor, nbytes = timed(lambda: raw_list_sas(vici), args.repeat)
+            print(
+                f"# {args.ikes} IKE_SAs x {args.children} CHILD_SAs up in {time.monotonic() - t0:.1f}s",
+                flush=True,
+            )
             exp = ExporterProcess("--vici-socket", str(vici))
             try:
                 http_get(exp.port)
-                median, body = timed(lambda: http_get(exp.port), args.repeat)
+                floor, median, nbytes, body = paired(
+                    lambda: raw_list_sas(vici), lambda: http_get(exp.port), args.repeat
+                )
                 om_median, _ = timed(
                     lambda: http_get(exp.port, "application/openmetrics-text;version=1.0.0"), args.repeat
                 )
@@ -293,11 +340,14 @@ def main() -> int:
             for n, peers in enumerate(int(x) for x in args.peers.split(",")):
                 name = f"wgb{n}"
                 uapi_dir, sock = setup_wireguard(lab, peers, name)
-                floor, nbytes = timed(lambda: raw_uapi_get(sock), args.repeat)  # noqa: B023
                 exp = ExporterProcess("--wireguard-interface", name, "--wireguard-uapi-dir", str(uapi_dir))
                 try:
                     http_get(exp.port)
-                    median, body = timed(lambda: http_get(exp.port), args.repeat)  # noqa: B023
+                    floor, median, nbytes, body = paired(
+                        lambda: raw_uapi_get(sock),  # noqa: B023
+                        lambda: http_get(exp.port),  # noqa: B023
+                        args.repeat,
+                    )
                     om_median, _ = timed(
                         lambda: http_get(exp.port, "application/openmetrics-text;version=1.0.0"),  # noqa: B023
                         args.repeat,
