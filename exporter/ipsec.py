@@ -154,6 +154,16 @@ def _int(value: Any) -> int:
 
 
 def counts_of(child: Section) -> Counts:
+    get = child.get
+    try:  # the usual case: all four present (or absent before any traffic) and numeric
+        return Counts(
+            int(get("bytes-in", 0)),
+            int(get("bytes-out", 0)),
+            int(get("packets-in", 0)),
+            int(get("packets-out", 0)),
+        )
+    except (TypeError, ValueError):
+        pass
     return Counts(
         _int(child.get("bytes-in")),
         _int(child.get("bytes-out")),
@@ -238,6 +248,7 @@ def observe_listing(
     stamps: dict[str, float] = {}
     subnets = dict(carry.subnets)
     listed: dict[str, Any] = {}
+    old_stamps = carry.stamps
     for ike_uid, ike in sas.items():
         tunnel = str(ike.get("name", ""))
         est = _int(ike.get("established")) if "established" in ike else None
@@ -253,17 +264,11 @@ def observe_listing(
             counts = counts_of(child)
             prev = carry.last.get(uid)
             last[uid] = (key, counts if prev is None else counts.at_least(prev[1]))
-            installed = child.get("install-time")
-            _stamp(
-                carry.stamps,
-                stamps,
-                f"{uid}/installed",
-                None if installed is None else float(int(now) - _int(installed)),
-            )
-            rekey = child.get("rekey-time")
-            _stamp(
-                carry.stamps, stamps, f"{uid}/rekey", None if rekey is None else float(int(now) + _int(rekey))
-            )
+            rk = f"{uid}/rekey"
+            if rk in old_stamps:
+                stamps[rk] = old_stamps[rk]
+            elif (rekey := child.get("rekey-time")) is not None:
+                stamps[rk] = float(int(now) + _int(rekey))
     for uid, (key, counts) in carry.last.items():
         if uid not in last and uid not in listed:
             _retire(retired, final, uid, key, counts, now)
