@@ -141,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log.error("exporter.failed error=%s", exc)
         return 1
+    except BaseExceptionGroup as group:  # from the task group, e.g. the listener cannot bind
+        failed = group.subgroup(lambda e: isinstance(e, OSError))
+        if failed is None:
+            raise
+        log.error("exporter.failed error=%s", failed.exceptions[0])
+        return 1
     log.info("exporter.stopped")
     return 0
 

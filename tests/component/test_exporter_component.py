@@ -4,6 +4,8 @@ the HTTP server over real TCP on 127.0.0.1, plan reloads, event-follower backoff
 from __future__ import annotations
 
 import base64
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -179,3 +181,34 @@ async def test_kernel_netlink_backend_feeds_the_same_metrics(tmp_path: Path) -> 
     assert reg.get_sample_value("wireguard_peer_info", info) == 1
     text = str([s for m in reg.collect() for s in m.samples])
     assert secret not in text and bytes(range(32)).hex() not in text
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "args, code, needle",
+    [
+        pytest.param(["--listen", "nope"], 2, b"--listen: expected HOST:PORT", id="bad-listen"),
+        pytest.param(["--listen", "127.0.0.1:0"], 2, b"nothing-to-watch", id="nothing-to-watch"),
+        pytest.param(
+            ["--listen", "127.0.0.1:0", "--vici-socket", "/x", "--scrape-timeout", "10"],
+            2,
+            b"< 10",
+            id="timeout",
+        ),
+    ],
+)
+async def test_command_line_usage_errors_exit_2(args: list[str], code: int, needle: bytes) -> None:
+    res = await anyio.run_process([sys.executable, "-m", "exporter", *args], check=False, cwd=REPO)
+    assert res.returncode == code and needle in res.stderr
+
+
+async def test_command_line_cannot_bind_exits_1() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = [sys.executable, "-m", "exporter", "--listen", f"127.0.0.1:{port}", "--vici-socket", "/x"]
+        res = await anyio.run_process(argv, check=False, cwd=REPO)
+    assert res.returncode == 1 and b"exporter.failed" in res.stderr and b"Traceback" not in res.stderr
