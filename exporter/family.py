@@ -14,6 +14,7 @@ info families without ``_info``; the body ends with ``# EOF``).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -122,14 +123,15 @@ def _number(v: float) -> str:
     return repr(v)
 
 
-_LINE = "{}{}\n".format
+_JOIN = "\n".join
 
 
 class Renderer:
     """Renders families. Each series' ``name{labels} `` prefix is kept between scrapes (label sets are
     stable by design, so the cache mostly hits), and a family's lines are formatted with C-level ``map``:
-    ``prefix + repr(value)``. Values are ints or finite floats (``repr`` is a valid sample value for
-    both; the exporter produces no NaN/Inf). The cache is dropped when it outgrows ``max_cache``."""
+    ``prefix + repr(value)`` joined by newlines (measured faster than ``str.format`` per line). Values
+    are ints or finite floats (``repr`` is a valid sample value for both; the exporter makes no NaN/Inf).
+    The cache is dropped when it outgrows ``max_cache``."""
 
     def __init__(self, max_cache: int = 200_000) -> None:
         self._cache: dict[str, dict[tuple[str, ...], str]] = {}
@@ -170,7 +172,8 @@ class Renderer:
             if not fam.labels:
                 out.extend(f"{sample} {_number(v)}\n" for v in fam.values)
                 continue
-            out.append("".join(map(_LINE, self._prefixes(sample, fam), map(repr, fam.values))))
+            out.append(_JOIN(map(operator.add, self._prefixes(sample, fam), map(repr, fam.values))))
+            out.append("\n")
         if openmetrics:
             out.append("# EOF\n")
         return "".join(out).encode()
