@@ -110,9 +110,10 @@ class StrongswanSource:
             session, self._session = self._session, None
             with anyio.CancelScope(shield=True):
                 await session.aclose()
-        log.warning(
-            "exporter.strongswan.down socket=%s failures=%d error=%s", self.socket, self.failures, why
-        )
+        if self.failures == 1 or self.failures % 60 == 0:  # a state change, then a reminder every ~5 min
+            log.warning(
+                "exporter.strongswan.down socket=%s failures=%d error=%s", self.socket, self.failures, why
+            )
 
     async def scrape(self, timeout: float, plan: Iterable[ipsec.PlanTunnel]) -> StrongswanSnapshot:
         start = self._clock()
