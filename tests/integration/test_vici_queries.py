@@ -9,6 +9,8 @@ import pytest
 
 from agent.vici import ViciSession
 from agent.vici.queries import counters, daemon_info, list_sas
+from exporter.service import Exporter
+from exporter.sources import StrongswanSource
 from lab.world import SERVICE_CIDR, Lab
 from tests.integration.test_exporter_support import add_site_addresses, child_ts, initiate_all, load_pair
 
@@ -46,6 +48,13 @@ async def test_an_ike_sa_too_big_for_one_vici_message_is_still_listed_with_every
         assert installed == set(children)
         assert {ch["remote-ts"][0] for ch in big["child-sas"].values()} == set(remote)
         assert len(by_name["small"]["child-sas"]) == 1
+
+        # The exporter (its own FastSession) sees the big tunnel up with every child, not "down".
+        snap = await Exporter(strongswan=StrongswanSource(g.vici_socket)).snapshot()
+        assert snap.strongswan is not None
+        tunnels = {t.name: t for t in snap.strongswan.view.tunnels}
+        assert tunnels["big"].up and tunnels["big"].children_installed == MANY
+        assert tunnels["small"].up
 
 
 async def test_list_sas_without_trouble_is_one_plain_listing(lab: Lab) -> None:
