@@ -24,10 +24,9 @@ import anyio.abc
 
 from agent.vici import ViciError, ViciSession
 from agent.vici.queries import DaemonInfo, counters, daemon_info, list_sas
-from agent.vici.session import DEFAULT_TIMEOUT
 from agent.wireguard import uapi
 from agent.wireguard.backend import UapiBackend, WireGuardBackend, WireGuardError, detect
-from exporter import ipsec, vicicodec
+from exporter import ipsec
 from exporter.collector import StrongswanSnapshot, WireGuardSnapshot
 from exporter.uapifast import KeyCache, ReplyError, fast_view
 from exporter.wireguard import InterfaceView, interface_view
@@ -40,14 +39,6 @@ Connect = Callable[..., Awaitable[ViciSession]]
 Detect = Callable[[str, Path | None], Awaitable[WireGuardBackend]]
 
 EVENTS = ("child-rekey", "child-updown", "ike-updown")
-
-
-class FastSession(ViciSession):
-    """``ViciSession`` decoding with ``exporter.vicicodec`` (the clean fix is in agent.vici.wire)."""
-
-    def __init__(self, stream: anyio.abc.ByteStream, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        super().__init__(stream, timeout=timeout)
-        self._buffer = vicicodec.FrameBuffer()
 
 
 async def read_get(path: Path, timeout: float) -> str:
@@ -86,7 +77,7 @@ class StrongswanSource:
         self,
         socket: Path,
         *,
-        connect: Connect = FastSession.connect,
+        connect: Connect = ViciSession.connect,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
     ) -> None:
@@ -176,7 +167,7 @@ async def follow_events(
     socket: Path,
     sink: EventSink,
     *,
-    connect: Connect = FastSession.connect,
+    connect: Connect = ViciSession.connect,
     sleep: Sleep = anyio.sleep,
 ) -> None:
     """Forever: connect, learn the epoch, feed rekey/down events to ``sink``; reconnect with backoff."""

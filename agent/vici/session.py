@@ -82,7 +82,11 @@ class ViciSession:
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
                 await self._break("receive: connection closed")
                 raise ViciUnavailable("charon closed the VICI socket") from exc
-            self._pending.extend(self._buffer.feed(data))
+            try:
+                self._pending.extend(self._buffer.feed(data))
+            except wire.DecodeError as exc:  # the stream cannot be trusted any more: discard the session
+                await self._break(f"malformed message: {exc}")
+                raise ViciUnavailable(f"malformed VICI message from charon: {exc}") from exc
         return self._pending.pop(0)
 
     async def _break(self, why: str) -> None:

@@ -154,3 +154,15 @@ async def test_no_answer_times_out_and_discards_the_desynchronised_session(
 async def test_connect_to_a_missing_socket_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(ViciUnavailable, match="connect"):
         await ViciSession.connect(f"{tmp_path}/nothing.vici")
+
+
+async def test_a_malformed_message_discards_the_session(peer: Callable[[Script], socket.socket]) -> None:
+    def script(s: socket.socket) -> None:
+        _read_packet(s)
+        bad = struct.pack("!B", wire.CMD_RESPONSE) + b"\x09garbage"
+        s.sendall(struct.pack("!I", len(bad)) + bad)
+
+    session = await _session(peer(script))
+    with pytest.raises(ViciUnavailable, match="malformed"):
+        await session.call("stats")
+    assert session.closed

@@ -49,7 +49,7 @@ async def test_an_ike_sa_too_big_for_one_vici_message_is_still_listed_with_every
         assert {ch["remote-ts"][0] for ch in big["child-sas"].values()} == set(remote)
         assert len(by_name["small"]["child-sas"]) == 1
 
-        # The exporter (its own FastSession) sees the big tunnel up with every child, not "down".
+        # The exporter sees the big tunnel up with every child, not "down".
         snap = await Exporter(strongswan=StrongswanSource(g.vici_socket)).snapshot()
         assert snap.strongswan is not None
         tunnels = {t.name: t for t in snap.strongswan.view.tunnels}
