@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -23,7 +24,7 @@ import anyio
 import anyio.abc
 
 from agent.vici import ViciError, ViciSession
-from agent.vici.queries import DaemonInfo, counters, daemon_info, list_sas
+from agent.vici.queries import DaemonInfo, counters, daemon_info, list_sas, settle_start
 from agent.wireguard import uapi
 from agent.wireguard.backend import UapiBackend, WireGuardBackend, WireGuardError, detect
 from exporter import ipsec
@@ -67,9 +68,9 @@ def backoff(failures: int, base: float = 0.25, cap: float = 5.0) -> float:
     return 0.0 if failures <= 0 else min(cap, base * 2 ** (failures - 1))
 
 
-def epoch_of(info: DaemonInfo) -> str:
-    """charon's unique ids restart at 1 with the daemon, so SA keys carry its start time."""
-    return f"{info.started:.0f}" if info.started is not None else "unknown"
+def epoch_of(started: float | None) -> str:
+    """charon's unique ids restart at 1 with the daemon, so SA keys carry its (settled) start time."""
+    return f"{started:.0f}" if started is not None else "unknown"
 
 
 class StrongswanSource:
@@ -90,9 +91,16 @@ class StrongswanSource:
         self._retry_at = 0.0
         self.carry = ipsec.Carry()
         self.epoch = ""
+        self.started: float | None = None
 
     def observe_event(self, name: str, body: Mapping[str, object], epoch: str) -> None:
         self.carry = ipsec.observe_event(self.carry, name, body, epoch=epoch, now=self._wall())
+
+    def epoch_for(self, info: DaemonInfo) -> str:
+        """The epoch for ``info``, shared by scrapes and the event follower: without settling, charon's
+        one-second wobble of its start time would re-key every live CHILD_SA and count it twice."""
+        self.started = settle_start(self.started, info.started)
+        return epoch_of(self.started)
 
     async def _fail(self, why: str) -> None:
         self.failures += 1
@@ -146,7 +154,8 @@ class StrongswanSource:
                     await dropped.aclose()
             raise
         self.failures = 0
-        self.epoch = epoch_of(info)
+        self.epoch = self.epoch_for(info)
+        info = dataclasses.replace(info, started=self.started)
         self.carry, listed = ipsec.observe_listing(self.carry, sas, epoch=self.epoch, now=self._wall())
         view = ipsec.view(self.carry, sas, plan, epoch=self.epoch, listed=listed)
         return StrongswanSnapshot(
@@ -162,6 +171,8 @@ class StrongswanSource:
 class EventSink(Protocol):
     def observe_event(self, name: str, body: Mapping[str, object], epoch: str) -> None: ...
 
+    def epoch_for(self, info: DaemonInfo) -> str: ...
+
 
 async def follow_events(
     socket: Path,
@@ -175,7 +186,7 @@ async def follow_events(
     while True:
         try:
             async with await connect(socket, timeout=5.0) as session:
-                epoch = epoch_of(await daemon_info(session))
+                epoch = sink.epoch_for(await daemon_info(session))
                 log.info("exporter.events.listening socket=%s epoch=%s", socket, epoch)
                 failures = 0
                 async for frame in session.listen(EVENTS):

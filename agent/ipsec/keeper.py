@@ -48,7 +48,7 @@ from agent.ipsec.plan import (
 from agent.ipsec.status import Carry, TunnelStatus, reason_from_log, tunnels_status
 from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
 from agent.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
-from agent.vici.queries import IkeSas, list_sas, parse_since
+from agent.vici.queries import IkeSas, list_sas, parse_since, restarted
 from gwplan import Plan, plan_hash
 
 log = logging.getLogger(__name__)
@@ -218,9 +218,9 @@ class Keeper:
                 not self._maybe_same_daemon
                 or started is None
                 or self.daemon_started is None
-                or abs(started - self.daemon_started) > 2
+                or restarted(self.daemon_started, started)
             )
-            self.daemon_started = started
+            self.daemon_started = started if fresh else self.daemon_started
             self.daemon = f"{version.get('daemon', 'charon')} {version.get('version', '')}".strip()
             self.conn = link.step(self.conn, "connected")
             self.cycles += 1
@@ -416,9 +416,9 @@ class Keeper:
 
     def _check_daemon(self, stats: dict[str, Any]) -> None:
         started = parse_since(str((stats.get("uptime") or {}).get("since", "")))
-        # charon derives ``since`` from its uptime, so it wobbles by a second between calls: a restart is a
-        # jump of more than that (a kill + restart within 2 s is caught by the sessions' EOF instead).
-        if started is not None and self.daemon_started is not None and abs(started - self.daemon_started) > 2:
+        # ``since`` wobbles by a second between calls (queries.settle_start); a kill + restart within 2 s
+        # is caught by the sessions' EOF instead.
+        if restarted(self.daemon_started, started):
             raise CycleLost(f"charon restarted (start time {self.daemon_started} -> {started})")
 
     async def _refresh_status(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:

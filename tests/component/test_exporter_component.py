@@ -82,6 +82,9 @@ async def test_event_follower_reconnects_with_backoff(tmp_path: Path) -> None:
         def observe_event(self, name: str, body: Any, epoch: str) -> None:
             raise AssertionError("no events without a daemon")
 
+        def epoch_for(self, info: Any) -> str:
+            raise AssertionError("no epoch without a daemon")
+
     with pytest.raises(anyio.get_cancelled_exc_class()):
         await follow_events(tmp_path / "none.vici", Sink(), sleep=sleep)
     assert sleeps == [0.25, 0.5, 1.0, 2.0, 4.0]

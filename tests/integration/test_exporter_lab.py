@@ -433,3 +433,32 @@ async def test_command_line_serves_metrics_and_healthz_and_stops_cleanly(lab: La
         cwd=REPO,
     )
     assert bad.returncode == 2 and b"exporter.plan.invalid" in bad.stderr
+
+
+async def test_start_time_and_byte_counters_are_steady_across_charons_one_second_wobble(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """charon's ``since`` flips between two seconds from call to call; neither the start time (a false
+    "charon restarted" alert) nor the SA keys behind bytes_total (a live SA counted twice) may follow it."""
+    s1, _s2, gv, sessions = await two_sites(lab)
+    try:
+        assert lab.gw.charon is not None
+        exporter = Exporter(strongswan=StrongswanSource(lab.gw.charon.vici_socket))
+        assert lab.gw.ping(s1.lan_host, src="198.18.0.1", count=4, wait=0.5)
+        starts, sinces = set(), set()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            snap = await exporter.snapshot()
+            starts.add(value(snap, "strongswan_start_time_seconds"))
+            sinces.add((await gv.call("stats"))["uptime"]["since"])
+            await anyio.sleep(0.02)
+        assert len(sinces) >= 2, f"premise: charon's own since wobbled during the test ({sinces})"
+        assert len(starts) == 1, f"start time must not follow the wobble: {starts}"
+        raw, _ = await gv.stream("list-sas", {"ike": "s1"}, "list-sa")
+        live = sum(int(ch["bytes-out"]) for e in raw for sa in e.values() for ch in sa["child-sas"].values())
+        final = await exporter.snapshot()
+        assert value(final, "strongswan_tunnel_bytes_total", tunnel="s1", direction="out") == live
+    finally:
+        await gv.aclose()
+        for sv in sessions:
+            await sv.aclose()
