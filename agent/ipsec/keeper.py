@@ -49,7 +49,7 @@ from agent.ipsec.status import Carry, TunnelStatus, reason_from_log, tunnels_sta
 from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
 from agent.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
 from agent.vici.queries import IkeSas, list_sas, parse_since, restarted
-from gwplan import Plan, plan_hash
+from gwplan import IkeCertificate, IkePrivateKey, Plan, plan_hash
 
 log = logging.getLogger(__name__)
 
@@ -280,13 +280,35 @@ class Keeper:
         )
         await self._apply(control, force_log=True)
 
+    async def _load_cred(self, control: ViciSession, key: str, cred: IkeCertificate | IkePrivateKey) -> bool:
+        """``load-cert`` (X.509 PEM; flag CA for a trust anchor) or ``load-key`` (any type) from its Secret
+        file. A failure is logged and reported by id; the PEM never reaches a log or an exception."""
+        try:
+            pem = self.secrets.read(cred.ref)
+        except SecretError as exc:
+            self.secret_errors[key] = str(exc)
+            return False
+        if isinstance(cred, IkeCertificate):
+            command, message = "load-cert", {"type": "X509", "flag": "CA" if cred.ca else "NONE", "data": pem}
+        else:
+            command, message = "load-key", {"type": "any", "data": pem}
+        try:
+            await control.call(command, message)
+        except ViciCommandFailed as exc:
+            self.secret_rejected[key] = f"{command} {key}: {exc.message}"
+            log.error("credential.rejected id=%s error=%r", key, exc.message)
+            return False
+        self.secret_rejected.pop(key, None)
+        log.info("credential.loaded id=%s version=%s", key, self.secrets.version(cred.ref))
+        return True
+
     async def _apply(self, control: ViciSession, *, force_log: bool = False) -> bool:
         """Apply plan and secret changes; True when something was sent."""
         want = self.want
         if want is None:
             return False
         versions: dict[str, str] = {}
-        for gone in set(self.secret_errors) - set(want.secrets):
+        for gone in set(self.secret_errors) - set(want.secrets) - set(want.creds):
             self.secret_errors.pop(gone)
         for sid, s in want.secrets.items():
             try:
@@ -302,11 +324,25 @@ class Keeper:
                 self.secret_errors[sid] = str(exc)
             else:
                 self.secret_errors.pop(sid, None)
-        changes = diff(self.loaded, want, versions)
+        cred_versions: dict[str, str] = {}
+        for key, cred in want.creds.items():
+            try:
+                cred_versions[key] = self.secrets.version(cred.ref)
+            except SecretError as exc:
+                if self.secret_errors.get(key) != str(exc):
+                    log.error("credential.unavailable id=%s error=%r", key, str(exc))
+                self.secret_errors[key] = str(exc)
+            else:
+                self.secret_errors.pop(key, None)
+        changes = diff(self.loaded, want, versions, cred_versions)
         if changes.empty:
             return False
         conns = dict(self.loaded.conns)
         secrets = dict(self.loaded.secrets)
+        creds = dict(self.loaded.creds)
+        for key in changes.load_creds:
+            if await self._load_cred(control, key, want.creds[key]):
+                creds[key] = cred_versions[key]
         for sid in changes.load_secrets:
             s = want.secrets[sid]
             try:
@@ -371,8 +407,8 @@ class Keeper:
             self.attempts.pop(name, None)
             self.carry.pop(name, None)
             log.info("conn.removed name=%s", name)
-        self.loaded = Loaded(conns, secrets)
-        if changes.load_secrets or changes.load_conns:
+        self.loaded = Loaded(conns, secrets, creds)
+        if changes.load_secrets or changes.load_conns or changes.load_creds:
             self.attempts.clear()  # new keys or config: retry failed tunnels now, not after their backoff
         if force_log or changes.load_conns or changes.unload_conns:
             log.info(

@@ -7,6 +7,13 @@ applied by ``diff``: new and changed connections are loaded, removed ones unload
 IKE_SAs keep their unique ids. A changed secret is loaded again under the same id, which replaces the key
 without touching established SAs (they never use the PSK again until a reauth).
 
+Certificates and private keys (pubkey authentication) are loaded like secrets, keyed ``cert/<id>`` and
+``key/<id>`` with the version of their Secret file: a renewed certificate (cert-manager rotating the
+``kubernetes.io/tls`` Secret) is loaded again; charon finds our certificate by the IKE identity in its
+subjectAltName and trusts peers' certificates through the CA loaded with flag CA. VICI cannot unload a
+certificate by id, so one removed from the plan stays in charon's memory until charon restarts; no
+connection refers to it any more.
+
 A restarted charon has forgotten everything: the keeper then starts from an empty ``Loaded``.
 """
 
@@ -18,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gwplan import IkeSecret, Plan, Tunnel
+from gwplan import IkeCertificate, IkePrivateKey, IkeSecret, Plan, Tunnel
 
 
 def conn_digest(conn: Mapping[str, Any]) -> str:
@@ -41,6 +48,8 @@ class Loaded:
     """conn name -> conn_digest."""
     secrets: Mapping[str, SecretState] = field(default_factory=dict)
     """shared-secret id -> owners and version."""
+    creds: Mapping[str, str] = field(default_factory=dict)
+    """``cert/<id>`` or ``key/<id>`` -> version of the Secret file loaded."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,8 @@ class Desired:
     """conn name -> load-conn payload ``{name: {...}}``."""
     secrets: Mapping[str, IkeSecret]
     tunnels: tuple[Tunnel, ...]
+    creds: Mapping[str, IkeCertificate | IkePrivateKey] = field(default_factory=dict)
+    """``cert/<id>`` or ``key/<id>`` -> what to load with ``load-cert`` / ``load-key``."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +69,18 @@ class Changes:
     load_conns: tuple[str, ...] = ()
     unload_conns: tuple[str, ...] = ()
     """Unload and terminate: removed from the plan."""
+    load_creds: tuple[str, ...] = ()
+    """Certificates and keys to (re)load, before any connection that may authenticate with them."""
 
     @property
     def empty(self) -> bool:
-        return not (self.load_secrets or self.unload_secrets or self.load_conns or self.unload_conns)
+        return not (
+            self.load_secrets
+            or self.unload_secrets
+            or self.load_conns
+            or self.unload_conns
+            or self.load_creds
+        )
 
 
 class PlanRejected(ValueError):
@@ -94,12 +113,25 @@ def desired(plan: Plan) -> Desired:
         if s.id in secrets:
             raise PlanRejected(f"ipsec.secrets[{i}].id: {s.id!r} is used twice")
         secrets[s.id] = s
-    return Desired(conns, secrets, plan.ipsec.tunnels)
+    creds: dict[str, IkeCertificate | IkePrivateKey] = {}
+    listed: list[tuple[str, str, int, IkeCertificate | IkePrivateKey]] = [
+        *(("certificates", "cert", i, c) for i, c in enumerate(plan.ipsec.certificates)),
+        *(("privateKeys", "key", i, k) for i, k in enumerate(plan.ipsec.private_keys)),
+    ]
+    for field_name, prefix, i, item in listed:
+        key = f"{prefix}/{item.id}"
+        if key in creds:
+            raise PlanRejected(f"ipsec.{field_name}[{i}].id: {item.id!r} is used twice")
+        creds[key] = item
+    return Desired(conns, secrets, plan.ipsec.tunnels, creds)
 
 
-def diff(loaded: Loaded, want: Desired, versions: Mapping[str, str]) -> Changes:
+def diff(
+    loaded: Loaded, want: Desired, versions: Mapping[str, str], cred_versions: Mapping[str, str] | None = None
+) -> Changes:
     """Calls needed to go from ``loaded`` to ``want``; ``versions``: secret id -> current version (ids
-    whose value cannot be read are absent: they are left as they are, neither loaded nor unloaded)."""
+    whose value cannot be read are absent: they are left as they are, neither loaded nor unloaded);
+    ``cred_versions`` likewise for ``cert/<id>`` and ``key/<id>``."""
     load_secrets = []
     for sid, s in sorted(want.secrets.items()):
         if sid not in versions:
@@ -109,7 +141,11 @@ def diff(loaded: Loaded, want: Desired, versions: Mapping[str, str]) -> Changes:
     unload_secrets = sorted(set(loaded.secrets) - set(want.secrets))
     load_conns = sorted(n for n, c in want.conns.items() if loaded.conns.get(n) != conn_digest(c))
     unload_conns = sorted(set(loaded.conns) - set(want.conns))
-    return Changes(tuple(load_secrets), tuple(unload_secrets), tuple(load_conns), tuple(unload_conns))
+    cv = cred_versions or {}
+    load_creds = sorted(k for k in want.creds if k in cv and loaded.creds.get(k) != cv[k])
+    return Changes(
+        tuple(load_secrets), tuple(unload_secrets), tuple(load_conns), tuple(unload_conns), tuple(load_creds)
+    )
 
 
 def stale_children(
