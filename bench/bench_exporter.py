@@ -32,6 +32,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.vici import ViciSession, wire
+from lab.peers import psk_conn
 from lab.world import SERVICE_CIDR, Lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,24 +221,14 @@ async def setup_ipsec(lab: Lab, ikes: int, children: int) -> Path:
                 i: int = i,
                 kids: list[str] = kids,
             ) -> dict[str, Any]:
-                return {
-                    name: {
-                        "version": "2",
-                        "local_addrs": [local],
-                        "remote_addrs": [remote],
-                        "proposals": ["aes128-sha256-modp2048"],
-                        "local": {"auth": "psk", "id": lid},
-                        "remote": {"auth": "psk", "id": rid},
-                        "children": {
-                            f"t{i}-{j}": {
-                                "local_ts": [SERVICE_CIDR] if gw_side else [a],
-                                "remote_ts": [a] if gw_side else [SERVICE_CIDR],
-                                "esp_proposals": ["aes128gcm16"],
-                            }
-                            for j, a in enumerate(kids)
-                        },
-                    }
-                }
+                return psk_conn(
+                    name, local_addr=local, remote_addr=remote, local_id=lid, remote_id=rid,
+                    children={
+                        f"t{i}-{j}": ([SERVICE_CIDR], [a]) if gw_side else ([a], [SERVICE_CIDR])
+                        for j, a in enumerate(kids)
+                    },
+                    proposals="aes128-sha256-modp2048", esp="aes128gcm16",
+                )  # fmt: skip
 
             await gv.call("load-conn", conn(f"t{i}", lab.gw.addresses[0], site.addresses[0], gid, sid, True))
             await sv.call(

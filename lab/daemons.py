@@ -92,12 +92,48 @@ def _stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, grace
 
 
 @dataclass
-class Charon:
-    """A live charon in namespace ``ns`` with its own config, /run and VICI socket under ``dir``."""
+class _Daemon:
+    """A daemon we started inside a lab namespace and keep as our own child (so we reap it)."""
 
     ns: str
     dir: Path
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False, kw_only=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.poll() is None else None
+
+    def _spawn(
+        self, what: str, argv: list[str], env: dict[str, str], logfile: Path, socket: Path, timeout: float
+    ) -> None:
+        """Start ``argv`` logging to ``logfile`` and wait until ``socket`` accepts connections."""
+        with open(logfile, "ab") as out:
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        _wait_for_socket(socket, self.proc, time.monotonic() + timeout, f"{what} in {self.ns}")
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+    def kill(self) -> None:
+        """kill -9: the fault the seed's status-agent could not survive."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def pause(self) -> None:
+        """SIGSTOP: the socket stays open but nothing answers."""
+        if self.proc:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+
+@dataclass
+class Charon(_Daemon):
+    """A live charon in namespace ``ns`` with its own config, /run and VICI socket under ``dir``."""
+
     starts: int = 0
 
     @property
@@ -112,10 +148,6 @@ class Charon:
     def conf_path(self) -> Path:
         return self.dir / "strongswan.conf"
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc and self.proc.poll() is None else None
-
     def write_config(self) -> None:
         (self.dir / "run").mkdir(parents=True, exist_ok=True)
         (self.dir / "swanctl").mkdir(parents=True, exist_ok=True)
@@ -128,33 +160,13 @@ class Charon:
         self.vici_socket.unlink(missing_ok=True)  # a stale socket from a killed daemon is no liveness signal
         env = {**os.environ, "STRONGSWAN_CONF": str(self.conf_path)}
         argv = ns_exec(self.ns, "sh", "-c", f'mount --bind "{self.dir}/run" /run && exec {CHARON}')
-        with open(self.dir / "charon.stderr", "ab") as err:
-            self.proc = subprocess.Popen(argv, env=env, stdout=err, stderr=err, stdin=subprocess.DEVNULL)
         self.starts += 1
-        _wait_for_socket(self.vici_socket, self.proc, time.monotonic() + timeout, f"charon in {self.ns}")
-        log.debug("lab.charon.started ns=%s pid=%s", self.ns, self.proc.pid)
-
-    def stop(self) -> None:
-        _stop(self.proc)
-
-    def kill(self) -> None:
-        """kill -9: the fault the seed's status-agent could not survive."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        self._spawn("charon", argv, env, self.dir / "charon.stderr", self.vici_socket, timeout)
+        log.debug("lab.charon.started ns=%s pid=%s", self.ns, self.pid)
 
     def restart(self) -> None:
         self.kill()
         self.start()
-
-    def pause(self) -> None:
-        """SIGSTOP: the socket stays open but nothing answers."""
-        if self.proc:
-            os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.proc:
-            os.kill(self.proc.pid, signal.SIGCONT)
 
     def swanctl(self, command: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
         """Run ``swanctl COMMAND ARGS`` against this daemon (from the root ns: VICI is a unix socket)."""
@@ -172,13 +184,10 @@ class Charon:
 
 
 @dataclass
-class WireGuardGo:
+class WireGuardGo(_Daemon):
     """A userspace WireGuard interface (wireguard-go) in namespace ``ns``, UAPI socket under ``dir``."""
 
-    ns: str
-    dir: Path
     interface: str = "wg0"
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def uapi_dir(self) -> Path:
@@ -187,10 +196,6 @@ class WireGuardGo:
     @property
     def uapi_socket(self) -> Path:
         return self.uapi_dir / f"{self.interface}.sock"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc and self.proc.poll() is None else None
 
     def start(self, timeout: float = 10.0) -> None:
         if self.pid is not None:
@@ -204,19 +209,8 @@ class WireGuardGo:
             "-c",
             f'mount --bind "{self.dir}/run" /run && exec wireguard-go -f {self.interface}',
         )
-        with open(self.dir / f"wireguard-go-{self.interface}.log", "ab") as out:
-            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        _wait_for_socket(
-            self.uapi_socket, self.proc, time.monotonic() + timeout, f"wireguard-go in {self.ns}"
-        )
-
-    def stop(self) -> None:
-        _stop(self.proc)
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        logfile = self.dir / f"wireguard-go-{self.interface}.log"
+        self._spawn("wireguard-go", argv, env, logfile, self.uapi_socket, timeout)
 
     def wg(self, *args: str, input: bytes | None = None) -> str:
         """Run the ``wg`` tool against this interface (it finds the UAPI socket through our /run)."""

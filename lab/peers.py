@@ -6,9 +6,35 @@ dictionaries (what a network admin's swanctl.conf would say), never by the gatew
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.vici import ViciSession
+
+
+def psk_conn(
+    name: str,
+    *,
+    local_addr: str,
+    remote_addr: str,
+    local_id: str,
+    remote_id: str,
+    children: Mapping[str, tuple[Sequence[str], Sequence[str]]],
+    child_options: Mapping[str, str] | None = None,
+    proposals: str = "aes256-sha256-modp2048",
+    esp: str = "aes256gcm16-modp2048",
+) -> dict[str, Any]:
+    """An IKEv2 PSK connection as a tenant's swanctl.conf would say it; ``children`` maps a child name to
+    its (local_ts, remote_ts)."""
+    return {name: {
+        "version": "2", "local_addrs": [local_addr], "remote_addrs": [remote_addr], "proposals": [proposals],
+        "local": {"auth": "psk", "id": local_id}, "remote": {"auth": "psk", "id": remote_id},
+        "children": {
+            child: {"local_ts": list(lts), "remote_ts": list(rts), "esp_proposals": [esp],
+                    **(child_options or {})}
+            for child, (lts, rts) in children.items()
+        },
+    }}  # fmt: skip
 
 
 def site_conn(
@@ -21,30 +47,11 @@ def site_conn(
     local_ts: list[str],
     remote_ts: list[str],
     child_options: dict[str, str] | None = None,
-    proposals: str = "aes256-sha256-modp2048",
-    esp: str = "aes256gcm16-modp2048",
 ) -> dict[str, Any]:
     """A site-to-site connection with one CHILD_SA per local subnet (as the tenant side would write it)."""
-    children = {
-        f"{name}-{i}": {
-            "local_ts": [ts],
-            "remote_ts": remote_ts,
-            "esp_proposals": [esp],
-            **(child_options or {}),
-        }
-        for i, ts in enumerate(local_ts)
-    }
-    return {
-        name: {
-            "version": "2",
-            "local_addrs": [local_addr],
-            "remote_addrs": [remote_addr],
-            "proposals": [proposals],
-            "local": {"auth": "psk", "id": local_id},
-            "remote": {"auth": "psk", "id": remote_id},
-            "children": children,
-        }
-    }
+    children = {f"{name}-{i}": ([ts], remote_ts) for i, ts in enumerate(local_ts)}
+    return psk_conn(name, local_addr=local_addr, remote_addr=remote_addr, local_id=local_id,
+                    remote_id=remote_id, children=children, child_options=child_options)  # fmt: skip
 
 
 async def configure_site(

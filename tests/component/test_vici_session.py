@@ -6,9 +6,11 @@ These pin the error contract the agent and exporter rely on; the same behaviour 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -165,4 +167,50 @@ async def test_a_malformed_message_discards_the_session(peer: Callable[[Script],
     session = await _session(peer(script))
     with pytest.raises(ViciUnavailable, match="malformed"):
         await session.call("stats")
+    assert session.closed
+
+
+# --- ViciSession additions the agent relies on, against a scripted peer on a socketpair: an event that
+# arrives between two registration confirmations is delivered (seen live with ike-updown), ``on_registered``
+# fires once every registration is confirmed, and ``max_call_timeout`` caps even an explicit deadline.
+
+
+async def test_an_event_between_registrations_is_delivered_not_an_error(
+    peer: Callable[[Script], socket.socket],
+) -> None:
+    def script(s: socket.socket) -> None:
+        assert _read_packet(s) == (wire.EVENT_REGISTER, "ike-updown")
+        s.sendall(_packet(wire.EVENT_CONFIRM))
+        assert _read_packet(s) == (wire.EVENT_REGISTER, "child-updown")
+        s.sendall(_packet(wire.EVENT, {"s1": {"state": b"ESTABLISHED"}}, name="ike-updown"))  # early
+        s.sendall(_packet(wire.EVENT_CONFIRM))
+        s.sendall(_packet(wire.EVENT, {"s1": {"state": b"INSTALLED"}}, name="child-updown"))
+        time.sleep(0.5)
+
+    ours = peer(script)
+    session = ViciSession(await anyio.abc.UNIXSocketStream.from_socket(ours), timeout=2)
+    registered: list[bool] = []
+    got = []
+    frames = session.listen(["ike-updown", "child-updown"], on_registered=lambda: registered.append(True))
+    with anyio.fail_after(3):
+        async with contextlib.aclosing(frames):  # close the generator in this task (it holds a lock)
+            async for frame in frames:
+                got.append(frame.name)
+                if len(got) == 2:
+                    break
+    assert registered == [True]
+    assert got == ["ike-updown", "child-updown"]
+
+
+async def test_max_call_timeout_caps_an_explicit_deadline(peer: Callable[[Script], socket.socket]) -> None:
+    def script(s: socket.socket) -> None:
+        _read_packet(s)  # never answers
+        time.sleep(2)
+
+    session = ViciSession(await anyio.abc.UNIXSocketStream.from_socket(peer(script)), timeout=5)
+    session.max_call_timeout = 0.2
+    start = time.monotonic()
+    with pytest.raises(ViciTimeout):
+        await session.call("stats", timeout=30)
+    assert time.monotonic() - start < 1.5
     assert session.closed

@@ -16,6 +16,7 @@ import anyio
 
 from agent.vici import ViciSession
 from lab import netns
+from lab.peers import psk_conn
 from lab.world import Host, Lab
 
 PSK = "lab-psk-exporter-7c1d"  # test-only value; tests grep the metrics for it
@@ -37,22 +38,11 @@ def conn(
     rekey_time: int | None = None,
 ) -> dict[str, Any]:
     """One IKEv2 PSK conn; ``children`` maps child name -> (local_ts, remote_ts)."""
-    kids: dict[str, Any] = {}
-    for child, (lts, rts) in children.items():
-        kids[child] = {"local_ts": lts, "remote_ts": rts, "esp_proposals": ["aes128gcm16-modp2048"]}
-        if rekey_time is not None:
-            kids[child]["rekey_time"] = str(rekey_time)
-    return {
-        name: {
-            "version": "2",
-            "local_addrs": [local],
-            "remote_addrs": [remote],
-            "proposals": ["aes128-sha256-modp2048"],
-            "local": {"auth": "psk", "id": lid},
-            "remote": {"auth": "psk", "id": rid},
-            "children": kids,
-        }
-    }
+    return psk_conn(
+        name, local_addr=local, remote_addr=remote, local_id=lid, remote_id=rid, children=children,
+        child_options=None if rekey_time is None else {"rekey_time": str(rekey_time)},
+        proposals="aes128-sha256-modp2048", esp="aes128gcm16-modp2048",
+    )  # fmt: skip
 
 
 def add_site_addresses(site: Host, cidrs: list[str]) -> None:

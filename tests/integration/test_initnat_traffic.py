@@ -22,6 +22,7 @@ import pytest
 from agent.vici import ViciSession
 from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, ReverseExposure, dumps
 from lab import netns
+from lab.peers import psk_conn
 from lab.world import CLUSTER_GW, CLUSTER_POD, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -79,19 +80,8 @@ sys.exit(0 if ok else 1)
 def conn(
     name: str, local: str, remote: str, lid: str, rid: str, lts: list[str], rts: list[str]
 ) -> dict[str, Any]:
-    return {
-        name: {
-            "version": "2",
-            "local_addrs": [local],
-            "remote_addrs": [remote],
-            "proposals": ["aes256-sha256-modp2048"],
-            "local": {"auth": "psk", "id": lid},
-            "remote": {"auth": "psk", "id": rid},
-            "children": {
-                f"{name}-0": {"local_ts": lts, "remote_ts": rts, "esp_proposals": ["aes256gcm16-modp2048"]}
-            },
-        }
-    }
+    return psk_conn(name, local_addr=local, remote_addr=remote, local_id=lid, remote_id=rid,
+                    children={f"{name}-0": (lts, rts)})  # fmt: skip
 
 
 def plan(

@@ -13,6 +13,7 @@ import pytest
 
 from agent.vici import ViciCommandFailed, ViciSession, ViciTimeout, ViciUnavailable
 from lab import netns
+from lab.peers import psk_conn
 from lab.world import SERVICE_CIDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -23,20 +24,8 @@ PSK = "lab-psk-1f2e3d"  # test-only value
 def site_conn(
     name: str, local: str, remote: str, lid: str, rid: str, lts: list[str], rts: list[str]
 ) -> dict[str, Any]:
-    return {
-        name: {
-            "version": "2",
-            "local_addrs": [local],
-            "remote_addrs": [remote],
-            "proposals": ["aes256-sha256-modp2048"],
-            "local": {"auth": "psk", "id": lid},
-            "remote": {"auth": "psk", "id": rid},
-            "children": {
-                f"{name}-{i}": {"local_ts": lts, "remote_ts": [r], "esp_proposals": ["aes256gcm16-modp2048"]}
-                for i, r in enumerate(rts)
-            },
-        }
-    }
+    return psk_conn(name, local_addr=local, remote_addr=remote, local_id=lid, remote_id=rid,
+                    children={f"{name}-{i}": (lts, [r]) for i, r in enumerate(rts)})  # fmt: skip
 
 
 async def configure_pair(gw: ViciSession, site: ViciSession, lab: Lab, s: Host) -> None:
