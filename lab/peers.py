@@ -47,11 +47,14 @@ def site_conn(
     local_ts: list[str],
     remote_ts: list[str],
     child_options: dict[str, str] | None = None,
+    proposals: str = "aes256-sha256-modp2048",
+    esp: str = "aes256gcm16-modp2048",
 ) -> dict[str, Any]:
     """A site-to-site connection with one CHILD_SA per local subnet (as the tenant side would write it)."""
     children = {f"{name}-{i}": ([ts], remote_ts) for i, ts in enumerate(local_ts)}
     return psk_conn(name, local_addr=local_addr, remote_addr=remote_addr, local_id=local_id,
-                    remote_id=remote_id, children=children, child_options=child_options)  # fmt: skip
+                    remote_id=remote_id, children=children, child_options=child_options,
+                    proposals=proposals, esp=esp)  # fmt: skip
 
 
 async def configure_site(
