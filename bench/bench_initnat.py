@@ -58,7 +58,7 @@ def bench_restore(rounds: int) -> None:
     render_s = time.perf_counter() - t0
     print(f"1,000 exposures x 2 grants: {ruleset.rule_count} rules; validate+render {render_s * 1000:.1f} ms")
     for variant in ("legacy", "nft"):
-        ipt = Iptables(variant)  # type: ignore[arg-type]
+        ipt = Iptables(variant)
         restore, whole, noop = [], [], []
         for _ in range(rounds):
             _reset(variant)

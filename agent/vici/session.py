@@ -8,7 +8,7 @@ and every later call raises ``ViciUnavailable``: the owner reconnects.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -190,7 +190,7 @@ class ViciSession:
 
     async def listen(
         self, events: Sequence[str], *, on_registered: Callable[[], None] | None = None
-    ) -> AsyncIterator[wire.Frame]:
+    ) -> AsyncGenerator[wire.Frame, None]:
         """Register for ``events`` and yield them until the socket closes (use a dedicated session).
         ``on_registered`` is called once charon confirmed every registration (nothing is missed after)."""
 

@@ -214,7 +214,7 @@ async def test_kube_sink_patches_status_through_the_official_client_on_kmock() -
 
 async def test_kube_sink_reports_missing_cr_as_failure_and_keeps_going() -> None:
     async with kmock.KubernetesEmulator() as k, kmock.Server(k):
-        k.resources["vpn.bnerd.net/v1alpha1/vpngateways"] = {}
+        k.resources["vpn.bnerd.net/v1alpha1/vpngateways"] = {}  # type: ignore[assignment]  # kmock: plain dict ok
         cfg = client.Configuration()
         cfg.host = str(k.url).rstrip("/")
         slept: list[float] = []

@@ -34,7 +34,7 @@ def in_sync_save() -> str:
     for t in RULESET.tables:
         lines.append(f"*{t.table}")
         lines += [f":{c} - [0:0]" for c in t.chains]
-        lines += [f"-A {b} -j {o}" for tbl, b, o in tables.JUMPS if tbl == t.table]
+        lines += [f"-A {b} -j {o}" for tbl, b, o in rules.JUMPS if tbl == t.table]
         lines += list(t.rules)
         lines.append("COMMIT")
     return "\n".join(lines) + "\n"

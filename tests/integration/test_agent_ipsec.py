@@ -385,7 +385,10 @@ async def test_child_rekey_never_shows_zero_bytes_or_a_non_established_state(lab
     agent.write_plan(make_plan(lab, sites, child_options={"rekey_time": "20s"}))
     agent.start()
     agent.wait_for(all_established([site.role]), 30, "up")
-    child_ids = lambda sas: {str(c["uniqueid"]) for c in sas[site.role]["child-sas"].values()}  # noqa: E731
+
+    def child_ids(sas: dict[str, dict[str, Any]]) -> set[str]:
+        return {str(c["uniqueid"]) for c in sas[site.role]["child-sas"].values()}
+
     before = child_ids(await gw_sas(lab))
     ping = start_ping(lab, site.lan_host)
     samples: list[dict[str, Any]] = []

@@ -33,7 +33,7 @@ def plan(*grants: Grant, host: str | None = None) -> Plan:
         gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
         type="ipsec",
         nic=Nic(mac=MAC, gateway="192.0.2.1"),
-        nat=Nat(exposures=(Exposure("web", "198.18.0.10", (Port(80),), **target),), grants=grants),  # type: ignore[arg-type]
+        nat=Nat(exposures=(Exposure("web", "198.18.0.10", (Port(80),), **target),), grants=grants),
     )
 
 

@@ -164,7 +164,7 @@ def test_hostile_plan_values_are_rejected_or_rendered_faithfully(
         return run_process(netns.ns_exec(ns, *argv), input)
 
     for variant in ("legacy", "nft"):
-        ipt = Iptables(variant, run)  # type: ignore[arg-type]
+        ipt = Iptables(variant, run)
         ipt.apply(ruleset)  # raises IptablesError if the real iptables-restore refuses it
         assert tables.in_sync(ipt.saved(), ruleset), f"{variant} stored something other than we meant"
     stats["accepted"] += 1

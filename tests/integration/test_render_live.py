@@ -225,8 +225,8 @@ async def test_the_plan_alone_brings_up_one_child_sa_per_subnet_with_the_specs_p
             assert (sa["encr-alg"], sa["encr-keysize"]) == ("AES_GCM_16", "256")
     # Each subnet's traffic crosses its own SA: ping both LANs of s1 from the gateway's own address.
     for lan in s1.lans:
-        host = str(next(ipaddress.IPv4Network(lan).hosts()))
-        assert lab.gw.ping(host, src=plan.nat.source_address, count=2), lan
+        lan_host = str(next(ipaddress.IPv4Network(lan).hosts()))
+        assert lab.gw.ping(lan_host, src=plan.nat.source_address, count=2), lan
     async with await ViciSession.connect(g.vici_socket) as v:
         sas, _ = await v.stream("list-sas", {"ike": "s1"}, "list-sa")
     packets = {c["name"]: int(c.get("packets-out", "0")) for c in text(sas[0]["s1"])["child-sas"].values()}
@@ -266,6 +266,7 @@ async def test_every_allowlisted_proposal_is_accepted_by_charon(lab: Lab) -> Non
         conns = await list_conns(g.vici_socket)
         assert sorted(conns) == sorted(f"p{i}" for i in range(n))
         with pytest.raises(ViciCommandFailed):  # charon does check proposal syntax: the check can fail
+            assert plan.ipsec is not None
             await v.call(
                 "load-conn", {"bad": {**plan.ipsec.tunnels[0].conn["s1"], "proposals": ["aes256-nonsense"]}}
             )

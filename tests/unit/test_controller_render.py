@@ -180,8 +180,12 @@ def test_previous_plan_keeps_allocations_when_exposures_change() -> None:
     more[1]["spec"]["authorization"]["exposures"] = ["db", "x1"]
     more[2]["spec"]["authorization"]["exposures"] = ["x2"]
     second = render_documents(more, RenderOptions(internal_source_cidrs=INTERNAL, previous=first))
-    old_ip = {e.name: e.virtual_ip for e in (*first.nat.exposures, *first.nat.reverse_exposures)}
-    new_ip = {e.name: e.virtual_ip for e in (*second.nat.exposures, *second.nat.reverse_exposures)}
+    old_ip = {e.name: e.virtual_ip for e in first.nat.exposures} | {
+        e.name: e.virtual_ip for e in first.nat.reverse_exposures
+    }
+    new_ip = {e.name: e.virtual_ip for e in second.nat.exposures} | {
+        e.name: e.virtual_ip for e in second.nat.reverse_exposures
+    }
     assert new_ip["db"] == old_ip["db"] and new_ip["printer"] == old_ip["printer"]
     old_mark = {(g.kind, g.peer, g.exposure): g.mark for g in first.nat.grants}
     new_mark = {(g.kind, g.peer, g.exposure): g.mark for g in second.nat.grants}

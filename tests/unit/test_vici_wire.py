@@ -11,13 +11,13 @@ from agent.vici import wire
 
 
 def response(body: dict[str, object]) -> bytes:
-    packet = struct.pack("!B", wire.CMD_RESPONSE) + Message.serialize(body)
+    packet = struct.pack("!B", wire.CMD_RESPONSE) + bytes(Message.serialize(body))
     return struct.pack("!I", len(packet)) + packet
 
 
 def event(name: str, body: dict[str, object]) -> bytes:
     raw = name.encode()
-    packet = struct.pack("!BB", wire.EVENT, len(raw)) + raw + Message.serialize(body)
+    packet = struct.pack("!BB", wire.EVENT, len(raw)) + raw + bytes(Message.serialize(body))
     return struct.pack("!I", len(packet)) + packet
 
 
