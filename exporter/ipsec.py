@@ -403,8 +403,13 @@ def view(
         by_tunnel.setdefault(k[0], []).append(k)
     for name in seen:
         by_tunnel.setdefault(name, [])
+    shown = planned.keys() | seen
     tunnels: list[TunnelView] = []
     for name in sorted(by_tunnel):
+        if name not in shown:
+            # Neither configured (plan) nor in charon's listing: a deprovisioned peer. Its series go
+            # stale instead of reporting a tunnel that is down forever (VpnTunnelDown would never clear).
+            continue
         mine = by_tunnel[name]
         got = sum(1 for k in mine if k in installed)
         total = ZERO
@@ -429,5 +434,6 @@ def view(
             tunnel=k[0], child=k[1], subnet=subnets.get(k, ""), up=k in installed, counts=sums.get(k, ZERO)
         )
         for k in sorted(child_keys)
+        if k[0] in shown
     )
     return IpsecView(tuple(tunnels), children, tuple(ike_info), tuple(child_info))

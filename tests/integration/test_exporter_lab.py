@@ -448,14 +448,21 @@ async def test_start_time_and_byte_counters_are_steady_across_charons_one_second
         assert lab.gw.charon is not None
         exporter = Exporter(strongswan=StrongswanSource(lab.gw.charon.vici_socket))
         assert lab.gw.ping(s1.lan_host, src="198.18.0.1", count=4, wait=0.5)
-        starts, sinces = set(), set()
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
+        starts: set[float | None] = set()
+        sinces: set[str] = set()
+        # How long charon shows the minority second depends on this boot's offset between its wall and
+        # monotonic clocks: sample until both values were seen (a second-long window at the worst).
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and (len(sinces) < 2 or len(starts) < 1):
             snap = await exporter.snapshot()
             starts.add(value(snap, "strongswan_start_time_seconds"))
-            sinces.add((await gv.call("stats"))["uptime"]["since"])
-            await anyio.sleep(0.02)
-        assert len(sinces) >= 2, f"premise: charon's own since wobbled during the test ({sinces})"
+            for _ in range(5):
+                sinces.add((await gv.call("stats"))["uptime"]["since"])
+        if len(sinces) < 2:
+            pytest.skip(f"charon's start time did not wobble on this boot in 10 s ({sinces}); "
+                        "tests/unit/test_vici_start_time.py covers the settling rule")  # fmt: skip
+        for _ in range(50):  # scrapes across both values of since
+            starts.add(value(await exporter.snapshot(), "strongswan_start_time_seconds"))
         assert len(starts) == 1, f"start time must not follow the wobble: {starts}"
         raw, _ = await gv.stream("list-sas", {"ike": "s1"}, "list-sa")
         live = sum(int(ch["bytes-out"]) for e in raw for sa in e.values() for ch in sa["child-sas"].values())

@@ -162,6 +162,23 @@ def test_view_rows_for_configured_down_tunnels_and_offline_daemon() -> None:
     assert offline.ike_info == () and offline.child_info == ()
 
 
+def test_a_tunnel_removed_from_the_plan_and_gone_from_charon_leaves_the_metrics() -> None:
+    """A deprovisioned peer must not report "down" forever (VpnTunnelDown would never clear)."""
+    both = [PlanTunnel("t1", {"c0": "10.1.0.0/24"}), PlanTunnel("old", {"c0": "10.9.0.0/24"})]
+    sas = listing(ike(1, child(1, "c0", 100)), ike(2, child(2, "c0", 50), name="old"))
+    carry, listed = observe_listing(Carry(), sas, epoch=E1, now=1000.0)
+    assert {t.name for t in view(carry, sas, both, epoch=E1, listed=listed).tunnels} == {"t1", "old"}
+    # The plan drops "old" and the agent terminates its SA: charon no longer lists it.
+    gone = listing(ike(1, child(1, "c0", 120)))
+    carry, listed = observe_listing(carry, gone, epoch=E1, now=1010.0)
+    after = view(carry, gone, both[:1], epoch=E1, listed=listed)
+    assert [t.name for t in after.tunnels] == ["t1"]
+    assert {c.tunnel for c in after.children} == {"t1"}
+    # Still planned but down: the row stays, with its carried counters.
+    down = view(carry, listing(), both, epoch=E1, listed={})
+    assert {t.name: t.up for t in down.tunnels} == {"t1": False, "old": False}
+
+
 def test_timestamps_do_not_jitter_between_scrapes() -> None:
     sas1 = listing(ike(1, child(1, "c0", 0, "INSTALLED", **{"rekey-time": "50"})))
     sas2 = listing(ike(1, child(1, "c0", 0, "INSTALLED", **{"rekey-time": "48"})) | {"established": "7"})
