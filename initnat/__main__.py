@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 from gwplan import Plan, PlanError, loads
-from initnat import rules
+from initnat import rules, tables
 from initnat.conntrack import ConntrackError, Flusher, NetlinkFlusher, flush_marks
 from initnat.iptables import Iptables, IptablesError, detect_variant
 from initnat.routing import Netlink, NicError, RoutingError, ensure, find_nic, open_netlink
@@ -72,6 +72,9 @@ class Gateway:
     """--nic-mac, or the MAC from Multus' network-status; the plan's ``nic.mac`` is the fallback."""
     resolver: Resolver = resolve
     last: Policy | None = field(default=None)
+    pending_flush: set[int] = field(default_factory=set)
+    """Marks whose conntrack flush failed: retried by every apply until it succeeds, whatever the kernel
+    shows by then (the rules that set them are already gone)."""
 
     def apply(self, plan: Plan) -> None:
         started = time.monotonic()
@@ -92,10 +95,13 @@ class Gateway:
         # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
         if self.last is not None:
             gone = {g.mark for g in rules.revoked(self.last, policy)}
-        else:
-            gone = set(rules.stale_marks(applied.marks_before, policy))
+        else:  # restarted: what the kernel admitted is the previous plan
+            gone = set(tables.revoked_in_kernel(applied.admissions_before, ruleset))
+        gone |= self.pending_flush
+        self.pending_flush = gone
         flushed = flush_marks(self.flusher, gone, policy.mask)
-        self.last = policy  # only now: a failed flush is retried by the next apply (same revoked marks)
+        self.pending_flush = set()
+        self.last = policy
         log.info(
             "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
             "revoked_marks=%s restore_s=%.3f total_s=%.3f",

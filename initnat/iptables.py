@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -73,8 +73,8 @@ class Applied:
     rules: int
     seconds: float
     """Time of the restore transaction itself (0 when nothing changed)."""
-    marks_before: frozenset[int]
-    """Marks our chain set before this apply (from the kernel)."""
+    admissions_before: Mapping[int, frozenset[str]]
+    """What our chain admitted per conntrack mark before this apply (from the kernel)."""
 
 
 def _err(res: Completed) -> str:
@@ -123,7 +123,7 @@ class Iptables:
 
     def apply(self, ruleset: Ruleset) -> Applied:
         saved = self.saved()
-        before = tables.marks_in(saved)
+        before = tables.admissions_in(saved)
         if tables.in_sync(saved, ruleset):
             return Applied(False, ruleset.rule_count, 0.0, before)
         text = tables.payload(ruleset, saved)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Literal
@@ -450,11 +450,6 @@ def revoked(before: Policy | None, after: Policy) -> tuple[Grant, ...]:
             key=lambda g: g.mark,
         )
     )
-
-
-def stale_marks(in_kernel: Iterable[int], after: Policy) -> frozenset[int]:
-    """Marks our chain set before this process started that ``after`` no longer grants."""
-    return frozenset(in_kernel) - after.marks
 
 
 def mac_from_network_status(text: str) -> str | None:

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -124,10 +124,34 @@ def snapshot_payload(saved: dict[str, SavedTable], ruleset: Ruleset) -> str:
     return "\n".join(out) + "\n"
 
 
+_COMMENT = re.compile(r' -m comment --comment ("[^"]*"|\S+)')
+
+
+def admissions(rules: Iterable[str]) -> dict[int, frozenset[str]]:
+    """Conntrack mark -> the admission rules that set it (comments stripped: only matches count)."""
+    out: dict[int, set[str]] = {}
+    for r in rules:
+        if m := _SET_XMARK.search(r):
+            out.setdefault(int(m.group(1), 16), set()).add(_COMMENT.sub("", r))
+    return {mark: frozenset(lines) for mark, lines in out.items()}
+
+
+def admissions_in(saved: dict[str, SavedTable]) -> dict[int, frozenset[str]]:
+    """What our filter chain admits in the kernel now, per conntrack mark."""
+    return admissions(saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, []))
+
+
 def marks_in(saved: dict[str, SavedTable]) -> frozenset[int]:
-    """Conntrack marks our filter chain currently sets (to find grants revoked while we were not running)."""
-    rules = saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, [])
-    return frozenset(int(m.group(1), 16) for r in rules if (m := _SET_XMARK.search(r)))
+    """Conntrack marks our filter chain currently sets."""
+    return frozenset(admissions_in(saved))
+
+
+def revoked_in_kernel(before: Mapping[int, frozenset[str]], ruleset: Ruleset) -> frozenset[int]:
+    """Marks whose flows must go when we do not know the previous plan (init-nat restarted): a mark the
+    new rules no longer set, or one that loses any admission rule it had in the kernel (a grant narrowed
+    while we were down). Like ``rules.revoked`` but read back from the kernel."""
+    after = admissions(r for t in ruleset.tables if t.table == "filter" for r in t.rules)
+    return frozenset(m for m, lines in before.items() if not lines <= after.get(m, frozenset()))
 
 
 def count_rules(text: str) -> int:

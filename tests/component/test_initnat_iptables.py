@@ -49,7 +49,7 @@ def test_in_sync_kernel_means_no_restore_at_all() -> None:
 def test_apply_tests_first_then_commits_with_noflush_and_wait() -> None:
     r = FakeRunner({"iptables-legacy-save": [Completed(0, OLD, "")]})
     applied = Iptables("legacy", r).apply(RULESET)
-    assert applied.changed and applied.marks_before == {0x50000}
+    assert applied.changed and set(applied.admissions_before) == {0x50000}
     assert [a[0] for a in r.calls] == [
         ("iptables-legacy-save",),
         ("iptables-legacy-restore", "--noflush", "--wait", "--test"),

@@ -258,10 +258,6 @@ def test_a_port_removed_from_an_exposure_revokes_its_grants() -> None:
     assert rules.revoked(None, a) == ()
 
 
-def test_stale_marks_are_the_kernels_marks_no_longer_granted() -> None:
-    assert rules.stale_marks({A, B, 0x70000}, policy()) == {0x70000}
-
-
 @pytest.mark.parametrize(
     ("nic", "message"),
     [

@@ -119,6 +119,36 @@ def test_marks_in_reads_our_set_xmark_targets() -> None:
     assert tables.marks_in(tables.parse_save(SAVE)) == {0x20000}
 
 
+ADMIT_A = (
+    "-A VPNGW-FORWARD -s 10.1.0.0/24 -d 192.0.2.66/32 -p tcp -m tcp --dport 80"
+    ' -m comment --comment "a" -j CONNMARK --set-xmark 0x10000/0xfff0000'
+)
+ADMIT_A2 = ADMIT_A.replace("10.1.0.0/24", "10.2.0.0/24")
+ADMIT_B = ADMIT_A.replace("0x10000/", "0x20000/").replace("--dport 80", "--dport 443")
+
+
+def _ruleset(*lines: str) -> Ruleset:
+    return Ruleset((TableRules("filter", ("VPNGW-FORWARD",), lines),), frozenset(), 0xFFF0000)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "new", "revoked"),
+    [
+        pytest.param([ADMIT_A, ADMIT_B], [ADMIT_A, ADMIT_B], set(), id="unchanged"),
+        pytest.param([ADMIT_A, ADMIT_B], [ADMIT_A], {0x20000}, id="grant-gone"),
+        pytest.param([ADMIT_A, ADMIT_A2], [ADMIT_A], {0x10000}, id="grant-narrowed-same-mark"),
+        pytest.param([ADMIT_A], [ADMIT_A, ADMIT_A2], set(), id="grant-widened"),
+        pytest.param([ADMIT_A], [ADMIT_A.replace('"a"', '"renamed"')], set(), id="comment-only"),
+        pytest.param([ADMIT_B], [ADMIT_B.replace("--dport 443", "--dport 22")], {0x20000}, id="mark-reused"),
+    ],
+)
+def test_revoked_in_kernel_compares_what_each_mark_admitted(
+    kernel: list[str], new: list[str], revoked: set[int]
+) -> None:
+    """After an init-nat restart the previous plan is unknown: the kernel's rules stand in for it."""
+    assert tables.revoked_in_kernel(tables.admissions(kernel), _ruleset(*new)) == revoked
+
+
 NFT_WITH_RULES = "*filter\n:FORWARD ACCEPT [0:0]\n" + "".join(
     f"-A FORWARD -s 10.0.0.{i} -j ACCEPT\n" for i in range(5)
 )
