@@ -158,6 +158,22 @@ def _join(path: str, key: str) -> str:
 # --- checking ---------------------------------------------------------------------------------------
 
 
+def _kind(value: Any) -> str:
+    """The JSON type of a value. Type errors name it instead of echoing the value: a secret pasted inline
+    where a reference belongs (``pskSecretRef: "<the key>"``) must not reach stderr, logs or conditions."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, Mapping) else type(value).__name__
+
+
 def check(node: Node, value: Any, path: str) -> list[FieldError]:
     """Every violation of ``node`` by ``value`` (a raw, JSON-like document)."""
     errors: list[FieldError] = []
@@ -169,7 +185,9 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
     match node:
         case Str():
             if not isinstance(value, str):
-                errors.append(FieldError(path, "must be a string", show(value), "FieldValueTypeInvalid"))
+                errors.append(
+                    FieldError(path, f"must be a string (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                )
             elif node.enum and value not in node.enum:
                 errors.append(
                     FieldError(
@@ -195,10 +213,16 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
                         errors.append(FieldError(path, rule.message, show(value), rule.reason))
         case Bool():
             if not isinstance(value, bool):
-                errors.append(FieldError(path, "must be a boolean", show(value), "FieldValueTypeInvalid"))
+                errors.append(
+                    FieldError(path, f"must be a boolean (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                )
         case Int():
             if not isinstance(value, int) or isinstance(value, bool):
-                errors.append(FieldError(path, "must be an integer", show(value), "FieldValueTypeInvalid"))
+                errors.append(
+                    FieldError(
+                        path, f"must be an integer (got {_kind(value)})", None, "FieldValueTypeInvalid"
+                    )
+                )
             elif (node.minimum is not None and value < node.minimum) or (
                 node.maximum is not None and value > node.maximum
             ):
@@ -209,7 +233,9 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
                 )
         case Arr():
             if not isinstance(value, list):
-                errors.append(FieldError(path, "must be a list", show(value), "FieldValueTypeInvalid"))
+                errors.append(
+                    FieldError(path, f"must be a list (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                )
                 return
             if node.min_items is not None and len(value) < node.min_items:
                 errors.append(
@@ -229,7 +255,9 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
                 _duplicates(node, value, path, errors)
         case Obj():
             if not isinstance(value, Mapping):
-                errors.append(FieldError(path, "must be an object", show(value), "FieldValueTypeInvalid"))
+                errors.append(
+                    FieldError(path, f"must be an object (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                )
                 return
             before = len(errors)
             if not node.preserve_unknown:

@@ -262,7 +262,15 @@ INVALID: list[Case] = [
     _c("gw-unknown-field", GATEWAY, ["spec", "routing"], "bgp", "spec.routing: is not a known field"),
     _c("gw-spec-missing", GATEWAY, ["spec"], DELETE, "spec: is required"),
     _c("gw-name-dotted", GATEWAY, ["metadata", "name"], "acme.gw", "names must be DNS labels"),
-    _c("gw-metadata-string", GATEWAY, ["metadata"], "acme", 'metadata: "acme" must be an object'),
+    _c("gw-metadata-string", GATEWAY, ["metadata"], "acme", "metadata: must be an object (got a string)"),
+    # A secret pasted where its reference belongs: the error names the type, never the value.
+    _c(
+        "gw-psk-inline",
+        GATEWAY,
+        ["spec", "ipsec", "pskSecretRef"],
+        "s3cr3t-psk-value",
+        "spec.ipsec.pskSecretRef: must be an object (got a string)",
+    ),
     _c("gw-name-missing", GATEWAY, ["metadata"], {"namespace": "x"}, "names must be DNS labels"),
     _c(
         "peer-namespace-upper",
@@ -477,3 +485,4 @@ def test_invalid_objects_fail_for_the_intended_reason(case: Case) -> None:
     assert all(
         p.startswith(f"{case.doc['kind']}/") and (name is None or f"/{name}:" in p) for p in problems
     ), problems
+    assert "s3cr3t-psk-value" not in " ".join(problems), "a secret value was echoed in an error"
