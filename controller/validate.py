@@ -309,7 +309,7 @@ def _peers(gateway: VPNGateway, peers: Sequence[VPNPeer]) -> list[Problem]:
                         "FieldValueRequired",
                     )
                 )
-            first = ike_ids.setdefault(peer.ipsec.id, peer.meta)
+            first = ike_ids.setdefault(ike_id_key(peer.ipsec.id), peer.meta)
             if first != peer.meta:
                 problems.append(
                     _problem(
@@ -357,11 +357,17 @@ def _peers(gateway: VPNGateway, peers: Sequence[VPNPeer]) -> list[Problem]:
     return problems
 
 
+def ike_id_key(ike_id: str) -> str:
+    """charon compares FQDN and email identities case-insensitively (strncasecmp in identification.c):
+    ``hq.acme.example`` and ``HQ.ACME.EXAMPLE`` select the same config and the same PSK."""
+    return ike_id.lower()
+
+
 def _legacy(gateway: IPsecGateway) -> list[Problem]:
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for i, t in enumerate(gateway.tunnels):
-        first = seen.setdefault(t.peer_id, i)
+        first = seen.setdefault(ike_id_key(t.peer_id), i)
         if first != i:
             problems.append(
                 _problem(

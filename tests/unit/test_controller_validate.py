@@ -128,6 +128,13 @@ LEGACY = docs("legacy-ipsecgateway.yaml")
             id="duplicate-ike-id",
         ),
         pytest.param(
+            edit(IPSEC, 2, ["spec", "ipsec", "id"], "S1.Lab.Example"),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s2: spec.ipsec.id: "S1.Lab.Example" is already the IKE id of VPNPeer/tenant-acme/s1',
+            "FieldValueDuplicate",
+            id="duplicate-ike-id-differs-only-in-case",  # charon compares FQDN ids case-insensitively
+        ),
+        pytest.param(
             edit(WG, 2, ["spec", "wireguard", "publicKey"], WG[1]["spec"]["wireguard"]["publicKey"]),
             INTERNAL,
             "VPNPeer/tenant-acme/s1: spec.wireguard.publicKey: is already the public key of "
@@ -192,6 +199,14 @@ LEGACY = docs("legacy-ipsecgateway.yaml")
             "spec.tunnels[0]",
             "FieldValueDuplicate",
             id="legacy-duplicate-peer-id",
+        ),
+        pytest.param(
+            edit(LEGACY, 0, ["spec", "tunnels", 1, "peer", "id"], "S1.LAB.EXAMPLE"),
+            INTERNAL,
+            'IPsecGateway/tenant-old/legacy: spec.tunnels[1].peer.id: "S1.LAB.EXAMPLE" is already the IKE id of '
+            "spec.tunnels[0]",
+            "FieldValueDuplicate",
+            id="legacy-duplicate-peer-id-differs-only-in-case",
         ),
         pytest.param(
             IPSEC,
