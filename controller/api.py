@@ -80,6 +80,24 @@ MAX_TUNNELS = 256
 ipv4 = Str(
     "IPv4 address, dotted quad.", pattern=IPV4, format="ipv4", max_length=15, rule="is not an IPv4 address"
 )
+# Addresses a gateway must never be pointed at: "this network" (0/8), loopback (127/8), link-local
+# (169.254/16: the OpenStack metadata service lives at 169.254.169.254), multicast and reserved (224/3).
+# Written as RE2 for CEL and checked with the same expressions in Python, so the two cannot disagree.
+_SPECIAL_IPV4 = (r"^(0|127|22[4-9]|2[3-5][0-9])(\.[0-9]{1,3}){3}$", r"^169\.254(\.[0-9]{1,3}){2}$")
+not_special = Rule(
+    " && ".join(f"!self.matches('{p.replace(chr(92), chr(92) * 2)}')" for p in _SPECIAL_IPV4),
+    "is a special-purpose address (this-network, loopback, link-local such as the metadata service, "
+    "multicast or reserved), not a unicast host",
+    lambda v: not any(re.search(p, v) for p in _SPECIAL_IPV4),
+)
+unicast_ipv4 = Str(
+    "Unicast IPv4 address, dotted quad.",
+    pattern=IPV4,
+    format="ipv4",
+    max_length=15,
+    rule="is not an IPv4 address",
+    rules=(not_special,),
+)
 cidr = Str("IPv4 CIDR.", pattern=CIDR, format="cidr", max_length=18, rule="is not an IPv4 CIDR")
 dns_label = Str("RFC 1123 DNS label.", pattern=DNS_LABEL, max_length=63, rule="is not a DNS label (RFC 1123)")
 hostname = Str(
@@ -133,7 +151,7 @@ exposure = Obj(
     {
         "name": dns_label,
         "target": Obj(
-            {"address": ipv4, "host": hostname},
+            {"address": unicast_ipv4, "host": hostname},
             rules=(
                 Rule(
                     "has(self.address) != has(self.host)",
@@ -151,7 +169,7 @@ exposure = Obj(
 reverse_exposure = Obj(
     {
         "name": dns_label,
-        "target": Obj({"address": ipv4}, required=("address",), description="The peer-side target."),
+        "target": Obj({"address": unicast_ipv4}, required=("address",), description="The peer-side target."),
         "ports": _ports(),
     },
     required=("name", "target", "ports"),
@@ -322,6 +340,7 @@ PEER_SPEC = Obj(
             pattern=ENDPOINT,
             max_length=253,
             rule="is not an IPv4 address or an RFC 1123 host name",
+            rules=(not_special,),
         ),
         "ipsec": Obj(
             {
@@ -401,7 +420,7 @@ ROUTED_MISSING = (
 tunnel = Obj(
     {
         "name": dns_label,
-        "peer": Obj({"address": ipv4, "id": ike_id}, required=("address", "id")),
+        "peer": Obj({"address": unicast_ipv4, "id": ike_id}, required=("address", "id")),
         "remoteSubnets": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
         "mode": Str("snat (default); routed is reserved.", enum=("snat", "routed")),
     },

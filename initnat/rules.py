@@ -81,6 +81,24 @@ def address(value: object, field: str) -> IPv4Address:
         raise NatConfigError(f"{field}: {_show(text)} is not an IPv4 address") from None
 
 
+def target(value: object, field: str) -> IPv4Address:
+    """A DNAT target: a unicast host address. A resolved targetHost is checked here too, since the
+    controller only sees the name: DNS must not point an exposure at the metadata service (169.254/16),
+    loopback, this-network, multicast or reserved space."""
+    addr = address(value, field)
+    if (
+        addr.is_unspecified
+        or addr.is_loopback
+        or addr.is_link_local
+        or addr.is_multicast
+        or addr.is_reserved
+        or addr == IPv4Address("255.255.255.255")
+        or addr in IPv4Network("0.0.0.0/8")
+    ):
+        raise NatConfigError(f"{field}: {addr} is a special-purpose address, not a unicast host")
+    return addr
+
+
 def network(value: object, field: str) -> IPv4Network:
     """An IPv4 address or CIDR; host bits are cleared (iptables would do the same)."""
     text = _str(value, field)
@@ -285,22 +303,22 @@ def validate(
     for i, e in enumerate(nat.exposures):
         path = f"nat.exposures[{i}]"
         if e.target_address is not None:
-            target = address(e.target_address, f"{path}.targetAddress")
+            dest = target(e.target_address, f"{path}.targetAddress")
         elif e.target_host is not None:
             host = hostname(e.target_host, f"{path}.targetHost")
             if host not in resolved:
                 raise NatConfigError(f"{path}.targetHost: {host} has not been resolved")
-            target = address(str(resolved[host]), f"{path}.targetHost")
+            dest = target(str(resolved[host]), f"{path}.targetHost")
         else:
             raise NatConfigError(f"{path}: targetAddress or targetHost is required")
-        add("exposure", e, path, target)
+        add("exposure", e, path, dest)
     for i, r in enumerate(nat.reverse_exposures):
         path = f"nat.reverseExposures[{i}]"
         if source is None:
             raise NatConfigError(f"{path}: reverse exposures need nat.sourceAddress (the SNAT source)")
         if not internal:
             raise NatConfigError(f"{path}: reverse exposures need nat.internalSourceCidrs")
-        add("reverse", r, path, address(r.target_address, f"{path}.targetAddress"))
+        add("reverse", r, path, target(r.target_address, f"{path}.targetAddress"))
 
     admissions: list[Admission] = []
     marks: dict[int, str] = {}

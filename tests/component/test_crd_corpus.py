@@ -87,6 +87,7 @@ VALID: list[Case] = [
     ),
     _c("peer-hostname", PEER, ["spec", "endpoint"], "vpn.hq.acme.example", None),
     _c("peer-single-label-host", PEER, ["spec", "endpoint"], "localhost", None),
+    _c("peer-host-starting-like-loopback", PEER, ["spec", "endpoint"], "127.example.com", None),
     _c("peer-no-authz", PEER, ["spec", "authorization"], DELETE, None),
     _c(
         "peer-pubkey",
@@ -314,6 +315,37 @@ INVALID: list[Case] = [
         "is not an IPv4 address or an RFC 1123",
     ),
     _c("peer-endpoint-empty", PEER, ["spec", "endpoint"], "", "is not an IPv4 address or an RFC 1123"),
+    # Special-purpose addresses: charon would treat 0.0.0.0 as any peer; an exposure of 169.254.169.254
+    # would hand the tenant the OpenStack metadata service seen through the node's port.
+    _c("peer-endpoint-any", PEER, ["spec", "endpoint"], "0.0.0.0", "special-purpose address"),
+    _c(
+        "gw-target-metadata",
+        GATEWAY,
+        ["spec", "exposures", 0, "target", "address"],
+        "169.254.169.254",
+        "special-purpose address",
+    ),
+    _c(
+        "gw-target-loopback",
+        GATEWAY,
+        ["spec", "exposures", 0, "target", "address"],
+        "127.0.0.1",
+        "special-purpose address",
+    ),
+    _c(
+        "gw-target-multicast",
+        GATEWAY,
+        ["spec", "exposures", 0, "target", "address"],
+        "224.0.0.251",
+        "special-purpose address",
+    ),
+    _c(
+        "legacy-peer-broadcast",
+        LEGACY_GW,
+        ["spec", "tunnels", 0, "peer", "address"],
+        "255.255.255.255",
+        "special-purpose address",
+    ),
     _c(
         "peer-endpoint-port",
         PEER,

@@ -308,3 +308,16 @@ def test_network_status_garbage_is_a_named_error() -> None:
 
 def test_exposure_targets_are_only_fabric_side() -> None:
     assert policy().exposure_targets == {IPv4Address("192.0.2.66"), IPv4Address("192.0.2.70")}
+
+
+@pytest.mark.parametrize(
+    "special", ["169.254.169.254", "127.0.0.1", "0.0.0.0", "224.0.0.251", "255.255.255.255"]
+)
+def test_a_dnat_target_must_be_a_unicast_host(special: str) -> None:
+    """Also for a resolved targetHost: the controller only saw the name (DNS could say 169.254.169.254,
+    the metadata service seen through the node's port)."""
+    web = dataclasses.replace(nat().exposures[0], target_address=special)
+    with pytest.raises(NatConfigError, match=r"nat.exposures\[0\].targetAddress: .* special-purpose"):
+        rules.validate(nat(exposures=(web, nat().exposures[1])), nic2_address=NIC2, resolved=RESOLVED)
+    with pytest.raises(NatConfigError, match=r"nat.exposures\[1\].targetHost: .* special-purpose"):
+        rules.validate(nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address(special)})
