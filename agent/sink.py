@@ -43,12 +43,26 @@ class FileStatusSink:
         self.path = path
         self._last: bytes | None = None
         self.writes = 0
+        self.error: str | None = None
+        """The last write failure (full disk, read-only volume...); None once a write succeeds."""
 
     async def publish(self, status: Mapping[str, Any]) -> None:
+        """Never raises: a status that cannot be written must not take the tunnels down with it. The
+        failure is logged once per distinct error and the write retried on the next publish."""
         data = render(status)
         if data == self._last:
             return
-        await anyio.to_thread.run_sync(_atomic_write, self.path, data)
+        try:
+            await anyio.to_thread.run_sync(_atomic_write, self.path, data)
+        except OSError as exc:
+            error = f"{exc.strerror or exc} ({self.path})"
+            if error != self.error:
+                log.error("status.write_failed path=%s error=%r", self.path, exc.strerror or str(exc))
+            self.error = error
+            return
+        if self.error is not None:
+            log.info("status.write_recovered path=%s", self.path)
+        self.error = None
         self._last = data
         self.writes += 1
 
@@ -184,10 +198,15 @@ def backoff(failures: int, base: float = 0.2, cap: float = 30.0) -> float:
 class KubeStatusSink:
     """``runtime.StatusSink`` for the CR's status subresource; start ``run()`` in a task group."""
 
-    def __init__(self, gateway: GatewayRef, api: StatusApi, *, sleep: Sleep = anyio.sleep) -> None:
+    def __init__(
+        self, gateway: GatewayRef, api: StatusApi, *, sleep: Sleep = anyio.sleep, min_interval: float = 2.0
+    ) -> None:
         self.gateway = gateway
         self._api = api
         self._sleep = sleep
+        self.min_interval = min_interval
+        """Seconds between two successful writes: a tunnel flapping or counters moving every poll must
+        not turn into a PATCH (and a watch event for every controller) twice a second. Latest wins."""
         self._latest: bytes | None = None
         self._written: bytes | None = None
         self._wake: anyio.Event | None = None  # created in the running loop
@@ -239,6 +258,8 @@ class KubeStatusSink:
                     log.info("status.write_recovered failures=%d", self.failures)
                 self.failures = 0
                 self.last_error = None
+                if self.min_interval > 0:
+                    await self._sleep(self.min_interval)
 
 
 _conforms_file: StatusSink = FileStatusSink(Path("/nonexistent"))

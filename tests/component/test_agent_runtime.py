@@ -183,6 +183,27 @@ async def test_file_sink_writes_atomically_and_only_on_change(tmp_path: Path) ->
     assert [p.name for p in f.parent.iterdir()] == ["status.json"]
 
 
+async def test_file_sink_survives_an_unwritable_volume_and_retries(tmp_path: Path) -> None:
+    """A full disk or read-only volume must not take the agent (and the tunnels) down."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    sink = FileStatusSink(d / "status.json")
+    d.chmod(0o500)
+    try:
+        if os.access(d, os.W_OK):  # root ignores directory modes: make the target a directory instead
+            d.chmod(0o700)
+            (d / "status.json").mkdir()
+        await sink.publish({"tunnels": []})  # must not raise
+        assert sink.writes == 0 and sink.error is not None
+    finally:
+        d.chmod(0o700)
+        if (d / "status.json").is_dir():
+            (d / "status.json").rmdir()
+    await sink.publish({"tunnels": []})  # the same status is written once the volume is back
+    assert sink.writes == 1 and sink.error is None
+    assert json.loads((d / "status.json").read_text()) == {"tunnels": []}
+
+
 async def test_kube_sink_patches_status_through_the_official_client_on_kmock() -> None:
     async with kmock.KubernetesEmulator() as k, kmock.Server(k):
         res = kmock.resource("vpn.bnerd.net", "v1alpha1", "vpngateways")
@@ -242,7 +263,7 @@ async def test_kube_sink_retries_conflicts_and_writes_only_the_latest() -> None:
         await sink.publish({"n": 99})  # statuses published during the backoff replace the pending one
         await anyio.lowlevel.checkpoint()
 
-    sink = KubeStatusSink(GW, api, sleep=sleep)
+    sink = KubeStatusSink(GW, api, sleep=sleep, min_interval=0)
     for n in range(5):
         await sink.publish({"n": n})  # never blocks: nothing is running yet
     async with anyio.create_task_group() as tg:
@@ -252,6 +273,27 @@ async def test_kube_sink_retries_conflicts_and_writes_only_the_latest() -> None:
     assert api.attempts == 4 and len(slept) == 3
     assert api.writes == [{"n": 99}], "only the newest status is written, once"
     assert slept == sorted(slept), "backoff grows"
+
+
+async def test_kube_sink_writes_at_most_once_per_min_interval_latest_wins() -> None:
+    """A status changing every poll (counters, a flapping tunnel) is one PATCH per interval, not per poll."""
+    api = FakeStatusApi()
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+        for n in range(10, 20):  # ten changes while the sink waits out its interval
+            await sink.publish({"n": n})
+        await anyio.lowlevel.checkpoint()
+
+    sink = KubeStatusSink(GW, api, sleep=sleep, min_interval=5.0)
+    await sink.publish({"n": 0})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sink.run)
+        await eventually(lambda: len(api.writes) >= 2 and not sink.pending)
+        tg.cancel_scope.cancel()
+    assert [w["n"] for w in api.writes] == [0, 19], "one write per interval, carrying the newest status"
+    assert slept[:2] == [5.0, 5.0]
 
 
 # --- health -------------------------------------------------------------------------------------------
