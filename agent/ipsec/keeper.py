@@ -310,6 +310,8 @@ class Keeper:
         versions: dict[str, str] = {}
         for gone in set(self.secret_errors) - set(want.secrets) - set(want.creds):
             self.secret_errors.pop(gone)
+        for gone in set(self.secret_rejected) - set(want.secrets) - set(want.creds):
+            self.secret_rejected.pop(gone)
         for sid, s in want.secrets.items():
             try:
                 versions[sid] = self.secrets.version(s.ref)
@@ -459,6 +461,10 @@ class Keeper:
 
     async def _refresh_status(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
         assert self.want is not None
+        # Tunnels being initiated when the snapshot was taken: one that completes during the awaits below
+        # has left in_flight but is missing from this (older) snapshot; initiating it again would give
+        # charon a duplicate CHILD_SA.
+        pending = frozenset(self.in_flight)
         sas = await list_sas(control, timeout=self.timing.list_timeout)
         stats = await control.call("stats")
         self._check_daemon(stats)
@@ -479,7 +485,7 @@ class Keeper:
         for action in link.watchdog(
             self.want.tunnels,
             sas,
-            in_flight=frozenset(self.in_flight),
+            in_flight=pending | self.in_flight,
             attempts=self.attempts,
             now=self._clock(),
         ):

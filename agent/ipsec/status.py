@@ -256,6 +256,9 @@ def tunnels_status(
             out.append(
                 TunnelStatus(t.name, "Down", None, None, Counters(), down, daemon_error or errors.get(t.name))
             )
+            # Unknown is not gone: a hung charon that answers again still has these SAs (the keeper
+            # clears the carry itself when a new daemon answers).
+            new_carry[t.name] = carry.get(t.name, Carry())
             continue
         st, new_carry[t.name] = tunnel_status(
             t,

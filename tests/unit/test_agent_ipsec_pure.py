@@ -22,7 +22,7 @@ from agent.ipsec.link import (
     watchdog,
 )
 from agent.ipsec.plan import Loaded, PlanRejected, SecretState, conn_digest, desired, diff, stale_children
-from agent.ipsec.status import Carry, reason_from_log, tunnels_status
+from agent.ipsec.status import Carry, Counters, reason_from_log, tunnels_status
 from agent.sink import backoff as sink_backoff
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel
 
@@ -146,6 +146,15 @@ def test_stale_children_are_those_the_plan_no_longer_has() -> None:
 def one(t: Tunnel, snap: Any, carry: Any = None, **kw: Any) -> Any:
     (st,), new_carry = tunnels_status((t,), snap, now=NOW, errors=kw.pop("errors", {}), carry=carry, **kw)
     return st, new_carry
+
+
+def test_an_unanswered_snapshot_keeps_the_counter_carry() -> None:
+    """charon hung (SIGSTOP): every tunnel reads Down, but the SAs may still be there when it answers
+    again, so what retired SAs contributed must not be forgotten (bytes would go backwards)."""
+    t = tunnel("a", "a-0")
+    kept = {"a": Carry(retired=Counters(bytes_in=500, bytes_out=700), retired_ids=frozenset({"1"}))}
+    st, new_carry = one(t, None, carry=kept, daemon_error="charon unreachable: no answer")
+    assert st.state == "Down" and new_carry == kept
 
 
 def test_established_tunnel_times_come_from_charons_seconds() -> None:
