@@ -103,7 +103,8 @@ dns_label = Str("RFC 1123 DNS label.", pattern=DNS_LABEL, max_length=63, rule="i
 hostname = Str(
     "RFC 1123 host name.",
     pattern=HOSTNAME,
-    format="hostname",
+    # No `format: hostname`: the API server's hostname format is stricter than RFC 1123 (one hyphen in a
+    # single label, an alphabetic TLD) and would reject names like postgres-primary-0 that we accept.
     max_length=253,
     rule="is not an RFC 1123 host name",
 )

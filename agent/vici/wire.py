@@ -158,6 +158,8 @@ class FrameBuffer:
         size = len(buf)
         while size - start >= 4:
             (length,) = struct.unpack_from("!I", buf, start)
+            if length > MAX_MESSAGE + 1024:  # charon never sends more; a corrupt header must not buffer GiBs
+                raise DecodeError(f"frame of {length} bytes exceeds charon's {MAX_MESSAGE} byte limit")
             if size - start < 4 + length:
                 break
             out.append(parse_packet(bytes(buf[start + 4 : start + 4 + length])))

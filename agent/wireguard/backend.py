@@ -290,6 +290,9 @@ class NetlinkBackend:
             raise BackendUnavailable(
                 f"kernel WireGuard generic netlink family not found (errno {exc.code}): no wireguard module"
             ) from exc
+        except Exception as exc:  # detect() retries every step: never leak the socket
+            wg.close()
+            raise BackendUnavailable(f"kernel WireGuard generic netlink: {exc}") from exc
         return cls(wg, links)
 
     async def ensure_device(self, interface: str) -> None:

@@ -66,3 +66,8 @@ def test_a_malformed_frame_is_a_decode_error_for_the_session_to_translate() -> N
     bad = struct.pack("!BB", wire.EVENT, 7) + b"list-sa" + b"\x09"
     with pytest.raises(DecodeError):
         FrameBuffer().feed(struct.pack("!I", len(bad)) + bad)
+
+
+def test_a_frame_longer_than_charon_ever_sends_is_refused_before_buffering_it() -> None:
+    with pytest.raises(DecodeError, match="exceeds"):
+        FrameBuffer().feed(struct.pack("!I", 0xFFFFFFF0) + b"\x01")
