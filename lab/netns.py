@@ -6,9 +6,11 @@ can tell a dead run's leftovers (its pid is gone) from a live one's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Sequence
 
@@ -55,6 +57,14 @@ def add_ns(name: str) -> None:
 def del_ns(name: str) -> None:
     # Deleting a namespace destroys the veth ends inside it, and their peers with them.
     run(["ip", "netns", "del", name], check=False)
+
+
+def destroy_ns(name: str) -> None:
+    """Kill whatever still runs inside ``name`` (a test's helper process), then delete the namespace."""
+    for pid in pids_in(name):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    del_ns(name)
 
 
 def veth(ns_a: str, if_a: str, ns_b: str, if_b: str, *, mac_a: str | None = None) -> None:

@@ -20,7 +20,6 @@ the gateway, like the reverse-exposure router route. Every name carries the run'
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ipaddress
 import logging
 import os
@@ -227,12 +226,9 @@ class Lab:
                     daemon.stop()
                 except Exception as exc:  # keep tearing down; report at the end
                     errors.append(f"{host.ns}: {exc}")
-            # Anything else a test started inside the namespace (agents, pings, listeners).
-            for pid in netns.pids_in(host.ns):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 9)
         for host in reversed(list(self.hosts.values())):
-            netns.del_ns(host.ns)
+            # Anything else a test started inside the namespace (agents, pings, listeners) goes too.
+            netns.destroy_ns(host.ns)
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
         _open_labs.discard(self)
@@ -255,9 +251,6 @@ def cleanup_stale() -> list[str]:
     """Remove namespaces left by lab runs whose process is gone; returns what was removed."""
     removed = []
     for ns in netns.stale_namespaces():
-        for pid in netns.pids_in(ns):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-        netns.del_ns(ns)
+        netns.destroy_ns(ns)
         removed.append(ns)
     return removed

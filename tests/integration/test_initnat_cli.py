@@ -36,7 +36,7 @@ def ns() -> Iterator[str]:
         netns.addr(name, "eth7", "192.0.2.2/26")
         yield name
     finally:
-        netns.del_ns(name)
+        netns.destroy_ns(name)
 
 
 def make_plan(*grants: Grant, vip: str = "198.18.0.10") -> Plan:
@@ -200,7 +200,13 @@ def test_watch_follows_kubelet_swaps_and_keeps_the_last_good_ruleset(ns: str, tm
         wait_for(lambda: "0x20000" in our_rules(ns) and "0x10000" not in our_rules(ns), 5, "rename re-apply")
     finally:
         proc.terminate()
-        assert proc.wait(timeout=10) == 0, "SIGTERM is a clean stop"
+        try:
+            rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+            raise
+    assert rc == 0, "SIGTERM is a clean stop"
     text = log.read_text()
     assert "initnat.rejected" in text and "nat.exposures[0].virtualIp" in text and "kept=last-good" in text
     assert text.count("initnat.applied") == 3 and "initnat.stopped" in text

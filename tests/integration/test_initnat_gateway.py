@@ -50,7 +50,7 @@ def ns() -> Iterator[str]:
         netns.addr(name, "n2", "192.0.2.2/26")
         yield name
     finally:
-        netns.del_ns(name)
+        netns.destroy_ns(name)
 
 
 class Recorder(FakeFlusher):

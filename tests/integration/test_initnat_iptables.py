@@ -38,7 +38,7 @@ def ns() -> Iterator[str]:
     try:
         yield name
     finally:
-        netns.del_ns(name)
+        netns.destroy_ns(name)
 
 
 def in_ns(ns: str) -> Runner:

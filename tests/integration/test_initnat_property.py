@@ -130,7 +130,7 @@ def ns() -> Iterator[str]:
     try:
         yield name
     finally:
-        netns.del_ns(name)
+        netns.destroy_ns(name)
 
 
 _PLAIN_TOKEN = re.compile(r"^[A-Za-z0-9./:,!_-]+$")

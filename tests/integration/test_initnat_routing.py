@@ -36,7 +36,7 @@ def ns() -> Iterator[str]:
         netns.route(name, "10.5.0.0/16", "via", "192.0.2.1", "dev", "ens9", "table", "77")
         yield name
     finally:
-        netns.del_ns(name)
+        netns.destroy_ns(name)
 
 
 @pytest.fixture
