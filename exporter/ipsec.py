@@ -403,12 +403,13 @@ def view(
         by_tunnel.setdefault(k[0], []).append(k)
     for name in seen:
         by_tunnel.setdefault(name, [])
-    shown = planned.keys() | seen
+    # With a plan, a tunnel neither planned nor in charon's listing is a deprovisioned peer: its series go
+    # stale instead of reporting a tunnel that is down forever (VpnTunnelDown would never clear). Without
+    # a plan nothing says what is configured, so every tunnel seen so far keeps its row.
+    shown = (planned.keys() | seen) if planned else set(by_tunnel)
     tunnels: list[TunnelView] = []
     for name in sorted(by_tunnel):
         if name not in shown:
-            # Neither configured (plan) nor in charon's listing: a deprovisioned peer. Its series go
-            # stale instead of reporting a tunnel that is down forever (VpnTunnelDown would never clear).
             continue
         mine = by_tunnel[name]
         got = sum(1 for k in mine if k in installed)

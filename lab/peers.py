@@ -6,10 +6,14 @@ dictionaries (what a network admin's swanctl.conf would say), never by the gatew
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from agent.vici import ViciSession
+from lab import netns
+from lab.world import Host, Lab
 
 
 def psk_conn(
@@ -87,3 +91,35 @@ async def configure_site(
             child_options=child_options,
         ),
     )
+
+
+def keypair() -> tuple[str, str]:
+    private = subprocess.run(["wg", "genkey"], capture_output=True, check=True).stdout.strip()
+    public = subprocess.run(["wg", "pubkey"], input=private, capture_output=True, check=True).stdout.strip()
+    return private.decode(), public.decode()
+
+
+def wireguard_pair(lab: Lab, site: Host, tmp: Path, *, psk: str | None = None) -> dict[str, tuple[str, str]]:
+    """wireguard-go on the gateway (listening, 10.99.0.1) and the site (10.99.0.2, initiating), the
+    responder configured first (LAB-FACTS). Returns {role: (private, public)}."""
+    wg_gw, wg_site = lab.start_wireguard(lab.gw), lab.start_wireguard(site)
+    keys = {h.role: keypair() for h in (lab.gw, site)}
+    for host, wgd, addr, peer, peer_ip, endpoint in (
+        (lab.gw, wg_gw, "10.99.0.1/24", site, "10.99.0.2/32", None),
+        (site, wg_site, "10.99.0.2/24", lab.gw, "10.99.0.1/32", f"{lab.gw.addresses[0]}:51820"),
+    ):
+        keyfile = tmp / f"{host.role}.key"
+        keyfile.write_text(keys[host.role][0])
+        args = ["set", "wg0", "private-key", str(keyfile), "peer", keys[peer.role][1], "allowed-ips", peer_ip]
+        if psk is not None:
+            pskfile = tmp / "psk"
+            pskfile.write_text(psk)
+            args += ["preshared-key", str(pskfile)]
+        if endpoint:
+            args += ["endpoint", endpoint]
+        else:
+            args[2:2] = ["listen-port", "51820"]
+        wgd.wg(*args)
+        netns.addr(host.ns, "wg0", addr)
+        netns.run(["ip", "-n", host.ns, "link", "set", "wg0", "up"])
+    return keys

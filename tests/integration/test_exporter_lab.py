@@ -31,8 +31,9 @@ from exporter.service import Exporter, PlanFile
 from exporter.sources import StrongswanSource, WireGuardSource, follow_events
 from gwplan.model import Child, GatewayRef, Plan, SecretRef, Tunnel, WgPeer, WireGuard, dumps
 from gwplan.model import Ipsec as PlanIpsec
+from lab.peers import wireguard_pair
 from lab.world import SERVICE_CIDR, Host, Lab
-from tests.integration.test_exporter_support import PSK, load_pair, wireguard_pair
+from tests.integration.test_exporter_support import PSK, load_pair
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
 

@@ -4,7 +4,6 @@ handshake between two wireguard-go peers, charon fault injection, and teardown t
 from __future__ import annotations
 
 import os
-import subprocess
 from typing import Any
 
 import anyio
@@ -13,7 +12,7 @@ import pytest
 
 from agent.vici import ViciCommandFailed, ViciSession, ViciTimeout, ViciUnavailable
 from lab import netns
-from lab.peers import psk_conn
+from lab.peers import psk_conn, wireguard_pair
 from lab.world import SERVICE_CIDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -127,30 +126,10 @@ async def test_sigstopped_charon_times_out_and_recovers_on_sigcont(lab: Lab) -> 
         assert (await again.call("version"))["daemon"] == "charon"
 
 
-def _keypair(host: Host) -> tuple[str, str]:
-    private = subprocess.run(["wg", "genkey"], capture_output=True, check=True).stdout.strip()
-    public = subprocess.run(["wg", "pubkey"], input=private, capture_output=True, check=True).stdout.strip()
-    return private.decode(), public.decode()
-
-
 async def test_wireguard_go_peers_handshake_and_carry_traffic(lab: Lab, tmp_path: Any) -> None:
     s = lab.add_site()
-    wg_gw, wg_site = lab.start_wireguard(lab.gw), lab.start_wireguard(s)
-    keys = {h.role: _keypair(h) for h in (lab.gw, s)}
-    for host, wgd, addr, peer, peer_ip, endpoint in (
-        (lab.gw, wg_gw, "10.99.0.1/24", s, "10.99.0.2/32", None),
-        (s, wg_site, "10.99.0.2/24", lab.gw, "10.99.0.1/32", f"{lab.gw.addresses[0]}:51820"),
-    ):
-        keyfile = tmp_path / f"{host.role}.key"
-        keyfile.write_text(keys[host.role][0])
-        args = ["set", "wg0", "private-key", str(keyfile), "peer", keys[peer.role][1], "allowed-ips", peer_ip]
-        if endpoint:
-            args += ["endpoint", endpoint]
-        else:
-            args[2:2] = ["listen-port", "51820"]
-        wgd.wg(*args)
-        netns.addr(host.ns, "wg0", addr)
-        netns.run(["ip", "-n", host.ns, "link", "set", "wg0", "up"])
+    keys = wireguard_pair(lab, s, tmp_path)
+    wg_gw = lab.gw.wireguard["wg0"]
     assert s.ping("10.99.0.1", count=2)
     dump = wg_gw.wg("show", "wg0", "latest-handshakes")
     assert keys["s1"][1] in dump and not dump.strip().endswith("\t0")
