@@ -332,28 +332,16 @@ def _peers(gateway: VPNGateway, peers: Sequence[VPNPeer]) -> list[Problem]:
                         "FieldValueDuplicate",
                     )
                 )
-        for i, name in enumerate(peer.exposures):
-            if name not in exposures:
-                problems.append(
-                    _problem(
-                        p,
-                        f"spec.authorization.exposures[{i}]",
-                        name,
-                        f"names no exposure of {gw}",
-                        "UnknownExposure",
-                    )
-                )
-        for i, name in enumerate(peer.reverse_exposures):
-            if name not in reverse:
-                problems.append(
-                    _problem(
-                        p,
-                        f"spec.authorization.reverseExposures[{i}]",
-                        name,
-                        f"names no reverse exposure of {gw}",
-                        "UnknownExposure",
-                    )
-                )
+        for field_name, kind, granted, known in (
+            ("exposures", "exposure", peer.exposures, exposures),
+            ("reverseExposures", "reverse exposure", peer.reverse_exposures, reverse),
+        ):
+            problems += [
+                _problem(p, f"spec.authorization.{field_name}[{i}]", name, f"names no {kind} of {gw}",
+                         "UnknownExposure")
+                for i, name in enumerate(granted)
+                if name not in known
+            ]  # fmt: skip
     return problems
 
 
