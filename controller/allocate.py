@@ -10,7 +10,8 @@ the current plan as ``previous``: with it, adding or removing an unrelated expos
   the SNAT source of reverse exposures; the pod puts it on ``lo``). Network and broadcast addresses are
   never handed out either.
 * Marks live inside ``mark_mask`` (contiguous bits); 0 is "no mark". A mark is never given to two grants
-  of one render, and a grant keeps its mark while it exists.
+  of one render, and a grant keeps its mark while it exists. A value freed by this render (its name is
+  gone) is not reused in the same render while the pool has others.
 """
 
 from __future__ import annotations
@@ -48,9 +49,14 @@ def _sticky(
     fresh = [n for n in names if n not in out]
     if len(taken) + len(fresh) > size:
         raise AllocationError(f"{what}: {len(names)} needed, only {size} available")
+    # Values the previous plan gave to names that are gone are not handed out in the same render (unless
+    # the pool needs them): a revoked grant's mark or a removed exposure's virtual IP taken over at once by
+    # a new one would make its old conntrack entries look like the new one's.
+    freed = {v for n, v in previous.items() if n not in out and v in valid} - taken.keys()
+    avoid = freed if len(taken) + len(fresh) + len(freed) <= size else set()
     for name in fresh:
         i = _slot(name, size)
-        while valid[i] in taken:
+        while valid[i] in taken or valid[i] in avoid:
             i = (i + 1) % size
         taken[valid[i]] = name
         out[name] = valid[i]

@@ -122,3 +122,22 @@ def test_previous_marks_outside_the_mask_are_not_kept() -> None:
 def test_bad_masks_are_refused(mask: int) -> None:
     with pytest.raises(ValueError, match="mark mask"):
         marks([("exposure", "p", "e")], {}, mask)
+
+
+def test_a_freed_mark_or_virtual_ip_is_not_reused_in_the_same_render() -> None:
+    """Revoking one grant and adding another in one edit must not hand the new grant the old mark: its
+    old conntrack entries would look like the new grant's."""
+    old = ("exposure", "hq", "db")
+    first = marks([old], {})
+    # A new grant whose hash prefers exactly the freed mark (found by search, so the test is exact).
+    new = next(k for n in range(100_000) if marks([k := ("exposure", "hq", f"e{n}")], {})[k] == first[old])
+    assert marks([new], first)[new] != first[old]
+    assert marks([new], {})[new] == first[old], "premise: without the previous plan it would take it"
+    ips = virtual_ips("198.18.0.0/29", ["db"], {})
+    name = next(x for n in range(10_000) if virtual_ips("198.18.0.0/29", [x := f"x{n}"], {})[x] == ips["db"])
+    assert virtual_ips("198.18.0.0/29", [name], ips)[name] != ips["db"]
+
+
+def test_a_freed_value_is_reused_when_the_pool_has_nothing_else() -> None:
+    ips = virtual_ips("198.18.0.0/30", ["db"], {})  # a /30 has exactly one usable virtual IP
+    assert virtual_ips("198.18.0.0/30", ["web"], ips) == {"web": ips["db"]}
