@@ -87,18 +87,31 @@ class Endpoints:
             self._due.pop(gone, None)
             self.addresses.pop(gone, None)
             self._failing.discard(gone)
-        for host in sorted(hosts):
-            now = self.monotonic()
-            if self._due.get(host, 0.0) > now:
-                continue
+        now = self.monotonic()
+        due = [h for h in sorted(hosts) if self._due.get(h, 0.0) <= now]
+        results: dict[str, str | BaseException] = {}
+
+        async def resolve(host: str) -> None:
             try:
                 with anyio.fail_after(self.timeout):
-                    address = await self.resolver(host)
+                    results[host] = await self.resolver(host)
             except (OSError, TimeoutError) as exc:
+                results[host] = exc
+
+        # Concurrently: during a DNS outage N unresolvable hosts cost one timeout per step, not N, so a
+        # plan change (removing a peer must apply within 2 s) never queues behind them.
+        async with anyio.create_task_group() as tg:
+            for host in due:
+                tg.start_soon(resolve, host)
+        for host in due:
+            address = results[host]
+            if isinstance(address, BaseException):
                 self._due[host] = now + self.retry
                 if host not in self._failing:
                     self._failing.add(host)
-                    log.warning("wireguard.endpoint.unresolved host=%s error=%r", host, str(exc) or "timeout")
+                    log.warning(
+                        "wireguard.endpoint.unresolved host=%s error=%r", host, str(address) or "timeout"
+                    )
                 continue
             self._failing.discard(host)
             self._due[host] = now + self.interval

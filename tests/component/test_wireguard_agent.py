@@ -356,3 +356,25 @@ async def test_an_unexpected_error_in_a_step_does_not_end_the_loop(rig: Rig) -> 
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
     assert len(calls) >= 2 and set(rig.device.peers) == {A}
+
+
+async def test_due_hostnames_are_resolved_concurrently() -> None:
+    """A DNS outage with many hostname peers costs one resolver timeout per step, not one per host: every
+    resolution here only finishes once all of them have started, which a sequential loop never reaches."""
+    from agent.wireguard.run import Endpoints
+
+    hosts = frozenset(f"site{i}.example" for i in range(5))
+    started: set[str] = set()
+    all_started = anyio.Event()
+
+    async def resolver(host: str) -> str:
+        started.add(host)
+        if len(started) == len(hosts):
+            all_started.set()
+        await all_started.wait()
+        return f"192.0.2.{10 + sorted(hosts).index(host)}"
+
+    endpoints = Endpoints(resolver, lambda: 0.0, interval=60.0, timeout=1.0)
+    with anyio.fail_after(5):
+        assert await endpoints.refresh(hosts)
+    assert sorted(endpoints.addresses.values()) == [f"192.0.2.{10 + i}" for i in range(5)]
