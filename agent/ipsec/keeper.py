@@ -120,6 +120,9 @@ class Keeper:
 
         self.plan: Plan | None = None
         self.want: Desired | None = None
+        self.applied: Desired | None = None
+        """The plan state last pushed to this charon: the watchdog and stale-child cleanup act on it, never
+        on a newer plan whose connections are not loaded yet (it can change at any await)."""
         self.plan_error: str | None = None
         self.secret_errors: dict[str, str] = {}
         """Secret id -> why its file cannot be read (the loaded key, if any, stays)."""
@@ -338,6 +341,7 @@ class Keeper:
                 self.secret_errors.pop(key, None)
         changes = diff(self.loaded, want, versions, cred_versions)
         if changes.empty:
+            self.applied = want
             return False
         conns = dict(self.loaded.conns)
         secrets = dict(self.loaded.secrets)
@@ -410,6 +414,7 @@ class Keeper:
             self.carry.pop(name, None)
             log.info("conn.removed name=%s", name)
         self.loaded = Loaded(conns, secrets, creds)
+        self.applied = want
         if changes.load_secrets or changes.load_conns or changes.load_creds:
             self.attempts.clear()  # new keys or config: retry failed tunnels now, not after their backoff
         if force_log or changes.load_conns or changes.unload_conns:
@@ -460,7 +465,9 @@ class Keeper:
             raise CycleLost(f"charon restarted (start time {self.daemon_started} -> {started})")
 
     async def _refresh_status(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
-        assert self.want is not None
+        applied = self.applied
+        if applied is None:
+            return
         # Tunnels being initiated when the snapshot was taken: one that completes during the awaits below
         # has left in_flight but is missing from this (older) snapshot; initiating it again would give
         # charon a duplicate CHILD_SA.
@@ -469,7 +476,7 @@ class Keeper:
         stats = await control.call("stats")
         self._check_daemon(stats)
         self.sas = sas
-        for name, uid in stale_children(self.want.tunnels, sas):
+        for name, uid in stale_children(applied.tunnels, sas):
             log.info("child.stale name=%s child_uniqueid=%s action=terminate", name, uid)
             await control.stream(
                 "terminate",
@@ -483,7 +490,7 @@ class Keeper:
             if s.state == "Established" and s.name in self.errors:
                 self.errors.pop(s.name)
         for action in link.watchdog(
-            self.want.tunnels,
+            applied.tunnels,
             sas,
             in_flight=pending | self.in_flight,
             attempts=self.attempts,
@@ -532,9 +539,10 @@ class Keeper:
             log.info("tunnel.initiate_interrupted name=%s error=%r", action.tunnel, str(exc))
         finally:
             now = self._clock()
-            self.attempts[action.tunnel] = link.after_attempt(
-                self.attempts.get(action.tunnel, Attempt()), ok, now, queued=queued
-            )
+            if action.tunnel in self.loaded.conns:  # not removed by a reload while it was initiating
+                self.attempts[action.tunnel] = link.after_attempt(
+                    self.attempts.get(action.tunnel, Attempt()), ok, now, queued=queued
+                )
             self.in_flight.discard(action.tunnel)
             self._poke()
 
