@@ -7,43 +7,21 @@ itself is proven in test_crd_agreement.py; this module also checks the Python si
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from controller.validate import validate_object
+from tests.examples import DELETE, example_docs, mutate
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
-DELETE = object()
-
-
-def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
-
-
-IPSEC = _docs("ipsec.yaml")
-WG = _docs("wireguard.yaml")
-LEGACY = _docs("legacy-ipsecgateway.yaml")
+IPSEC = example_docs("ipsec.yaml")
+WG = example_docs("wireguard.yaml")
+LEGACY = example_docs("legacy-ipsecgateway.yaml")
 GATEWAY, PEER, PEER2 = IPSEC
 WG_GATEWAY, WG_SITE, WG_ROAD = WG
 LEGACY_GW, CLUSTER_LINK = LEGACY
-
-
-def mutate(doc: dict[str, Any], path: Sequence[str | int], value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(doc)
-    node: Any = out
-    for key in path[:-1]:
-        node = node[key]
-    if value is DELETE:
-        del node[path[-1]]
-    else:
-        node[path[-1]] = value
-    return out
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,9 @@ from __future__ import annotations
 import copy
 import ipaddress
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,26 +17,17 @@ import gwplan
 from controller.render import RenderOptions, child_name, render_documents
 from controller.swanctl import UnsafeValue, _value, render_swanctl
 from controller.validate import InvalidInput
+from tests.examples import edit, example_docs
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 INTERNAL = ("192.0.2.64/26",)
 OPTS = RenderOptions(internal_source_cidrs=INTERNAL)
 
 
-def docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
-
-
-IPSEC, WG, LEGACY = docs("ipsec.yaml"), docs("wireguard.yaml"), docs("legacy-ipsecgateway.yaml")
-
-
-def edit(documents: list[dict[str, Any]], i: int, path: list[Any], value: Any) -> list[dict[str, Any]]:
-    out = copy.deepcopy(documents)
-    node: Any = out[i]
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return out
+IPSEC, WG, LEGACY = (
+    example_docs("ipsec.yaml"),
+    example_docs("wireguard.yaml"),
+    example_docs("legacy-ipsecgateway.yaml"),
+)
 
 
 def test_ipsec_tunnels_have_one_child_per_remote_subnet() -> None:

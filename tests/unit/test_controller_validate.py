@@ -5,22 +5,16 @@ can express. Pure, table-driven; per-object rules are covered by tests/component
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from controller.model import parse
 from controller.render import RenderOptions, render_documents
 from controller.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem, validate
+from tests.examples import edit, example_docs
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 INTERNAL = ("192.0.2.64/26",)
-
-
-def docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
 
 
 def problems(documents: list[dict[str, Any]], internal: tuple[str, ...] = INTERNAL) -> list[Problem]:
@@ -31,23 +25,14 @@ def problems(documents: list[dict[str, Any]], internal: tuple[str, ...] = INTERN
     return []
 
 
-def edit(documents: list[dict[str, Any]], i: int, path: list[Any], value: Any) -> list[dict[str, Any]]:
-    out = copy.deepcopy(documents)
-    node: Any = out[i]
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return out
-
-
 @pytest.mark.parametrize("name", ["ipsec.yaml", "wireguard.yaml", "legacy-ipsecgateway.yaml"])
 def test_examples_render_cleanly(name: str) -> None:
-    assert problems(docs(name)) == []
+    assert problems(example_docs(name)) == []
 
 
-IPSEC = docs("ipsec.yaml")
-WG = docs("wireguard.yaml")
-LEGACY = docs("legacy-ipsecgateway.yaml")
+IPSEC = example_docs("ipsec.yaml")
+WG = example_docs("wireguard.yaml")
+LEGACY = example_docs("legacy-ipsecgateway.yaml")
 
 
 @pytest.mark.parametrize(
