@@ -4,37 +4,20 @@ tests/integration/test_agent_ipsec.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
+from agent.fakes import ListSink, StaticPlans
 from agent.health import HealthState
 from agent.ipsec.keeper import Keeper, Timing
-from agent.runtime import PlanSource, SecretError, Secrets, StatusSink
+from agent.runtime import SecretError, Secrets
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel
 
 pytestmark = pytest.mark.anyio
 PSK = b"keeper-component-psk-31f"  # test-only value
-
-
-class StaticPlans:
-    """A PlanSource fake: yields the given plans, then waits forever (like a file nobody changes)."""
-
-    def __init__(self, *plans: Plan) -> None:
-        self.plans = plans
-        self.last_error: str | None = None
-
-    async def _it(self) -> AsyncIterator[Plan]:
-        for p in self.plans:
-            yield p
-        await anyio.sleep_forever()
-
-    def __aiter__(self) -> AsyncIterator[Plan]:
-        return self._it()
 
 
 class DictSecrets:
@@ -51,17 +34,7 @@ class DictSecrets:
         return str(hash(self.read(ref)))
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.published: list[dict[str, Any]] = []
-
-    async def publish(self, status: Mapping[str, Any]) -> None:
-        self.published.append(dict(status))
-
-
-_p: PlanSource = StaticPlans()
 _s: Secrets = DictSecrets({})
-_k: StatusSink = ListSink()
 
 
 def plan() -> Plan:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from agent.fakes import ListSink, StaticPlans
 from agent.runtime import Settings
 from agent.sources import FileSecrets
 from agent.wireguard.backend import BackendUnavailable, WireGuardBackend
@@ -31,14 +31,6 @@ def key() -> str:
 
 A, B = key(), key()
 NOW = 1_800_000_000.0
-
-
-@dataclass
-class Sink:
-    published: list[Mapping[str, Any]] = field(default_factory=list)
-
-    async def publish(self, status: Mapping[str, Any]) -> None:
-        self.published.append(status)
 
 
 @dataclass
@@ -61,23 +53,6 @@ class Clock:
         return self.t
 
 
-class Plans:
-    def __init__(self, *plans: Plan) -> None:
-        self.plans = plans
-
-    async def _it(self) -> AsyncIterator[Plan]:
-        for p in self.plans:
-            yield p
-        await anyio.sleep_forever()
-
-    def __aiter__(self) -> AsyncIterator[Plan]:
-        return self._it()
-
-    @property
-    def last_error(self) -> str | None:
-        return None
-
-
 def plan(*peers: WgPeer, port: int = 51820) -> Plan:
     return Plan(
         gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
@@ -95,7 +70,7 @@ class Rig:
     agent: WireGuardAgent
     device: FakeDevice
     netdev: FakeNetDev
-    sink: Sink
+    sink: ListSink
     health: Health
     secrets: Path
     wall: Clock
@@ -119,7 +94,7 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
-    device, netdev, sink, health = FakeDevice(), FakeNetDev(), Sink(), Health()
+    device, netdev, sink, health = FakeDevice(), FakeNetDev(), ListSink(), Health()
     wall, mono = Clock(NOW), Clock(100.0)
     dns: dict[str, str] = {}
 
@@ -321,7 +296,7 @@ async def test_run_consumes_plans_and_wakes_at_once(rig: Rig) -> None:
     rig.agent.settings = replace(rig.agent.settings, poll_interval=60.0)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(rig.agent.run, Plans(plan(SITE, LAPTOP)))
+            tg.start_soon(rig.agent.run, StaticPlans(plan(SITE, LAPTOP)))
             while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
@@ -351,7 +326,7 @@ async def test_an_unexpected_error_in_a_step_does_not_end_the_loop(rig: Rig) -> 
     rig.agent.step = flaky_step  # type: ignore[method-assign]
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(rig.agent.run, Plans(plan(SITE)))
+            tg.start_soon(rig.agent.run, StaticPlans(plan(SITE)))
             while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
                 await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
