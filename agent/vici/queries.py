@@ -165,7 +165,7 @@ def settle_start(previous: float | None, observed: float | None) -> float | None
 
 
 def restarted(previous: float | None, observed: float | None) -> bool:
-    return settle_start(previous, observed) != previous and previous is not None and observed is not None
+    return previous is not None and observed is not None and abs(observed - previous) > START_WOBBLE
 
 
 def _int(value: Any) -> int:

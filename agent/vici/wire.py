@@ -60,17 +60,6 @@ def unregister(event: str) -> bytes:
     return _named(EVENT_UNREGISTER, event)
 
 
-def to_str(value: Any) -> Any:
-    """charon's values as the ``vici`` package decodes them (bytes) -> str, recursively."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if isinstance(value, list):
-        return [to_str(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): to_str(v) for k, v in value.items()}
-    return value
-
-
 SECTION_START, SECTION_END, KEY_VALUE, LIST_START, LIST_ITEM, LIST_END = range(1, 7)
 
 
