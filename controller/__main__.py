@@ -168,7 +168,10 @@ def render_command(args: argparse.Namespace) -> int:
             options.previous.gateway.namespace,
             options.previous.gateway.name,
         )
-    data = render_swanctl(plan).encode() if args.format == "swanctl" else gwplan.dumps(plan)
+    try:
+        data = render_swanctl(plan).encode() if args.format == "swanctl" else gwplan.dumps(plan)
+    except ValueError as exc:
+        raise UsageError(f"--format {args.format}: {exc}") from exc
     _write(data, args.output)
     g = plan.gateway
     log.info(
@@ -209,9 +212,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ValueError as exc:  # e.g. --format swanctl for a WireGuard gateway
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:

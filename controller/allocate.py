@@ -28,7 +28,28 @@ GrantKey = tuple[str, str, str]
 
 
 class AllocationError(ValueError):
-    """The pool is too small; the message says which pool and how many were needed."""
+    """The pool is too small. The message says which pool and how many were needed; ``unplaced`` lists
+    the names that got no value (fresh names in sorted order past the room left after every kept one), so
+    the caller can point at the objects and fields that asked for them."""
+
+    def __init__(self, pool: str, needed: int, available: int, unplaced: tuple[str, ...]) -> None:
+        self.pool = pool
+        self.needed = needed
+        self.available = available
+        self.unplaced = unplaced
+        super().__init__(f"{pool}: {needed} needed, only {available} available")
+
+
+class MarksExhausted(AllocationError):
+    """The mark mask has fewer marks than there are grants; ``grants`` are the ones left without."""
+
+    def __init__(self, exc: AllocationError, grants: tuple[GrantKey, ...]) -> None:
+        super().__init__(exc.pool, exc.needed, exc.available, exc.unplaced)
+        self.grants = grants
+
+
+class BadMask(ValueError):
+    """A mark mask the allocator cannot use; the message is the rule it breaks."""
 
 
 def _slot(name: str, size: int) -> int:
@@ -48,7 +69,7 @@ def _sticky(
             out[name] = value
     fresh = [n for n in names if n not in out]
     if len(taken) + len(fresh) > size:
-        raise AllocationError(f"{what}: {len(names)} needed, only {size} available")
+        raise AllocationError(what, len(names), size, tuple(fresh[size - len(taken) :]))
     # Values the previous plan gave to names that are gone are not handed out in the same render (unless
     # the pool needs them): a revoked grant's mark or a removed exposure's virtual IP taken over at once by
     # a new one would make its old conntrack entries look like the new one's.
@@ -99,13 +120,16 @@ def virtual_ips(service_cidr: str, names: Iterable[str], previous: Mapping[str, 
     return {name: str(ipaddress.IPv4Address(v)) for name, v in got.items()}
 
 
-def _mask_bits(mask: int) -> tuple[int, int]:
+def mask_bits(mask: int) -> tuple[int, int]:
+    """(shift, width) of a contiguous 32-bit mark mask; ``BadMask`` says which rule it breaks."""
     if mask <= 0:
-        raise ValueError(f"mark mask {mask:#x} is empty")
+        raise BadMask("is empty: no bits left for conntrack marks")
+    if mask > 0xFFFFFFFF:
+        raise BadMask("does not fit in 32 bits (conntrack marks are 32-bit)")
     shift = (mask & -mask).bit_length() - 1
     width = mask >> shift
     if width & (width + 1):
-        raise ValueError(f"mark mask {mask:#x} is not contiguous")
+        raise BadMask("is not one contiguous run of bits")
     return shift, width
 
 
@@ -117,11 +141,14 @@ def marks(
     keys: Iterable[GrantKey], previous: Mapping[GrantKey, int], mask: int = DEFAULT_MARK_MASK
 ) -> dict[GrantKey, int]:
     """Grant -> conntrack mark (inside ``mask``, never 0), keeping every still-valid previous mark."""
-    shift, width = _mask_bits(mask)
+    shift, width = mask_bits(mask)
     by_text = {grant_key_text(k): k for k in keys}
     prev: dict[str, int] = {}
     for key, mark in previous.items():
         if mark & ~mask == 0 and mark >> shift:
             prev[grant_key_text(key)] = mark >> shift
-    got = _sticky(by_text, prev, range(1, width + 1), width, f"conntrack marks in {mask:#x} (grants)")
+    try:
+        got = _sticky(by_text, prev, range(1, width + 1), width, f"conntrack marks in {mask:#x} (grants)")
+    except AllocationError as exc:
+        raise MarksExhausted(exc, tuple(by_text[t] for t in exc.unplaced)) from None
     return {by_text[t]: v << shift for t, v in got.items()}

@@ -28,7 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gwplan
-from controller.allocate import DEFAULT_MARK_MASK, AllocationError, GrantKey, Pool, marks, virtual_ips
+from controller.allocate import (
+    DEFAULT_MARK_MASK,
+    AllocationError,
+    BadMask,
+    GrantKey,
+    MarksExhausted,
+    Pool,
+    marks,
+    mask_bits,
+    virtual_ips,
+)
 from controller.api import VERSION
 from controller.model import (
     Exposure,
@@ -40,11 +50,21 @@ from controller.model import (
     VPNPeer,
     parse,
 )
-from controller.schema import FieldError
-from controller.validate import InvalidInput, Problem, inside, select, validate_gateway, validate_object
+from controller.schema import FieldError, show
+from controller.validate import (
+    InvalidInput,
+    Problem,
+    document,
+    inside,
+    select,
+    validate_gateway,
+    validate_object,
+)
 
 SITE_DPD_DELAY = "30s"
 ROAD_WARRIOR_DPD_DELAY = "60s"
+ALLOCATION_FAILED = "AllocationFailed"
+BAD_PREVIOUS = "PreviousPlanInvalid"
 DEFAULT_KEEPALIVE = 25
 """Seconds; WireGuard site peers keep NAT mappings alive."""
 
@@ -174,29 +194,39 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
         previous = None  # another gateway's allocations mean nothing here
     service_cidr = normalise(gateway.service_cidr)
     internal = tuple(normalise(c) for c in options.internal_source_cidrs)
-    mask = previous.nat.mark_mask if previous is not None else DEFAULT_MARK_MASK
+    mask = DEFAULT_MARK_MASK
+    if previous is not None:
+        mask = previous.nat.mark_mask
+        try:
+            mask_bits(mask)
+        except BadMask as exc:
+            error = FieldError(
+                "nat.markMask", f"{exc}: the previous plan is damaged", f'"{mask:#x}"', BAD_PREVIOUS
+            )
+            raise InvalidInput([Problem(f"previous plan of {gateway.meta}", error)]) from exc
     try:
         _, exposures, reverse = _nat_exposures(gateway, previous)
-        wanted: list[tuple[GrantKey, tuple[str, ...]]] = []
-        if isinstance(gateway, VPNGateway):
-            for p in peers:
-                sources = tuple(normalise(s) for s in p.subnets)
-                wanted += [(("exposure", p.meta.name, e), sources) for e in p.exposures]
-                wanted += [(("reverse", p.meta.name, e), internal) for e in p.reverse_exposures]
-        else:
-            for t in gateway.tunnels:
-                sources = tuple(normalise(s) for s in t.remote_subnets)
-                wanted += [(("exposure", t.name, e.name), sources) for e in gateway.exposures]
-                wanted += [
-                    (("reverse", t.name, e.name), internal)
-                    for e in gateway.reverse_exposures
-                    if inside(e.address, t.remote_subnets)
-                ]
-        grants = _grants(wanted, previous, mask)
     except AllocationError as exc:
-        raise InvalidInput(
-            [Problem(str(gateway.meta), FieldError("spec", str(exc), None, "AllocationFailed"))]
-        ) from exc
+        raise InvalidInput([_virtual_ips_exhausted(gateway, exc)]) from exc
+    wanted: list[tuple[GrantKey, tuple[str, ...]]] = []
+    if isinstance(gateway, VPNGateway):
+        for p in peers:
+            sources = tuple(normalise(s) for s in p.subnets)
+            wanted += [(("exposure", p.meta.name, e), sources) for e in p.exposures]
+            wanted += [(("reverse", p.meta.name, e), internal) for e in p.reverse_exposures]
+    else:
+        for t in gateway.tunnels:
+            sources = tuple(normalise(s) for s in t.remote_subnets)
+            wanted += [(("exposure", t.name, e.name), sources) for e in gateway.exposures]
+            wanted += [
+                (("reverse", t.name, e.name), internal)
+                for e in gateway.reverse_exposures
+                if inside(e.address, t.remote_subnets)
+            ]
+    try:
+        grants = _grants(wanted, previous, mask)
+    except MarksExhausted as exc:
+        raise InvalidInput(_marks_exhausted(gateway, peers, exc, mask)) from exc
     nat = gwplan.Nat(
         service_cidr=service_cidr,
         source_address=Pool.of(service_cidr).source_address,
@@ -217,6 +247,76 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
     return gwplan.Plan(
         gateway=ref, type="wireguard", nic=options.nic, wireguard=_wireguard(gateway, peers, options), nat=nat
     )
+
+
+def _virtual_ips_exhausted(gateway: Gateway, exc: AllocationError) -> Problem:
+    """The pool that ran out is serviceCIDR: report it there, with what it holds and what is asked."""
+    return Problem(
+        str(gateway.meta),
+        FieldError(
+            "spec.serviceCIDR",
+            f"has room for {exc.available} virtual IP(s) (network, broadcast and the gateway's own first "
+            f"host are not handed out) but exposures and reverseExposures need {exc.needed}: "
+            "widen it or remove exposures",
+            show(gateway.service_cidr),
+            ALLOCATION_FAILED,
+        ),
+    )
+
+
+def _marks_exhausted(
+    gateway: Gateway, peers: Sequence[VPNPeer], exc: MarksExhausted, mask: int
+) -> list[Problem]:
+    """More grants than conntrack marks: one problem per object whose grants got none, at the first such
+    grant (grants holding a mark in the deployed plan keep it, so it is the new ones that are left out)."""
+    why = (
+        f"gets no conntrack mark: {gateway.meta}'s grants need {exc.needed} marks, the mark mask "
+        f"{mask:#x} holds {exc.available}; remove grants"
+    )
+    missing: dict[str, list[GrantKey]] = {}
+    for key in exc.grants:
+        missing.setdefault(key[1], []).append(key)
+    problems: list[Problem] = []
+    if isinstance(gateway, VPNGateway):
+        for peer in peers:
+            keys = sorted(missing.get(peer.meta.name, []))
+            if not keys:
+                continue
+            kind, _, name = keys[0]
+            field_name, granted = (
+                ("exposures", peer.exposures)
+                if kind == "exposure"
+                else ("reverseExposures", peer.reverse_exposures)
+            )
+            more = f" ({len(keys)} of this peer's grants have none)" if len(keys) > 1 else ""
+            problems.append(
+                Problem(
+                    str(peer.meta),
+                    FieldError(
+                        f"spec.authorization.{field_name}[{granted.index(name)}]",
+                        why + more,
+                        show(name),
+                        ALLOCATION_FAILED,
+                    ),
+                )
+            )
+    else:
+        for i, t in enumerate(gateway.tunnels):
+            keys = missing.get(t.name, [])
+            if keys:
+                problems.append(
+                    Problem(
+                        str(gateway.meta),
+                        FieldError(
+                            f"spec.tunnels[{i}].name",
+                            f"{why} (every tunnel is granted every exposure; {len(keys)} of this "
+                            "tunnel's grants have none)",
+                            show(t.name),
+                            ALLOCATION_FAILED,
+                        ),
+                    )
+                )
+    return problems
 
 
 def _ipsec(gateway: VPNGateway, peers: Sequence[VPNPeer], service_cidr: str) -> gwplan.Ipsec:
@@ -322,7 +422,7 @@ def _wireguard(gateway: VPNGateway, peers: Sequence[VPNPeer], options: RenderOpt
 
 def render_documents(docs: Sequence[Mapping[str, Any]], options: RenderOptions | None = None) -> gwplan.Plan:
     """Validate (every object, then the set), parse and render; InvalidInput lists every problem."""
-    problems = [p for d in docs for p in validate_object(d)]
+    problems = [p for i, d in enumerate(docs) for p in validate_object(d, document(i))]
     if problems:
         raise InvalidInput(problems)
     gateway, peers = select([parse(d) for d in docs])

@@ -158,7 +158,7 @@ def _join(path: str, key: str) -> str:
 # --- checking ---------------------------------------------------------------------------------------
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """The JSON type of a value. Type errors name it instead of echoing the value: a secret pasted inline
     where a reference belongs (``pskSecretRef: "<the key>"``) must not reach stderr, logs or conditions."""
     if value is None:
@@ -186,7 +186,9 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
         case Str():
             if not isinstance(value, str):
                 errors.append(
-                    FieldError(path, f"must be a string (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                    FieldError(
+                        path, f"must be a string (got {kind_of(value)})", None, "FieldValueTypeInvalid"
+                    )
                 )
             elif node.enum and value not in node.enum:
                 errors.append(
@@ -214,13 +216,15 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
         case Bool():
             if not isinstance(value, bool):
                 errors.append(
-                    FieldError(path, f"must be a boolean (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                    FieldError(
+                        path, f"must be a boolean (got {kind_of(value)})", None, "FieldValueTypeInvalid"
+                    )
                 )
         case Int():
             if not isinstance(value, int) or isinstance(value, bool):
                 errors.append(
                     FieldError(
-                        path, f"must be an integer (got {_kind(value)})", None, "FieldValueTypeInvalid"
+                        path, f"must be an integer (got {kind_of(value)})", None, "FieldValueTypeInvalid"
                     )
                 )
             elif (node.minimum is not None and value < node.minimum) or (
@@ -234,7 +238,7 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
         case Arr():
             if not isinstance(value, list):
                 errors.append(
-                    FieldError(path, f"must be a list (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                    FieldError(path, f"must be a list (got {kind_of(value)})", None, "FieldValueTypeInvalid")
                 )
                 return
             if node.min_items is not None and len(value) < node.min_items:
@@ -256,7 +260,9 @@ def _check(node: Node, value: Any, path: str, errors: list[FieldError]) -> None:
         case Obj():
             if not isinstance(value, Mapping):
                 errors.append(
-                    FieldError(path, f"must be an object (got {_kind(value)})", None, "FieldValueTypeInvalid")
+                    FieldError(
+                        path, f"must be an object (got {kind_of(value)})", None, "FieldValueTypeInvalid"
+                    )
                 )
                 return
             before = len(errors)

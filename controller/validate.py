@@ -25,7 +25,7 @@ from typing import Any
 
 from controller.api import BY_KIND, CIDR, DNS_LABEL
 from controller.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of, parse
-from controller.schema import FieldError, check, show
+from controller.schema import FieldError, check, kind_of, show
 
 REVERSE_NEEDS_INTERNAL = "ReverseExposuresRequireInternalSourceCIDRs"
 
@@ -57,10 +57,11 @@ class InvalidInput(ValueError):
 # --- one object -------------------------------------------------------------------------------------
 
 
-def validate_object(doc: Any) -> list[Problem]:
-    """Every per-object problem of a raw document (what admission would reject)."""
+def validate_object(doc: Any, where: str = "?") -> list[Problem]:
+    """Every per-object problem of a raw document (what admission would reject). ``where`` names a
+    document that is not an object at all (so has no kind or name), e.g. ``document 3 of the input``."""
     if not isinstance(doc, Mapping):
-        return [Problem("?", FieldError("(document)", "must be an object", show(doc)))]
+        return [Problem(where, FieldError("(document)", f"must be an object (got {kind_of(doc)})"))]
     meta = meta_of(doc)
     resource = BY_KIND.get(meta.kind)
     if resource is None:
@@ -86,6 +87,11 @@ def validate_object(doc: Any) -> list[Problem]:
             Problem(str(meta), FieldError("metadata.namespace", "is not a DNS label", show(namespace)))
         )
     return problems
+
+
+def document(i: int) -> str:
+    """How a document without identity is named in a problem: by its position in the input."""
+    return f"document {i + 1} of the input"
 
 
 # --- a gateway and its peers ------------------------------------------------------------------------
@@ -450,7 +456,7 @@ def select(resources: Sequence[Any]) -> tuple[Gateway, list[VPNPeer]]:
 def validate(documents: Sequence[Any], internal_source_cidrs: Sequence[str] = ()) -> list[Problem]:
     """Every problem of a set of documents (one gateway and its peers): per-object rules first; when
     every object is well-formed, the cross-object rules. Allocation problems are render's business."""
-    problems = [p for d in documents for p in validate_object(d)]
+    problems = [p for i, d in enumerate(documents) for p in validate_object(d, document(i))]
     if problems:
         return problems
     try:

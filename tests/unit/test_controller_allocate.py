@@ -8,7 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.allocate import DEFAULT_MARK_MASK, AllocationError, GrantKey, Pool, _slot, marks, virtual_ips
+from controller.allocate import (
+    DEFAULT_MARK_MASK,
+    AllocationError,
+    BadMask,
+    GrantKey,
+    MarksExhausted,
+    Pool,
+    _slot,
+    marks,
+    virtual_ips,
+)
 
 NAMES = st.lists(st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True), unique=True, max_size=40)
 
@@ -118,10 +128,23 @@ def test_previous_marks_outside_the_mask_are_not_kept() -> None:
     assert marks([key], {key: 0x00050000}) == {key: 0x00050000}
 
 
-@pytest.mark.parametrize("mask", [0, 0x0F0F0000])
-def test_bad_masks_are_refused(mask: int) -> None:
-    with pytest.raises(ValueError, match="mark mask"):
+@pytest.mark.parametrize(
+    "mask, rule", [(0, "is empty"), (-1, "is empty"), (0x0F0F0000, "contiguous"), (1 << 32, "32 bits")]
+)
+def test_bad_masks_are_refused(mask: int, rule: str) -> None:
+    with pytest.raises(BadMask, match=rule):
         marks([("exposure", "p", "e")], {}, mask)
+
+
+def test_an_exhausted_pool_names_the_fresh_names_left_without() -> None:
+    kept = virtual_ips("10.0.0.0/29", ["old"], {})  # a /29 has 5 usable virtual IPs
+    with pytest.raises(AllocationError) as info:
+        virtual_ips("10.0.0.0/29", ["old", "a", "b", "c", "d", "e", "f"], kept)
+    assert (info.value.needed, info.value.available, info.value.unplaced) == (7, 5, ("e", "f"))
+    keys: list[GrantKey] = [("exposure", "p", "x"), ("reverse", "p", "y")]
+    with pytest.raises(MarksExhausted) as marks_info:
+        marks(keys, {}, 0x1)
+    assert marks_info.value.grants == (("reverse", "p", "y"),)
 
 
 def test_a_freed_mark_or_virtual_ip_is_not_reused_in_the_same_render() -> None:

@@ -4,6 +4,7 @@ Runs the real command in a subprocess (it is what users and the demo run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,25 @@ def test_bad_internal_source_cidrs_are_reported_like_any_input_problem() -> None
 def test_bad_flags_exit_2(flag: str, value: str) -> None:
     res = run("render", "-f", str(EXAMPLES / "wireguard.yaml"), flag, value)
     assert res.returncode == 2 and f"{flag}:" in res.stderr and res.stdout == ""
+
+
+def test_a_damaged_previous_plan_names_the_plan_its_gateway_and_the_field(tmp_path: Path) -> None:
+    first = tmp_path / "first.json"
+    assert run("render", "-f", str(EXAMPLES / "wireguard.yaml"), "-o", str(first)).returncode == 0
+    plan = gwplan.loads(first.read_bytes())
+    damaged = dataclasses.replace(plan, nat=dataclasses.replace(plan.nat, mark_mask=0x0F0F0000))
+    (tmp_path / "damaged.json").write_bytes(gwplan.dumps(damaged))  # a valid hash: only the mask is bad
+    res = run("render", "-f", str(EXAMPLES / "wireguard.yaml"), "--previous", str(tmp_path / "damaged.json"))
+    assert res.returncode == 2 and res.stdout == ""
+    assert (
+        'previous plan of VPNGateway/tenant-acme/acme-wg: nat.markMask: "0xf0f0000" is not one contiguous '
+        "run of bits: the previous plan is damaged" in res.stderr.splitlines()
+    )
+    assert "reasons=PreviousPlanInvalid" in res.stderr
+
+
+def test_a_document_that_is_not_an_object_is_named_by_its_position() -> None:
+    text = (EXAMPLES / "wireguard.yaml").read_text() + "\n---\n- just\n- a list\n"
+    res = run("render", "-f", "-", stdin=text)
+    assert res.returncode == 2
+    assert "document 4 of the input: (document): must be an object (got a list)" in res.stderr.splitlines()

@@ -5,6 +5,7 @@ Pure. The live proof (charon loads what we render) is tests/integration/test_ren
 from __future__ import annotations
 
 import copy
+import dataclasses
 import ipaddress
 import random
 from typing import Any
@@ -190,14 +191,79 @@ def test_previous_plan_of_another_gateway_is_ignored() -> None:
     ) == render_documents(IPSEC, OPTS)
 
 
-def test_too_many_exposures_for_the_service_cidr_is_an_allocation_failure() -> None:
+def test_too_many_exposures_for_the_service_cidr_is_reported_at_the_service_cidr() -> None:
     small = edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/30")
     with pytest.raises(InvalidInput) as info:
         render_documents(small, OPTS)
     (problem,) = info.value.problems
     assert problem.reason == "AllocationFailed"
     assert str(problem) == (
-        "VPNGateway/tenant-acme/acme: spec: serviceCIDR 198.18.0.0/30 (exposures): 3 needed, only 1 available"
+        'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/30" has room for 1 virtual IP(s) '
+        "(network, broadcast and the gateway's own first host are not handed out) but exposures and "
+        "reverseExposures need 3: widen it or remove exposures"
+    )
+
+
+def _with_mask(plan: gwplan.Plan, mask: int) -> gwplan.Plan:
+    return dataclasses.replace(plan, nat=dataclasses.replace(plan.nat, mark_mask=mask))
+
+
+def test_grants_beyond_the_mark_pool_are_reported_at_the_new_grants_of_their_peers() -> None:
+    """A deployed plan whose mask holds 3 marks, all taken; a new grant gets none and is named exactly
+    (the grants holding a mark keep it, so it is the new one that is left out, not the first sorted)."""
+    tiny = _with_mask(render_documents(IPSEC, OPTS), 0x3)
+    fewer = edit(IPSEC, 1, ["spec", "authorization", "exposures"], ["web"])  # s1 loses db: 3 grants
+    first = render_documents(fewer, RenderOptions(internal_source_cidrs=INTERNAL, previous=tiny))
+    assert sorted(g.mark for g in first.nat.grants) == [1, 2, 3]
+    with pytest.raises(InvalidInput) as info:
+        render_documents(IPSEC, RenderOptions(internal_source_cidrs=INTERNAL, previous=first))
+    (problem,) = info.value.problems
+    assert problem.reason == "AllocationFailed"
+    assert str(problem) == (
+        'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "db" gets no conntrack mark: '
+        "VPNGateway/tenant-acme/acme's grants need 4 marks, the mark mask 0x3 holds 3; remove grants"
+    )
+
+
+def test_mark_exhaustion_names_every_peer_and_legacy_tunnel_left_without() -> None:
+    one = RenderOptions(
+        internal_source_cidrs=INTERNAL, previous=_with_mask(render_documents(IPSEC, OPTS), 0x1)
+    )
+    with pytest.raises(InvalidInput) as info:
+        render_documents(IPSEC, one)
+    assert [(p.resource, p.error.path, p.error.value) for p in info.value.problems] == [
+        ("VPNPeer/tenant-acme/s1", "spec.authorization.exposures[0]", '"web"'),
+        ("VPNPeer/tenant-acme/s2", "spec.authorization.exposures[0]", '"web"'),
+    ]
+    assert "(2 of this peer's grants have none)" in str(info.value.problems[0])
+    legacy = RenderOptions(
+        internal_source_cidrs=INTERNAL, previous=_with_mask(render_documents(LEGACY, OPTS), 0x1)
+    )
+    with pytest.raises(InvalidInput) as info:
+        render_documents(LEGACY, legacy)
+    assert [(p.resource, p.error.path) for p in info.value.problems] == [
+        ("IPsecGateway/tenant-old/legacy", "spec.tunnels[0].name"),
+        ("IPsecGateway/tenant-old/legacy", "spec.tunnels[1].name"),
+    ]
+    assert all(p.reason == "AllocationFailed" for p in info.value.problems)
+
+
+@pytest.mark.parametrize(
+    "mask, rule",
+    [
+        (0, "is empty: no bits left for conntrack marks"),
+        (0x0F0F0000, "is not one contiguous run of bits"),
+        (0x1FFFFFFFF, "does not fit in 32 bits"),
+    ],
+)
+def test_a_damaged_previous_mark_mask_is_named_with_its_plan_and_field(mask: int, rule: str) -> None:
+    previous = _with_mask(render_documents(IPSEC, OPTS), mask)
+    with pytest.raises(InvalidInput) as info:
+        render_documents(IPSEC, RenderOptions(internal_source_cidrs=INTERNAL, previous=previous))
+    (problem,) = info.value.problems
+    assert problem.reason == "PreviousPlanInvalid"
+    assert str(problem).startswith(
+        f'previous plan of VPNGateway/tenant-acme/acme: nat.markMask: "{mask:#x}" {rule}'
     )
 
 
