@@ -8,10 +8,14 @@ One *cycle* per charon connection (``link.step``: DOWN -> PUSHING -> READY, ``lo
         on an event, an initiation ending, a change, or every resync: list-sas (queries.list_sas, which
         survives charon's 512 KiB drop) -> status (pure) -> sink; watchdog (pure) -> initiations, each on
         its own short-lived session with a deadline; otherwise a cheap ``stats`` probe, which notices a
-        hung charon (deadline) or a restarted one (changed start time).
+        hung charon (deadline).
 
-Any VICI failure ends the cycle: EOF/ECONNREFUSED (charon died), a deadline (SIGSTOP; the timed-out session
-is discarded), or a changed start time. The keeper then reports every tunnel Down with the reason, stays
+Any VICI failure ends the cycle: EOF/ECONNREFUSED (charon died or restarted: a restart always closes our
+sessions), or a deadline (SIGSTOP; the timed-out session is discarded). charon's start time (``stats``
+``uptime.since``) is NOT a restart signal while connected: it is wall time minus uptime, so a wall-clock
+step moves it although nothing restarted. It only decides, after a reconnect that followed a deadline
+(the daemon may have been restarted while we could not see it), whether the daemon is new, with the step
+taken out (``queries.restarted_between``). The keeper then reports every tunnel Down with the reason, stays
 live (``health.beat``) but not ready, and reconnects with a short bounded backoff. A new cycle starts from
 what charon reports having loaded, so a restarted charon gets secrets and connections re-pushed and the
 watchdog re-initiates the site tunnels at once (backoffs are reset for a new daemon).
@@ -48,7 +52,17 @@ from agent.ipsec.plan import (
 from agent.ipsec.status import Carry, TunnelStatus, reason_from_log, tunnels_status
 from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
 from agent.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
-from agent.vici.queries import IkeSas, list_sas, parse_since, restarted
+from agent.vici.queries import (
+    START_WOBBLE,
+    IkeSas,
+    StartSighting,
+    list_sas,
+    restarted_between,
+    settle_start,
+    sighting,
+    start_drift,
+    start_time,
+)
 from gwplan import IkeCertificate, IkePrivateKey, Plan, plan_hash
 
 log = logging.getLogger(__name__)
@@ -88,10 +102,6 @@ class Timing:
     ~0.3 s."""
 
 
-class CycleLost(Exception):
-    """The daemon went away or restarted during a cycle (wraps the reason)."""
-
-
 class Keeper:
     def __init__(
         self,
@@ -106,7 +116,11 @@ class Keeper:
         sleep: Sleep = anyio.sleep,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        since: Callable[[dict[str, Any]], float | None] = start_time,
     ) -> None:
+        """``clock``: monotonic seconds; ``wall``: the wall clock (status timestamps, and with ``clock``
+        to take wall-clock steps out of charon's start time); ``since``: charon's start time from a
+        ``stats`` reply (a seam: tests shift it to play a wall-clock step against a live charon)."""
         self.socket = socket
         self.plans = plans
         self.secrets = secrets
@@ -117,6 +131,7 @@ class Keeper:
         self._sleep = sleep
         self._clock = clock
         self._wall = wall
+        self._since = since
 
         self.plan: Plan | None = None
         self.want: Desired | None = None
@@ -132,6 +147,11 @@ class Keeper:
         self.conn = Conn()
         self.daemon: str | None = None
         self.daemon_started: float | None = None
+        """charon's start time, settled across its one-second wobble (logs only)."""
+        self.daemon_seen: StartSighting | None = None
+        """The last start-time sighting (with our clocks), for the restart check after a reconnect."""
+        self.clock_steps = 0
+        """Start-time moves seen while connected (wall-clock steps: counted and logged, nothing else)."""
         self.daemon_error: str | None = "not connected yet"
         self.errors: dict[str, str] = {}
         self.attempts: dict[str, Attempt] = {}
@@ -189,7 +209,7 @@ class Keeper:
                 continue
             try:
                 await self._cycle()
-            except* (ViciError, CycleLost) as group:
+            except* ViciError as group:
                 cause = _leaf(group)
             except* Exception as group:  # a bug must not kill the pod's tunnels: log it, start over
                 cause = _leaf(group)
@@ -216,14 +236,18 @@ class Keeper:
         async with control:
             version = await control.call("version")
             stats = await control.call("stats")
-            started = parse_since(str((stats.get("uptime") or {}).get("since", "")))
+            seen = self._sighting(stats)
+            # EOF/refused: the old daemon is gone. After a deadline it may be the same one (SIGSTOP) or one
+            # restarted meanwhile: its start time decides, with any wall-clock step taken out.
             fresh = (
                 not self._maybe_same_daemon
-                or started is None
-                or self.daemon_started is None
-                or restarted(self.daemon_started, started)
+                or seen is None
+                or self.daemon_seen is None
+                or restarted_between(self.daemon_seen, seen)
             )
-            self.daemon_started = started if fresh else self.daemon_started
+            started = seen.since if seen else None
+            self.daemon_started = started if fresh else settle_start(self.daemon_started, started)
+            self.daemon_seen = seen
             self.daemon = f"{version.get('daemon', 'charon')} {version.get('version', '')}".strip()
             self.conn = link.step(self.conn, "connected")
             self.cycles += 1
@@ -446,7 +470,7 @@ class Keeper:
                 ):
                     self._refresh = True  # poll while a site tunnel is coming up or backing off
             else:
-                stats = await control.call("stats")
+                stats = await control.call("stats")  # a hung charon shows up as this call's deadline
                 self._check_daemon(stats)
             await self._wait(self.timing.poll_interval)
 
@@ -457,12 +481,27 @@ class Keeper:
             await self._sleep(self.timing.debounce)
         self._wake = anyio.Event()
 
+    def _sighting(self, stats: dict[str, Any]) -> StartSighting | None:
+        return sighting(self._since(stats), wall=self._wall().timestamp(), mono=self._clock())
+
     def _check_daemon(self, stats: dict[str, Any]) -> None:
-        started = parse_since(str((stats.get("uptime") or {}).get("since", "")))
-        # ``since`` wobbles by a second between calls (queries.settle_start); a kill + restart within 2 s
-        # is caught by the sessions' EOF instead.
-        if restarted(self.daemon_started, started):
-            raise CycleLost(f"charon restarted (start time {self.daemon_started} -> {started})")
+        """Note charon's start time while connected. Never a restart: a restarted charon closes our
+        sessions (EOF ends the cycle), so a move here is a wall-clock step (NTP) or charon's wobble. The
+        sighting is kept as the baseline for the check after a reconnect."""
+        seen = self._sighting(stats)
+        if seen is None:
+            return
+        previous = self.daemon_seen
+        if previous is not None and abs(seen.since - previous.since) > START_WOBBLE:
+            self.clock_steps += 1
+            log.info(
+                "vici.start_time_moved from=%s to=%s unexplained=%.1f action=none",
+                previous.since,
+                seen.since,
+                start_drift(previous, seen),
+            )
+        self.daemon_started = settle_start(self.daemon_started, seen.since)
+        self.daemon_seen = seen
 
     async def _refresh_status(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
         applied = self.applied

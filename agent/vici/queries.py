@@ -165,7 +165,52 @@ def settle_start(previous: float | None, observed: float | None) -> float | None
 
 
 def restarted(previous: float | None, observed: float | None) -> bool:
+    """``observed`` moved by more than START_WOBBLE from ``previous``. Blind to wall-clock steps (an NTP
+    step moves ``since`` by the step): use ``restarted_between`` where our own clocks are at hand."""
     return previous is not None and observed is not None and abs(observed - previous) > START_WOBBLE
+
+
+def start_time(stats: Mapping[str, Any]) -> float | None:
+    """charon's start time from a ``stats`` reply (``uptime.since``); None if absent or unparsable."""
+    uptime = stats.get("uptime")
+    return parse_since(str(uptime.get("since", "")) if isinstance(uptime, Mapping) else "")
+
+
+@dataclass(frozen=True)
+class StartSighting:
+    """charon's start time as one ``stats`` reply gave it, with our own clocks read right after.
+
+    charon computes ``since`` as wall time minus its monotonic uptime, so a wall-clock step (NTP, a VM
+    resumed, an operator's ``date -s``) moves ``since`` by the step although nothing restarted. Our wall
+    and monotonic clocks are the same kernel clocks charon reads (one pod, one kernel), so the step is
+    (wall delta - monotonic delta) between two sightings, and can be taken out."""
+
+    since: float
+    wall: float
+    """Our ``time.time()`` (Unix seconds)."""
+    mono: float
+    """Our ``time.monotonic()``: only differences are used, like charon's uptime."""
+
+
+def sighting(since: float | None, *, wall: float, mono: float) -> StartSighting | None:
+    return None if since is None else StartSighting(since, wall, mono)
+
+
+def start_drift(before: StartSighting, after: StartSighting) -> float:
+    """Seconds ``since`` moved between two sightings beyond what a wall-clock step explains (pure).
+    About 0 (within charon's one-second wobble) for the same daemon, whatever the clocks did."""
+    step = (after.wall - before.wall) - (after.mono - before.mono)
+    return after.since - (before.since + step)
+
+
+def restarted_between(
+    before: StartSighting | None, after: StartSighting | None, *, tolerance: float = START_WOBBLE
+) -> bool:
+    """Did charon restart between two sightings? Only a start-time move that a wall-clock step does not
+    explain counts; None (unknown) on either side is not a restart. For the moments our session could not
+    see (a reconnect after a hung charon): while one VICI session stays connected the answer is no
+    whatever ``since`` says, because a restart closes every VICI connection."""
+    return before is not None and after is not None and abs(start_drift(before, after)) > tolerance
 
 
 def _int(value: Any) -> int:
@@ -228,10 +273,17 @@ def counters_from(body: Section) -> dict[str, int]:
 __all__ = [
     "DaemonInfo",
     "IkeSas",
+    "StartSighting",
     "counters",
     "counters_from",
     "daemon_info",
     "daemon_info_from",
     "list_sas",
     "merge",
+    "restarted",
+    "restarted_between",
+    "settle_start",
+    "sighting",
+    "start_drift",
+    "start_time",
 ]
