@@ -372,7 +372,9 @@ PEER_SPEC = Obj(
                 "allowedIPs": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
                 "presharedKeySecretRef": secret_ref,
                 "endpointPort": Int(
-                    "UDP port of the peer's endpoint (default 51820).", minimum=1, maximum=65535
+                    "UDP port of a site peer's endpoint (default 51820); not allowed for road warriors.",
+                    minimum=1,
+                    maximum=65535,
                 ),
                 "persistentKeepalive": Int("Seconds; 0 disables.", minimum=0, maximum=65535),
             },
@@ -406,6 +408,14 @@ PEER_SPEC = Obj(
             "has(self.ipsec) != has(self.wireguard)",
             "exactly one of ipsec or wireguard must be set",
             lambda o: _has(o, "ipsec") != _has(o, "wireguard"),
+        ),
+        Rule(
+            "self.type != 'roadWarrior' || !has(self.wireguard) || !has(self.wireguard.endpointPort)",
+            "is not allowed for roadWarrior peers: a road warrior initiates and we answer at whatever "
+            "address and port it comes from; we never dial it, so a port would be silently unused",
+            lambda o: o["type"] != "roadWarrior" or not _has(o.get("wireguard", {}), "endpointPort"),
+            field_path=".wireguard.endpointPort",
+            reason="FieldValueForbidden",
         ),
     ),
 )

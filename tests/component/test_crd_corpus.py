@@ -78,6 +78,7 @@ VALID: list[Case] = [
     _c("peer-roadwarrior", mutate(PEER, ["spec", "endpoint"], DELETE), ["spec", "type"], "roadWarrior", None),
     _c("wg-keepalive-0", WG_SITE, ["spec", "wireguard", "persistentKeepalive"], 0, None),
     _c("wg-endpoint-port", WG_SITE, ["spec", "wireguard", "endpointPort"], 51821, None),
+    _c("wg-rw-keepalive", WG_ROAD, ["spec", "wireguard", "persistentKeepalive"], 25, None),
     _c("wg-key-slash-plus", WG_SITE, ["spec", "wireguard", "publicKey"], "+/" * 21 + "A=", None),
     _c("legacy-mode-snat", LEGACY_GW, ["spec", "tunnels", 0, "mode"], "snat", None),
     _c("legacy-no-mode", LEGACY_GW, ["spec", "tunnels", 0, "mode"], DELETE, None),
@@ -416,6 +417,14 @@ INVALID: list[Case] = [
         ["spec", "wireguard", "persistentKeepalive"],
         -1,
         "must be between 0 and 65535",
+    ),
+    # A road warrior initiates; we never dial it, so a port for it would be silently unused.
+    _c(
+        "wg-rw-endpoint-port",
+        WG_ROAD,
+        ["spec", "wireguard", "endpointPort"],
+        51820,
+        'spec.wireguard.endpointPort: "51820" is not allowed for roadWarrior peers: a road warrior initiates',
     ),
     _c(
         "wg-endpoint-port-big",
