@@ -72,9 +72,9 @@ class Gateway:
     """--nic-mac, or the MAC from Multus' network-status; the plan's ``nic.mac`` is the fallback."""
     resolver: Resolver = resolve
     last: Policy | None = field(default=None)
-    pending_flush: set[int] = field(default_factory=set)
-    """Marks whose conntrack flush failed: retried by every apply until it succeeds, whatever the kernel
-    shows by then (the rules that set them are already gone)."""
+    pending_flush: set[rules.Flush] = field(default_factory=set)
+    """Marks (with the mask they were set under) whose conntrack flush failed: retried by every apply
+    until it succeeds, whatever the kernel shows by then (the rules that set them are already gone)."""
 
     def apply(self, plan: Plan) -> None:
         started = time.monotonic()
@@ -93,13 +93,14 @@ class Gateway:
         routed = ensure(self.netlink, nic, nic_cfg, policy.exposure_targets)
         applied = self.iptables.apply(ruleset)
         # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
+        # Each mark is flushed with the mask it was SET under (the previous plan's, or the kernel's rule).
         if self.last is not None:
-            gone = {g.mark for g in rules.revoked(self.last, policy)}
+            gone = set(rules.flushes(self.last, policy))
         else:  # restarted: what the kernel admitted is the previous plan
             gone = set(tables.revoked_in_kernel(applied.admissions_before, ruleset))
         gone |= self.pending_flush
         self.pending_flush = gone
-        flushed = flush_marks(self.flusher, gone, policy.mask)
+        flushed = flush_marks(self.flusher, gone)
         self.pending_flush = set()
         self.last = policy
         log.info(
@@ -111,7 +112,7 @@ class Gateway:
             applied.rules,
             applied.changed,
             routed.changed,
-            ",".join(f"{m:#x}" for m in flushed) or "-",
+            ",".join(str(f) for f in flushed) or "-",
             applied.seconds,
             time.monotonic() - started,
         )

@@ -19,6 +19,8 @@ from typing import Protocol
 
 from pyroute2 import Conntrack
 
+from initnat.rules import Flush
+
 log = logging.getLogger(__name__)
 
 
@@ -67,10 +69,10 @@ class FakeFlusher:
 _conforms: Flusher = FakeFlusher()
 
 
-def flush_marks(flusher: Flusher, marks: Iterable[int], mask: int) -> list[int]:
-    """Flush each mark; returns the marks flushed. Raises ConntrackError on the first failure."""
+def flush_marks(flusher: Flusher, flushes: Iterable[Flush]) -> list[Flush]:
+    """Flush each (mark, mask); returns those flushed. Raises ConntrackError on the first failure."""
     done = []
-    for mark in sorted(set(marks)):
-        flusher.flush_mark(mark, mask)
-        done.append(mark)
+    for f in sorted(set(flushes)):
+        flusher.flush_mark(f.mark, f.mask)
+        done.append(f)
     return done

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from initnat import tables
-from initnat.rules import Ruleset
+from initnat.rules import Flush, Ruleset
 from initnat.tables import Variant
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,8 @@ class Applied:
     rules: int
     seconds: float
     """Time of the restore transaction itself (0 when nothing changed)."""
-    admissions_before: Mapping[int, frozenset[str]]
-    """What our chain admitted per conntrack mark before this apply (from the kernel)."""
+    admissions_before: Mapping[Flush, frozenset[str]]
+    """What our filter chain admitted per (conntrack mark, mask) before this apply (from the kernel)."""
 
 
 def _err(res: Completed) -> str:

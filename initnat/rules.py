@@ -3,7 +3,10 @@
 Model (one gateway pod, one network namespace)::
 
     peer --tunnel--> gw: PREROUTING  VPNGW-PREROUTING   DNAT  <virtual ip>:<port> -> <target>:<port>
-                         FORWARD     VPNGW-FORWARD      authz: a grant's sources may open NEW connections
+                         FORWARD     VPNGW-FORWARD      NEW connections that were not DNATed go through
+                                     VPNGW-TARGETS      which drops those to an exposure target's REAL
+                                                        address (only its virtual IP is a way in);
+                                                        authz: a grant's sources may open NEW connections
                                                         to its exposure; they get the grant's conntrack
                                                         mark; marked established flows pass (one rule);
                                                         everything else to a virtual IP drops
@@ -37,6 +40,7 @@ from typing import Literal
 from gwplan import Exposure, Grant, Nat, Nic, ReverseExposure
 
 FILTER_CHAIN = "VPNGW-FORWARD"
+TARGET_CHAIN = "VPNGW-TARGETS"
 DNAT_CHAIN = "VPNGW-PREROUTING"
 SNAT_CHAIN = "VPNGW-POSTROUTING"
 OWN_PREFIX = "VPNGW-"
@@ -391,6 +395,21 @@ def render(policy: Policy) -> Ruleset:
     m = _hex(policy.mask)
     filter_rules: list[str] = []
     grant_names = {g.mark: f"peer={comment(g.peer)} {g.kind}={comment(g.exposure)}" for g in policy.grants}
+    targets = sorted(policy.exposure_targets)
+    if targets:
+        # An exposure target is reachable through its virtual IP only. A NEW forwarded connection that
+        # was not DNATed by us asked for some real address: if that is a target, drop it (IPsec's
+        # selectors already refuse it; a WireGuard peer's allowed IPs only constrain its SOURCE). DNATed
+        # connections (exposures, reverse exposures), replies and established flows skip the list; the
+        # gateway's own traffic never passes FORWARD.
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+            f"{_c('vpngw new and not DNATed')} -j {TARGET_CHAIN}"
+        )
+    target_rules = [
+        f"-A {TARGET_CHAIN} -d {t}/32 {_c('vpngw exposure target only via its virtual IP')} -j DROP"
+        for t in targets
+    ]
     if policy.service_cidr is not None:  # traffic that is not for a virtual IP leaves our chain at once
         filter_rules.append(
             f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {policy.service_cidr} "
@@ -434,7 +453,7 @@ def render(policy: Policy) -> Ruleset:
             )
     return Ruleset(
         tables=(
-            TableRules("filter", (FILTER_CHAIN,), tuple(filter_rules)),
+            TableRules("filter", (FILTER_CHAIN, TARGET_CHAIN), tuple(filter_rules + target_rules)),
             TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
         ),
         marks=policy.marks,
@@ -450,6 +469,27 @@ def _admitted(policy: Policy) -> dict[int, frozenset[Admission]]:
     for a in policy.admissions:
         out[a.mark].add(a)
     return {k: frozenset(v) for k, v in out.items()}
+
+
+@dataclass(frozen=True, order=True)
+class Flush:
+    """Delete the conntrack entries whose ``ctmark & mask == mark``."""
+
+    mark: int
+    mask: int
+
+    def __str__(self) -> str:
+        return f"{self.mark:#x}/{self.mask:#x}"
+
+
+def flushes(before: Policy | None, after: Policy) -> frozenset[Flush]:
+    """The conntrack flushes that revoke what ``before`` admitted and ``after`` does not (see
+    :func:`revoked`). Each uses ``before``'s mask: its entries were marked under it (``--set-xmark
+    G/mask`` writes only the mask's bits), so after a ``markMask`` change a flush with the new mask would
+    compare other bits and miss them."""
+    if before is None:
+        return frozenset()
+    return frozenset(Flush(g.mark, before.mask) for g in revoked(before, after))
 
 
 def revoked(before: Policy | None, after: Policy) -> tuple[Grant, ...]:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from initnat.rules import FILTER_CHAIN, JUMPS, OWN_PREFIX, Ruleset, Table
+from initnat.rules import FILTER_CHAIN, JUMPS, OWN_PREFIX, Flush, Ruleset, Table
 
 Variant = Literal["legacy", "nft"]
 
@@ -127,31 +127,37 @@ def snapshot_payload(saved: dict[str, SavedTable], ruleset: Ruleset) -> str:
 _COMMENT = re.compile(r' -m comment --comment ("[^"]*"|\S+)')
 
 
-def admissions(rules: Iterable[str]) -> dict[int, frozenset[str]]:
-    """Conntrack mark -> the admission rules that set it (comments stripped: only matches count)."""
-    out: dict[int, set[str]] = {}
+def admissions(rules: Iterable[str]) -> dict[Flush, frozenset[str]]:
+    """(conntrack mark, mask) -> the admission rules that set it (comments stripped, the mask written
+    as ``/MASK``: only what the rule admits counts). The mask is the one the rule marked with: a flush
+    of its entries must use that one."""
+    out: dict[Flush, set[str]] = {}
     for r in rules:
         if m := _SET_XMARK.search(r):
-            out.setdefault(int(m.group(1), 16), set()).add(_COMMENT.sub("", r))
-    return {mark: frozenset(lines) for mark, lines in out.items()}
+            key = Flush(int(m.group(1), 16), int(m.group(2), 16))
+            out.setdefault(key, set()).add(_COMMENT.sub("", r).replace(f"/{m.group(2)}", "/MASK"))
+    return {key: frozenset(lines) for key, lines in out.items()}
 
 
-def admissions_in(saved: dict[str, SavedTable]) -> dict[int, frozenset[str]]:
-    """What our filter chain admits in the kernel now, per conntrack mark."""
+def admissions_in(saved: dict[str, SavedTable]) -> dict[Flush, frozenset[str]]:
+    """What our filter chain admits in the kernel now, per (conntrack mark, mask)."""
     return admissions(saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, []))
 
 
 def marks_in(saved: dict[str, SavedTable]) -> frozenset[int]:
     """Conntrack marks our filter chain currently sets."""
-    return frozenset(admissions_in(saved))
+    return frozenset(f.mark for f in admissions_in(saved))
 
 
-def revoked_in_kernel(before: Mapping[int, frozenset[str]], ruleset: Ruleset) -> frozenset[int]:
-    """Marks whose flows must go when we do not know the previous plan (init-nat restarted): a mark the
-    new rules no longer set, or one that loses any admission rule it had in the kernel (a grant narrowed
-    while we were down). Like ``rules.revoked`` but read back from the kernel."""
-    after = admissions(r for t in ruleset.tables if t.table == "filter" for r in t.rules)
-    return frozenset(m for m, lines in before.items() if not lines <= after.get(m, frozenset()))
+def revoked_in_kernel(before: Mapping[Flush, frozenset[str]], ruleset: Ruleset) -> frozenset[Flush]:
+    """What must be flushed when we do not know the previous plan (init-nat restarted): a mark the new
+    rules no longer set, or one that loses any admission rule it had in the kernel (a grant narrowed
+    while we were down), each with the mask the kernel's rules marked under. A ``markMask`` change
+    alone revokes nothing (as in ``rules.flushes``): a mark keeps admitting what it admitted."""
+    after: dict[int, frozenset[str]] = {}
+    for f, lines in admissions(r for t in ruleset.tables if t.table == "filter" for r in t.rules).items():
+        after[f.mark] = after.get(f.mark, frozenset()) | lines
+    return frozenset(f for f, lines in before.items() if not lines <= after.get(f.mark, frozenset()))
 
 
 def count_rules(text: str) -> int:

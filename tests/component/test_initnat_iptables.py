@@ -13,6 +13,7 @@ import pytest
 from gwplan import Exposure, Grant, Nat, Port
 from initnat import rules, tables
 from initnat.iptables import Completed, FakeRunner, Iptables, IptablesError, detect_variant
+from initnat.rules import Flush
 
 RULESET = rules.render(
     rules.validate(
@@ -49,7 +50,7 @@ def test_in_sync_kernel_means_no_restore_at_all() -> None:
 def test_apply_tests_first_then_commits_with_noflush_and_wait() -> None:
     r = FakeRunner({"iptables-legacy-save": [Completed(0, OLD, "")]})
     applied = Iptables("legacy", r).apply(RULESET)
-    assert applied.changed and set(applied.admissions_before) == {0x50000}
+    assert applied.changed and set(applied.admissions_before) == {Flush(0x50000, 0xFFF0000)}
     assert [a[0] for a in r.calls] == [
         ("iptables-legacy-save",),
         ("iptables-legacy-restore", "--noflush", "--wait", "--test"),

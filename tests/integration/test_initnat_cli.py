@@ -4,6 +4,7 @@ bad plan keeping the last good ruleset."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import subprocess
@@ -228,6 +229,65 @@ def test_a_restarted_init_nat_flushes_grants_revoked_while_it_was_not_running(
     plan.write_bytes(dumps(make_plan(GB)))
     res = initnat(ns, "--plan", str(plan))
     assert res.returncode == 0, res.stderr
-    assert "revoked_marks=0x10000 " in res.stderr
+    assert "revoked_marks=0x10000/0xfff0000 " in res.stderr
     listed = netns.run(netns.ns_exec(ns, "conntrack", "-L")).stdout.decode()
     assert "mark=65536" not in listed and listed.count("mark=131072") == 1
+
+
+def _insert_marked(ns: str, marks: tuple[int, ...]) -> None:
+    for i, mark in enumerate(marks):
+        netns.run(
+            netns.ns_exec(ns, "conntrack", "-I", "-s", f"203.0.113.{i + 1}", "-d", "198.18.0.10", "-p", "tcp",
+                          "--sport", str(4000 + i), "--dport", "80", "--state", "ESTABLISHED", "-t", "300",
+                          "-u", "ASSURED", "-m", str(mark))
+        )  # fmt: skip
+
+
+def _marks_left(ns: str) -> list[int]:
+    listed = netns.run(netns.ns_exec(ns, "conntrack", "-L")).stdout.decode()
+    return sorted(int(w.split("=")[1]) for line in listed.splitlines() for w in line.split() if "mark=" in w)
+
+
+@pytest.mark.parametrize("mode", ["watch", "restart"])
+def test_a_mark_mask_change_flushes_revoked_grants_with_the_old_mask(
+    ns: str, tmp_path: Path, mode: str
+) -> None:
+    """markMask 0x0fff0000 -> 0x00ff0000 while grant 0x1010000 is revoked: its entries were marked under
+    the old mask, and ``ctmark & 0xff0000`` can never equal 0x1010000, so only a flush with the OLD mask
+    finds them. Real conntrack entries (one with a foreign bit outside both masks); the surviving grant's
+    entries stay. ``watch``: the previous plan is in memory; ``restart``: read back from the kernel."""
+    old_a = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x01010000)
+    v1, v2 = make_plan(old_a, GB), make_plan(GB)
+    v1 = dataclasses.replace(v1, nat=dataclasses.replace(v1.nat, mark_mask=0x0FFF0000))
+    v2 = dataclasses.replace(v2, nat=dataclasses.replace(v2.nat, mark_mask=0x00FF0000))
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(dumps(v1))
+    marks = (0x01010000, 0x01010001, 0x20000, 0x20001)
+    if mode == "restart":
+        assert initnat(ns, "--plan", str(plan)).returncode == 0
+        _insert_marked(ns, marks)
+        plan.write_bytes(dumps(v2))
+        res = initnat(ns, "--plan", str(plan))
+        assert res.returncode == 0, res.stderr
+        text = res.stderr
+    else:
+        log = tmp_path / "watch.log"
+        with open(log, "w") as out:
+            argv = ["--plan", str(plan), "--watch", "--poll-interval", "0.1"]
+            proc = subprocess.Popen(
+                netns.ns_exec(ns, PY, "-m", "initnat", *argv),
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )  # fmt: skip
+        try:
+            wait_for(lambda: "initnat.applied" in log.read_text(), 10, "the first apply")
+            _insert_marked(ns, marks)
+            tmp = tmp_path / "next.json"
+            tmp.write_bytes(dumps(v2))
+            os.replace(tmp, plan)
+            wait_for(lambda: log.read_text().count("initnat.applied") == 2, 10, "the re-apply")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        text = log.read_text()
+    assert "revoked_marks=0x1010000/0xfff0000 " in text, text
+    assert _marks_left(ns) == [0x20000, 0x20001], "the revoked grant's entries are gone, the other's stay"

@@ -154,13 +154,13 @@ def test_flush_by_mark_deletes_exactly_that_grants_entries(ns: str) -> None:
         )  # fmt: skip
         assert res.returncode == 0, res.stderr
     code = (
-        "from initnat.conntrack import NetlinkFlusher, flush_marks;"
-        "print(flush_marks(NetlinkFlusher(), [0x10000], 0x0fff0000))"
+        "from initnat.conntrack import NetlinkFlusher, flush_marks; from initnat.rules import Flush;"
+        "print(*flush_marks(NetlinkFlusher(), [Flush(0x10000, 0x0fff0000)]))"
     )
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     out = subprocess.run(
         netns.ns_exec(ns, ".venv/bin/python", "-c", code), capture_output=True, text=True, env=env, check=True
     )
-    assert out.stdout.strip() == "[65536]"
+    assert out.stdout.strip() == "0x10000/0xfff0000"
     assert _ct(ns, "-L", "-m", "0x10000/0xfff0000").stdout.strip() == b""
     assert len(_ct(ns, "-L", "-m", "0x20000/0xfff0000").stdout.splitlines()) == 30

@@ -46,8 +46,10 @@ def policy(n: Nat | None = None) -> rules.Policy:
 def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     rs = rules.render(policy())
     (flt, nt) = rs.tables
-    assert flt.table == "filter" and flt.chains == ("VPNGW-FORWARD",)
-    assert flt.rules[:2] == (
+    assert flt.table == "filter" and flt.chains == ("VPNGW-FORWARD", "VPNGW-TARGETS")
+    assert flt.rules[:3] == (
+        "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+        '-m comment --comment "vpngw new and not DNATed" -j VPNGW-TARGETS',
         "-A VPNGW-FORWARD -m conntrack ! --ctorigdst 198.18.0.0/24 "
         '-m comment --comment "vpngw not for a virtual IP" -j RETURN',
         "-A VPNGW-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/0xfff0000 "
@@ -58,14 +60,22 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
         "198.18.0.10 --ctorigdstport 53 -m connmark --mark 0x0/0xfff0000 -m comment --comment "
         '"vpngw grant peer=s2 exposure=web" -j CONNMARK --set-xmark 0x20000/0xfff0000'
     ) in flt.rules
+    forward = [r for r in flt.rules if r.startswith("-A VPNGW-FORWARD ")]
     assert (
-        flt.rules[-4]
+        forward[-4]
         == "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m connmark ! --mark 0x0/0xfff0000 -j ACCEPT"
     )
-    assert flt.rules[-3:] == tuple(
+    assert tuple(forward[-3:]) == tuple(
         f'-A VPNGW-FORWARD -m conntrack --ctorigdst {vip} -m comment --comment "vpngw not granted" -j DROP'
         for vip in ("198.18.0.10", "198.18.0.11", "198.18.0.20")
     )
+    # The exposures' real addresses (192.0.2.70 is the resolved targetHost) are dropped for connections
+    # that did not come through our DNAT; the reverse exposure's target (tenant side) is not listed.
+    assert [r for r in flt.rules if r.startswith("-A VPNGW-TARGETS ")] == [
+        f'-A VPNGW-TARGETS -d {t}/32 -m comment --comment "vpngw exposure target only via its virtual IP" '
+        "-j DROP"
+        for t in ("192.0.2.66", "192.0.2.70")
+    ]
     assert nt.chains == ("VPNGW-PREROUTING", "VPNGW-POSTROUTING")
     assert (
         "-A VPNGW-PREROUTING -d 198.18.0.11/32 -p tcp -m tcp --dport 9090 -m comment --comment "
@@ -75,11 +85,17 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     assert [r.rsplit(" ", 1)[1] for r in snat] == ["192.0.2.2", "192.0.2.2", "198.18.0.1"], (
         "exposures SNAT to NIC2, reverse exposures to the serviceCIDR source address"
     )
-    # gate + established + (1 source x 2 ports + 2 sources x 2 ports + 1 source x 1 port) + NEW + 3 drops
-    assert len(flt.rules) == 1 + 1 + 7 + 1 + 3
+    # targets jump + gate + established + (1 source x 2 ports + 2 sources x 2 ports + 1 source x 1 port)
+    # + NEW + 3 drops, then 2 targets
+    assert len(flt.rules) == 1 + 1 + 1 + 7 + 1 + 3 + 2
     assert rs.marks == {A, B, C} and rules.render(policy()) == rs, "deterministic"
     no_cidr = rules.render(policy(nat(service_cidr=None))).tables[0].rules
-    assert "RETURN" not in no_cidr[0] and len(no_cidr) == len(flt.rules) - 1, "no gate without serviceCidr"
+    assert not any("RETURN" in r for r in no_cidr), "no gate without serviceCidr"
+    assert len(no_cidr) == len(flt.rules) - 1
+    reverse_only = nat(exposures=(), grants=(Grant("s1", "db", "reverse", ("10.1.0.0/16",), C),))
+    assert not any("VPNGW-TARGETS" in r for r in rules.render(policy(reverse_only)).tables[0].rules), (
+        "no exposure target, no jump to the (empty) target list"
+    )
 
 
 def test_names_only_ever_appear_sanitised_inside_comments() -> None:
@@ -248,6 +264,26 @@ def test_revoked(before: tuple[Grant, ...], after: tuple[Grant, ...], flushed: t
     b = policy(nat(grants=before, reverse_exposures=()))
     a = policy(nat(grants=after, reverse_exposures=()))
     assert tuple(g.mark for g in rules.revoked(b, a)) == flushed
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "mask", "flushed"),
+    [
+        pytest.param((G_A, G_B), (G_B,), 0x00FF0000, {A}, id="revoked-under-a-new-mask"),
+        pytest.param((G_A, G_B), (G_A, G_B), 0x00FF0000, set(), id="mask-changed-grants-kept"),
+        pytest.param((G_A, G_B), (G_B,), MASK, {A}, id="same-mask"),
+    ],
+)
+def test_flushes_use_the_mask_the_entries_were_marked_under(
+    before: tuple[Grant, ...], after: tuple[Grant, ...], mask: int, flushed: set[int]
+) -> None:
+    """``--set-xmark G/mask`` wrote the OLD mask's bits; a flush compares ``ctmark & mask == G``, so only
+    the old mask finds those entries (with the new one, 0x10000 | bits outside 0xff0000 never match)."""
+    b = policy(nat(grants=before, reverse_exposures=()))
+    a = policy(nat(grants=after, reverse_exposures=(), mark_mask=mask))
+    assert rules.flushes(b, a) == {rules.Flush(m, MASK) for m in flushed}
+    assert rules.flushes(None, a) == frozenset()
+    assert str(rules.Flush(A, MASK)) == "0x10000/0xfff0000"
 
 
 def test_a_port_removed_from_an_exposure_revokes_its_grants() -> None:
