@@ -22,7 +22,7 @@ import pytest
 from agent.vici import ViciSession
 from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, ReverseExposure, dumps
 from lab import netns
-from lab.peers import psk_conn
+from lab.peers import psk_conn, wireguard_pair
 from lab.world import CLUSTER_GW, CLUSTER_POD, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -358,3 +358,74 @@ async def test_reverse_exposure_admits_only_internal_sources_snated_into_the_tun
     after = [n for n, r in our_rules_with_counters(lab) if f"--ctorigdst {rvip} " in r and "DROP" in r]
     assert after[0] > drops[0], "refused by our authorisation (the DROP rule counted it), not lost elsewhere"
     assert procs.output("echo7070").count("from ") == 1
+
+
+def target_drops(lab: Lab) -> int:
+    """Packets our VPNGW-TARGETS rule for the web target dropped so far."""
+    return sum(
+        n for n, r in our_rules_with_counters(lab) if r.startswith(f"-A VPNGW-TARGETS -d {SVC_ADDR}/32")
+    )
+
+
+async def test_a_wireguard_peer_reaches_a_target_only_through_its_virtual_ip(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """A WireGuard peer writes its own AllowedIPs: it can route an exposure target's REAL address into
+    the tunnel (the gateway's AllowedIPs only constrain the peer's source; IPsec's selectors would refuse
+    the packet). The gateway must not forward such a connection: only the virtual IP (DNAT + grant) is a
+    way in. Live wireguard-go on both ends, the pod's NIC2 named ens7 and its default route via eth0.
+
+    Here the fabric router routes the site's LAN back to the gateway (what a missing Neutron port
+    security amounts to), so the direct connection fails only because of our rule: taking the rule out
+    by hand lets it through, and the next apply puts it back."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    for name, body in (("echo", ECHO_SERVER), ("once", ONE_SHOT)):
+        (tmp_path / f"{name}.py").write_text(body)
+    once = tmp_path / "once.py"
+    procs.start(lab.svc, PY, str(tmp_path / "echo.py"), SVC_ADDR, "8080", name="echo8080")
+    wait_for(lambda: "listening" in procs.output("echo8080"), 10, "echo server :8080")
+
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, plan(lab, (Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),)))
+
+    def apply() -> str:
+        res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), "--iptables", "nft", check=False)
+        assert res.returncode == 0, res.stderr.decode()
+        return res.stderr.decode()
+
+    apply()  # before the handshake: the gateway's replies to the peer leave through NIC2 by policy
+    keys = wireguard_pair(lab, s1, tmp_path)
+    lab.gw.wireguard["wg0"].wg(
+        "set", "wg0", "peer", keys[s1.role][1], "allowed-ips", f"10.99.0.2/32,{s1.lans[0]}"
+    )
+    # The peer's side, under the tenant's control: the target's real address goes into the tunnel too.
+    s1.wireguard["wg0"].wg(
+        "set", "wg0", "peer", keys["gw"][1], "allowed-ips", f"10.99.0.1/32,{SERVICE_CIDR},{SVC_ADDR}/32"
+    )
+    netns.route(lab.gw.ns, s1.lans[0], "dev", "wg0")
+    for dst in (SERVICE_CIDR, f"{SVC_ADDR}/32"):
+        netns.route(s1.ns, dst, "dev", "wg0")
+    netns.route(lab.rtr.ns, s1.lans[0], "via", GW_NIC2_ADDR)
+
+    s1_ip = s1.lan_host
+    assert one_shot(s1, s1_ip, WEB_VIP, 8080, once), "the granted peer reaches the target via its virtual IP"
+    assert "from 192.0.2.2" in procs.output("echo8080"), "SNATed to NIC2's address"
+    before = target_drops(lab)
+    assert not one_shot(s1, s1_ip, SVC_ADDR, 8080, once), "the target's real address is not a way in"
+    assert target_drops(lab) > before, "the SYNs came through the tunnel and VPNGW-TARGETS dropped them"
+    assert f"from {s1_ip}" not in procs.output("echo8080")
+
+    # Without the rule the same connection gets through (so nothing else stopped it above) ...
+    jump = "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT"
+    rule_1 = lab.gw.run("iptables-nft", "-S", "VPNGW-FORWARD", "1").stdout.decode()
+    assert rule_1.startswith(jump), rule_1
+    lab.gw.run("iptables-nft", "-D", "VPNGW-FORWARD", "1")
+    assert one_shot(s1, s1_ip, SVC_ADDR, 8080, once), "with the rule gone, the real address is reachable"
+    assert f"from {s1_ip}" in procs.output("echo8080"), "unSNATed: the target saw the peer's own address"
+    # ... and the next apply (a resync in --watch) repairs the drift: dropped again.
+    assert "changed=True" in apply()
+    before = target_drops(lab)
+    assert not one_shot(s1, s1_ip, SVC_ADDR, 8080, once)
+    assert target_drops(lab) > before
+    assert one_shot(s1, s1_ip, WEB_VIP, 8080, once), "the virtual IP still works"
