@@ -49,7 +49,7 @@ from agent.ipsec.plan import (
     diff,
     stale_children,
 )
-from agent.ipsec.status import Carry, TunnelStatus, reason_from_log, tunnels_status
+from agent.ipsec.status import Carry, TunnelStatus, publish_due, reason_from_log, tunnels_status
 from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
 from agent.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
 from agent.vici.queries import (
@@ -162,6 +162,7 @@ class Keeper:
         self.cycles = 0
         self._maybe_same_daemon = False
         self._published: dict[str, Any] | None = None
+        self._published_at = 0.0
         self._published_problems: list[str] = []
         self._refresh = True
         self._wake: anyio.Event | None = None
@@ -615,9 +616,14 @@ class Keeper:
         )
         doc = self.status_document()
         self._published_problems = self._problems()
-        if doc != self._published:
+        now = self._clock()
+        # Counters alone at most once per resync (less one tick, so the periodic resync's counters are not
+        # held back by the few milliseconds between ticks); states, errors, tunnels: at once.
+        interval = max(0.0, self.timing.resync_seconds - self.timing.poll_interval)
+        if publish_due(self._published, doc, now=now, last=self._published_at, interval=interval):
             await self.sink.publish(doc)
             self._published = doc
+            self._published_at = now
 
 
 def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:

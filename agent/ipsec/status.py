@@ -310,3 +310,69 @@ def reason_from_log(lines: list[str] | tuple[str, ...]) -> str | None:
             if m:
                 return f"{reason} ({line.strip()[:160]})"
     return None
+
+
+# --- when to publish (pure) --------------------------------------------------------------------------------
+
+COUNTER_FIELDS = frozenset({"bytesIn", "bytesOut", "packetsIn", "packetsOut"})
+TIME_FIELDS = frozenset({"establishedAt", "rekeyAt"})
+TIME_WOBBLE = 1.0
+"""``establishedAt``/``rekeyAt`` are now -/+ charon's whole seconds, so two listings a moment apart can
+differ by a second with nothing changed; a rekey or a new SA moves them by far more."""
+
+
+def _parse_rfc3339(text: Any) -> datetime | None:
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return None
+
+
+def _same_time(a: Any, b: Any) -> bool:
+    if a == b:
+        return True
+    ta, tb = _parse_rfc3339(a), _parse_rfc3339(b)
+    return ta is not None and tb is not None and abs((ta - tb).total_seconds()) <= TIME_WOBBLE
+
+
+def significant_change(previous: Any, current: Any) -> bool:
+    """Does ``current`` differ from ``previous`` in more than byte/packet counters and timestamp wobble?
+    (a state, a child, an error, the agent section, a tunnel added or removed, a rekey's new rekeyAt)."""
+    if isinstance(previous, Mapping) and isinstance(current, Mapping):
+        if previous.keys() != current.keys():
+            return True
+        for key, value in current.items():
+            if key in COUNTER_FIELDS:
+                continue
+            if key in TIME_FIELDS:
+                if not _same_time(previous[key], value):
+                    return True
+            elif significant_change(previous[key], value):
+                return True
+        return False
+    if isinstance(previous, list) and isinstance(current, list):
+        return len(previous) != len(current) or any(
+            significant_change(p, c) for p, c in zip(previous, current, strict=True)
+        )
+    return bool(previous != current)
+
+
+def publish_due(
+    previous: Mapping[str, Any] | None,
+    current: Mapping[str, Any],
+    *,
+    now: float,
+    last: float,
+    interval: float,
+) -> bool:
+    """Publish ``current`` now? A first status or a significant change (``significant_change``): at once.
+    Counters (and timestamp wobble) alone: only once ``interval`` has passed since the ``last`` publish, so
+    a keeper listing SAs every poll (a site is offline and being retried) does not write the CR status
+    every poll because the other tunnels' counters moved. Unchanged: never."""
+    if previous is None:
+        return True
+    if current == previous:
+        return False
+    if significant_change(previous, current):
+        return True
+    return now - last >= interval
