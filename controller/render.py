@@ -54,6 +54,7 @@ from controller.schema import FieldError, show
 from controller.validate import (
     InvalidInput,
     Problem,
+    as_stored,
     document,
     inside,
     select,
@@ -425,5 +426,5 @@ def render_documents(docs: Sequence[Mapping[str, Any]], options: RenderOptions |
     problems = [p for i, d in enumerate(docs) for p in validate_object(d, document(i))]
     if problems:
         raise InvalidInput(problems)
-    gateway, peers = select([parse(d) for d in docs])
+    gateway, peers = select([parse(as_stored(d)) for d in docs])
     return render(gateway, peers, options)

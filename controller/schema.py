@@ -15,7 +15,8 @@ Semantics mirrored from the API server (and emulated the same way in the agreeme
   exception, unlike Python's ``$``), so ``check`` uses ``re.fullmatch`` on the unanchored pattern;
 * unknown fields are errors (kubectl's default strict server-side field validation);
 * ``list_type="set"`` and ``list_type="map"`` reject duplicates (items / map keys);
-* cross-field rules of an object are evaluated only when the object is otherwise well-formed.
+* cross-field rules of an object are evaluated only when the object is otherwise well-formed;
+* a JSON null for a known field counts as absent (or as its default): ``prune_nulls`` first.
 
 Patterns avoid look-arounds and back-references: RE2 has neither.
 """
@@ -153,6 +154,37 @@ def _key(key: Any) -> str:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+# --- nulls, as the API server treats them ----------------------------------------------------------
+
+
+def prune_nulls(node: Node, value: Any, path: str = "", pruned: list[str] | None = None) -> Any:
+    """``value`` as the API server stores it before validating: a JSON null (YAML ``field: ~``) for a
+    known field is REMOVED when the field has no default (none of our fields is ``nullable``) and
+    REPLACED by the default when it has one. Nulls inside lists are kept (the API server keeps them, and
+    then rejects them as type errors); nulls of unknown fields are kept (strict field validation rejects
+    the field). This is apiextensions-apiserver's ``PruneNonNullableNullsWithoutDefaults`` followed by
+    defaulting (Kubernetes docs, "Defaulting and Nullable"). Returns a copy; ``pruned`` collects the
+    paths of removed nulls."""
+    match node:
+        case Obj() if isinstance(value, Mapping):
+            out: dict[Any, Any] = {}
+            for key, item in value.items():
+                sub = node.fields.get(key) if isinstance(key, str) else None
+                if sub is None:
+                    out[key] = item
+                elif item is None:
+                    if isinstance(sub, Str) and sub.default is not None:
+                        out[key] = sub.default
+                    elif pruned is not None:
+                        pruned.append(_join(path, key))
+                else:
+                    out[key] = prune_nulls(sub, item, _join(path, key), pruned)
+            return out
+        case Arr() if isinstance(value, list):
+            return [prune_nulls(node.items, item, f"{path}[{i}]", pruned) for i, item in enumerate(value)]
+    return value
 
 
 # --- checking ---------------------------------------------------------------------------------------

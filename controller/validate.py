@@ -20,12 +20,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from controller.api import BY_KIND, CIDR, DNS_LABEL
 from controller.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of, parse
-from controller.schema import FieldError, check, kind_of, show
+from controller.schema import FieldError, check, kind_of, prune_nulls, show
 
 REVERSE_NEEDS_INTERNAL = "ReverseExposuresRequireInternalSourceCIDRs"
 
@@ -78,7 +78,9 @@ def validate_object(doc: Any, where: str = "?") -> list[Problem]:
                 ),
             )
         ]
-    problems = [Problem(str(meta), e) for e in check(resource.root, doc, "")]
+    nulls: list[str] = []
+    doc = prune_nulls(resource.root, doc, "", nulls)
+    problems = [Problem(str(meta), _null_noted(e, nulls)) for e in check(resource.root, doc, "")]
     md = doc.get("metadata")
     namespace = md.get("namespace") if isinstance(md, Mapping) else None
     if namespace is not None and not (isinstance(namespace, str) and re.fullmatch(DNS_LABEL, namespace)):
@@ -87,6 +89,22 @@ def validate_object(doc: Any, where: str = "?") -> list[Problem]:
             Problem(str(meta), FieldError("metadata.namespace", "is not a DNS label", show(namespace)))
         )
     return problems
+
+
+def _null_noted(error: FieldError, nulls: Sequence[str]) -> FieldError:
+    """A required field that was given as null: say why it counts as missing."""
+    if error.reason == "FieldValueRequired" and error.path in nulls:
+        return replace(error, rule=f"{error.rule} (it is null, and the API server drops null fields)")
+    return error
+
+
+def as_stored(doc: Any) -> Any:
+    """A document as the API server would store it (nulls of known fields dropped or defaulted, see
+    ``controller.schema.prune_nulls``); other documents unchanged. Parse this form, not the input."""
+    if not isinstance(doc, Mapping):
+        return doc
+    resource = BY_KIND.get(meta_of(doc).kind)
+    return doc if resource is None else prune_nulls(resource.root, doc)
 
 
 def document(i: int) -> str:
@@ -459,6 +477,7 @@ def validate(documents: Sequence[Any], internal_source_cidrs: Sequence[str] = ()
     problems = [p for i, d in enumerate(documents) for p in validate_object(d, document(i))]
     if problems:
         return problems
+    documents = [as_stored(d) for d in documents]
     try:
         gateway, peers = select([parse(d) for d in documents])
     except InvalidInput as exc:

@@ -84,6 +84,16 @@ VALID: list[Case] = [
     _c("legacy-no-mode", LEGACY_GW, ["spec", "tunnels", 0, "mode"], DELETE, None),
     _c("link-no-gateways", CLUSTER_LINK, ["spec", "gateways"], DELETE, None),
     _c("status-ignored", GATEWAY, ["status"], {"anything": [1, 2]}, None),
+    # JSON null (YAML `field: ~`) for a known field: the API server drops it (none of our fields is
+    # nullable) or, where the field has a default, applies the default; Validate() does the same.
+    _c("null-rw-endpoint", mutate(PEER, ["spec", "type"], "roadWarrior"), ["spec", "endpoint"], None, None),
+    _c("null-ha-enabled", GATEWAY, ["spec", "ha", "enabled"], None, None),
+    _c("null-ha", GATEWAY, ["spec", "ha"], None, None),
+    _c("null-protocol-defaults", GATEWAY, ["spec", "exposures", 0, "ports", 0, "protocol"], None, None),
+    _c("null-authorization", PEER, ["spec", "authorization"], None, None),
+    _c("null-rw-endpoint-port", WG_ROAD, ["spec", "wireguard", "endpointPort"], None, None),
+    _c("null-status", GATEWAY, ["status"], None, None),
+    _c("null-in-status", GATEWAY, ["status"], {"nodeName": None}, None),
 ]
 
 INVALID: list[Case] = [
@@ -476,6 +486,23 @@ INVALID: list[Case] = [
         "is not a UUID",
     ),
     _c("link-gateway", CLUSTER_LINK, ["spec", "gateways"], ["Legacy"], "is not a DNS label"),
+    # --- nulls: dropped first, so a required field given as null is missing; a null list item stays and is
+    # a type error; a null for an unknown field is still an unknown field
+    _c("null-cidr", GATEWAY, ["spec", "serviceCIDR"], None, "spec.serviceCIDR: is required (it is null"),
+    _c("null-spec", GATEWAY, ["spec"], None, "spec: is required"),
+    _c("null-ipsec", GATEWAY, ["spec", "ipsec"], None, "spec.ipsec: is required when type is ipsec"),
+    _c("null-site-endpoint", PEER, ["spec", "endpoint"], None, "spec.endpoint: is required for site peers"),
+    _c("null-exposure-name", GATEWAY, ["spec", "exposures", 0, "name"], None, "spec.exposures[0].name: is"),
+    _c(
+        "null-subnet-item",
+        PEER,
+        ["spec", "ipsec", "remoteSubnets", 0],
+        None,
+        "spec.ipsec.remoteSubnets[0]: must be a string (got null)",
+    ),
+    _c("null-exposure-item", GATEWAY, ["spec", "exposures", 0], None, "must be an object (got null)"),
+    _c("null-unknown-field", GATEWAY, ["spec", "routing"], None, "spec.routing: is not a known field"),
+    _c("null-legacy-tunnels", LEGACY_GW, ["spec", "tunnels"], None, "spec.tunnels: is required"),
     # --- not our kinds
     _c("unknown-kind", GATEWAY, ["kind"], "VPNTunnel", 'kind: "VPNTunnel" is not one of'),
 ]

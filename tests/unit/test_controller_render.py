@@ -152,6 +152,21 @@ def test_wireguard_device_and_peers() -> None:
     assert s1.preshared_key_ref == gwplan.SecretRef("s1-wg", "presharedKey")
 
 
+def test_null_fields_render_as_the_api_server_stores_them() -> None:
+    """`field: ~` is dropped (or defaulted) by the API server before the controller sees the object; the
+    offline path does the same, so the plan equals the one without the field."""
+    nulls = edit(WG, 2, ["spec", "wireguard", "endpointPort"], None)  # the road warrior
+    nulls = edit(nulls, 0, ["spec", "exposures", 0, "ports", 0, "protocol"], None)
+    nulls = edit(nulls, 1, ["spec", "authorization"], None)
+    nulls = edit(nulls, 1, ["spec", "wireguard", "persistentKeepalive"], None)
+    plan = render_documents(nulls, OPTS)
+    assert plan.nat.exposures[0].ports == (gwplan.Port(80, "TCP"),)
+    assert plan.nat.grants == tuple(g for g in render_documents(WG, OPTS).nat.grants if g.peer != "s1")
+    assert plan.wireguard is not None and plan.wireguard.peers[1].persistent_keepalive == 25
+    ipsec = edit(IPSEC, 0, ["spec", "ipsec", "certificateSecretRef"], None)
+    assert render_documents(ipsec, OPTS) == render_documents(IPSEC, OPTS)
+
+
 def test_same_input_same_bytes_whatever_the_document_order() -> None:
     first = gwplan.dumps(render_documents(IPSEC, OPTS))
     shuffled = IPSEC[:]
