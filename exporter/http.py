@@ -79,13 +79,14 @@ def parse_request(head: bytes) -> tuple[str, str, dict[str, str]]:
     return method, target.split("?", 1)[0], headers
 
 
-def format_response(resp: Response, *, head_only: bool = False) -> bytes:
+def response_head(resp: Response) -> bytes:
+    """Status line and headers; the body is sent after it as is (not copied onto the head: at 10,000
+    WireGuard peers it is 4 MB)."""
     reason = _REASONS.get(resp.status, "Unknown")
-    head = (
+    return (
         f"HTTP/1.1 {resp.status} {reason}\r\nContent-Type: {resp.content_type}\r\n"
         f"Content-Length: {len(resp.body)}\r\nConnection: close\r\n\r\n"
     ).encode()
-    return head if head_only else head + resp.body
 
 
 async def _serve_one(stream: anyio.abc.ByteStream, handler: Handler) -> None:
@@ -114,7 +115,9 @@ async def _serve_one(stream: anyio.abc.ByteStream, handler: Handler) -> None:
                     log.exception("exporter.http.error path=%s", path)
                     resp = Response(500, "text/plain; charset=utf-8", b"internal error\n")
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            await stream.send(format_response(resp, head_only=method == "HEAD"))
+            await stream.send(response_head(resp))
+            if method != "HEAD" and resp.body:
+                await stream.send(resp.body)
 
 
 async def serve(

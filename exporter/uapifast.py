@@ -1,12 +1,18 @@
 """A fast read of a userspace WireGuard device (UAPI ``get=1``) straight into the exporter's view.
 
 At 10,000 peers the generic path (``agent.wireguard.uapi.parse_get`` -> ``DeviceState`` ->
-``interface_view``) took ~120 ms here against a ~27-50 ms raw UAPI read. This module reads the reply with
+``interface_view``) took ~120 ms here against a ~25 ms raw UAPI read. This module reads the reply with
 one regular expression over the whole text (C speed) for the field order wireguard-go writes
 (public_key, preshared_key, protocol_version, [endpoint], last_handshake_time_sec/nsec, tx_bytes,
 rx_bytes, ...), and keeps hex -> base64 public keys cached between scrapes. If the reply has any other
 shape (another implementation, a future field order), the number of matches differs from the number of
 peers and the caller falls back to the generic parser: fast when it can be, never wrong.
+
+Speed notes (measured at 10,000 peers, 3.35 MB): the pattern starts with a literal (newline, ``public_key=``)
+so the engine jumps between peers with a fast substring search, and skips whole lines with ``.*`` (one
+tight loop) instead of matching character classes (``[0-9a-f]{64}`` took 2x as long); byte counters stay
+the decimal text the daemon wrote (the pattern checked they are digits), which the renderer copies:
+converting 20,000 of them to int and back to text cost ~3.5 ms a scrape.
 
 The preshared and private keys are matched over, never captured.
 """
@@ -15,23 +21,24 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import compress
 
 from exporter.wireguard import InterfaceView, Peers, missing_names
 
 _PEER = re.compile(
-    r"^public_key=([0-9a-f]{64})\n"
-    r"(?:preshared_key=[0-9a-f]{64}\n)?"
-    r"(?:protocol_version=\d+\n)?"
-    r"(?:endpoint=([^\n]*)\n)?"
+    r"\npublic_key=(.{64})\n"
+    r"(?:preshared_key=.*\n)?"
+    r"(?:protocol_version=.*\n)?"
+    r"(?:endpoint=(.*)\n)?"
     r"last_handshake_time_sec=(\d+)\n"
     r"last_handshake_time_nsec=(\d+)\n"
     r"tx_bytes=(\d+)\n"
-    r"rx_bytes=(\d+)\n",
-    re.MULTILINE,
+    r"rx_bytes=(\d+)\n"
 )
 _LISTEN_PORT = re.compile(r"^listen_port=(\d+)$", re.MULTILINE)
 _ERRNO = re.compile(r"^errno=(-?\d+)\n*\Z", re.MULTILINE)
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class ReplyError(ValueError):
@@ -53,13 +60,18 @@ class KeyCache:
         self._map: dict[str, str] = {}
         self._limit = limit
 
-    def b64(self, hexkey: str) -> str:
-        got = self._map.get(hexkey)
-        if got is None:
-            if len(self._map) >= self._limit:
+    def b64(self, hexkeys: Sequence[str]) -> list[str] | None:
+        """The base64 form of every key (a C-level lookup when cached); None if one is not 64 hex digits."""
+        got = list(map(self._map.get, hexkeys))
+        if None in got:
+            if len(self._map) + len(hexkeys) > self._limit:
                 self._map.clear()
-            got = self._map[hexkey] = base64.b64encode(bytes.fromhex(hexkey)).decode()
-        return got
+            for i, k in enumerate(hexkeys):
+                if got[i] is None:
+                    if not _HEX.fullmatch(k):
+                        return None
+                    got[i] = self._map[k] = base64.b64encode(bytes.fromhex(k)).decode()
+        return got  # type: ignore[return-value]
 
 
 def fast_view(
@@ -69,31 +81,28 @@ def fast_view(
     (use the generic parser then). Pure but for the key cache."""
     check_errno(text)
     matches = _PEER.findall(text)
+    port = _LISTEN_PORT.search(text, 0, 512)  # device lines come first
+    listen_port = int(port.group(1)) if port else 0
     if len(matches) != text.count("public_key="):
         return None
-    port = _LISTEN_PORT.search(text, 0, 512)  # device lines come first
     if not matches:
-        return InterfaceView(
-            interface,
-            True,
-            backend,
-            int(port.group(1)) if port else 0,
-            Peers(),
-            missing_names(names, frozenset()),
-        )
+        missing = missing_names(names, frozenset())
+        return InterfaceView(interface, True, backend, listen_port, Peers(), missing)
     hexkeys, endpoints, secs, nsecs, txs, rxs = zip(*matches, strict=True)  # columns, C-level
-    public = list(map(keys.b64, hexkeys))
-    get_name = names.get
+    public = keys.b64(hexkeys)
+    if public is None:
+        return None
+    # Peers that completed a handshake (the UAPI says 0 for the others): found at C level, converted
+    # one by one (few compared to all peers on a large road-warrior gateway).
+    shook = list(compress(range(len(secs)), map("0".__ne__, secs)))
     peers = Peers(
-        peer=[get_name(k, k) for k in public],
+        peer=list(map(names.get, public, public)) if names else public,
         public_key=public,
         endpoint=endpoints,
-        rx_bytes=list(map(int, rxs)),
-        tx_bytes=list(map(int, txs)),
-        last_handshake=[
-            (int(s) + int(n) / 1e9) if s != "0" else None for s, n in zip(secs, nsecs, strict=True)
-        ],
+        rx_bytes=rxs,
+        tx_bytes=txs,
+        handshakes=shook,
+        last_handshake=[int(secs[i]) + int(nsecs[i]) / 1e9 for i in shook],
     )
-    return InterfaceView(
-        interface, True, backend, int(port.group(1)) if port else 0, peers, missing_names(names, set(public))
-    )
+    present = set(public) if names else frozenset()
+    return InterfaceView(interface, True, backend, listen_port, peers, missing_names(names, present))

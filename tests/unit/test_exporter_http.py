@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.http import Response, format_response, parse_request, wants_openmetrics
+from exporter.http import Response, parse_request, response_head, wants_openmetrics
 from exporter.sources import backoff
 
 PROMETHEUS_ACCEPT = (
@@ -38,10 +38,10 @@ def test_parse_request_rejects_garbage(head: bytes) -> None:
         parse_request(head)
 
 
-def test_format_response_head_only() -> None:
-    resp = Response(200, "text/plain", b"hello")
-    assert format_response(resp).endswith(b"Content-Length: 5\r\nConnection: close\r\n\r\nhello")
-    assert format_response(resp, head_only=True).endswith(b"\r\n\r\n")
+def test_response_head_announces_the_body_without_carrying_it() -> None:
+    head = response_head(Response(200, "text/plain", b"hello"))
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert head.endswith(b"Content-Length: 5\r\nConnection: close\r\n\r\n")
 
 
 @pytest.mark.parametrize("failures, delay", [(0, 0.0), (1, 0.25), (2, 0.5), (4, 2.0), (6, 5.0), (60, 5.0)])

@@ -8,6 +8,8 @@ import base64
 import pytest
 
 from agent.wireguard.uapi import parse_get
+from exporter.collector import Snapshot, WireGuardSnapshot, families
+from exporter.family import Renderer
 from exporter.uapifast import KeyCache, ReplyError, fast_view
 from exporter.wireguard import interface_view
 
@@ -59,8 +61,10 @@ def test_fast_view_equals_the_generic_parser(text: str) -> None:
     generic = interface_view("wg0", parse_get(text), NAMES, backend="uapi")
     assert fast is not None
     assert (fast.up, fast.listen_port, fast.missing) == (generic.up, generic.listen_port, generic.missing)
-    for column in ("peer", "public_key", "endpoint", "rx_bytes", "tx_bytes", "last_handshake"):
+    for column in ("peer", "public_key", "endpoint", "handshakes", "last_handshake"):
         assert list(getattr(fast.peers, column)) == list(getattr(generic.peers, column)), column
+    for column in ("rx_bytes", "tx_bytes"):  # the fast path keeps the daemon's decimal text
+        assert list(map(int, getattr(fast.peers, column))) == list(getattr(generic.peers, column)), column
     assert "zed" in fast.missing
 
 
@@ -87,3 +91,27 @@ def test_no_secret_is_captured() -> None:
     dump = repr(view)
     for secret in (PRIV, PSK):
         assert secret not in dump and base64.b64encode(bytes.fromhex(secret)).decode() not in dump
+
+
+def test_fast_view_renders_byte_for_byte_like_the_generic_view() -> None:
+    """The decimal text kept by the fast path is exposed exactly as the generic path's ints."""
+    text = reply(
+        peer(K1, endpoint="192.0.2.1:51820", hs=(1790000000, 250000000), rx=10**12, tx=20),
+        peer(K2, rx=7),
+    )
+    fast = fast_view("wg0", text, NAMES, KeyCache())
+    assert fast is not None
+    generic = interface_view("wg0", parse_get(text), NAMES, backend="uapi")
+    for om in (False, True):
+        rendered = [
+            Renderer().render(families(Snapshot(wireguard=WireGuardSnapshot(0.1, (v,)))), openmetrics=om)
+            for v in (fast, generic)
+        ]
+        assert rendered[0] == rendered[1]
+        line = b'wireguard_peer_receive_bytes_total{interface="wg0",peer="alice"} 1000000000000\n'
+        assert line in rendered[0]
+
+
+def test_a_key_that_is_not_hex_falls_back() -> None:
+    text = reply(peer(K1)).replace(K1.hex(), "g" * 64)
+    assert fast_view("wg0", text, {}, KeyCache()) is None
