@@ -232,7 +232,13 @@ def validate_gateway(
                 REVERSE_NEEDS_INTERNAL,
             )
         )
-    internal = [_net(c, "operator", f"internalSourceCIDRs[{i}]") for i, c in enumerate(internal_source_cidrs)]
+    # internalSourceCIDRs are the sources of reverse grants and nothing else (init-nat uses them only there),
+    # so their disjointness from peers and serviceCIDR protects reverse exposures only: without any, an
+    # operator-wide fabric range (often 10/8) overlapping a tenant's subnets harms nothing and is allowed.
+    internal = [
+        _net(c, "operator", f"internalSourceCIDRs[{i}]")
+        for i, c in enumerate(internal_source_cidrs if gateway.reverse_exposures else ())
+    ]
     for n in nets:
         for c in internal:
             if n.first <= c.last and c.first <= n.last:
@@ -241,8 +247,9 @@ def validate_gateway(
                         n.owner,
                         n.path,
                         n.text,
-                        f"overlaps the operator's internalSourceCIDRs entry {c.text}: that would re-admit "
-                        "this peer's own addresses to reverse exposures",
+                        f"overlaps the operator's internalSourceCIDRs entry {c.text}: the gateway has "
+                        "reverse exposures, whose grants admit every internal source, so this peer's own "
+                        "addresses would reach them",
                         "InternalSourceCIDRsOverlapPeer",
                     )
                 )
@@ -253,7 +260,8 @@ def validate_gateway(
                     gw,
                     "spec.serviceCIDR",
                     gateway.service_cidr,
-                    f"overlaps the operator's internalSourceCIDRs entry {c.text}",
+                    f"overlaps the operator's internalSourceCIDRs entry {c.text}: the gateway has reverse "
+                    "exposures, whose grants would admit its own virtual IPs as internal sources",
                     "OverlapsServiceCIDR",
                 )
             )

@@ -283,8 +283,37 @@ def test_service_cidr_must_not_hold_exposure_targets_or_internal_sources() -> No
         'VPNGateway/tenant-acme/acme: spec.exposures[0].target.address: "198.18.0.9" is inside the gateway\'s '
         "serviceCIDR: a target must be a fabric address"
     ]
-    internal = validate(IPSEC, ("198.18.0.0/16",))
-    assert [str(p) for p in internal] == [
+    (internal,) = validate(IPSEC, ("198.18.0.0/16",))
+    assert str(internal).startswith(
         'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/24" overlaps the operator\'s '
         "internalSourceCIDRs entry 198.18.0.0/16"
+    )
+
+
+def _without_reverse(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = edit(documents, 0, ["spec", "reverseExposures"], [])
+    return edit(out, 1, ["spec", "authorization", "reverseExposures"], [])
+
+
+def test_internal_source_cidrs_must_be_disjoint_only_when_reverse_exposures_use_them() -> None:
+    """internalSourceCIDRs are the sources of reverse grants and nothing else: an operator-wide fabric range
+    overlapping a tenant's subnets (or serviceCIDR) matters only on a gateway with reverse exposures."""
+    overlapping = ("203.0.0.0/16", "198.18.0.0/16")  # s1's 203.0.113.0/28 and the serviceCIDR
+    with_reverse = [str(p) for p in validate(IPSEC, overlapping)]
+    assert with_reverse == [
+        'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[0]: "203.0.113.0/28" overlaps the operator\'s '
+        "internalSourceCIDRs entry 203.0.0.0/16: the gateway has reverse exposures, whose grants admit "
+        "every internal source, so this peer's own addresses would reach them",
+        'VPNPeer/tenant-acme/s2: spec.ipsec.remoteSubnets[0]: "203.0.113.16/28" overlaps the operator\'s '
+        "internalSourceCIDRs entry 203.0.0.0/16: the gateway has reverse exposures, whose grants admit "
+        "every internal source, so this peer's own addresses would reach them",
+        'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/24" overlaps the operator\'s '
+        "internalSourceCIDRs entry 198.18.0.0/16: the gateway has reverse exposures, whose grants would "
+        "admit its own virtual IPs as internal sources",
     ]
+    assert validate(_without_reverse(IPSEC), overlapping) == []
+    assert problems(_without_reverse(IPSEC), overlapping) == []
+    assert validate(WG, ("10.99.0.0/16",)) == [], "no reverse exposures: allowedIPs may overlap them"
+    assert validate(_without_reverse(IPSEC), ("10.0.0.0/33",))[0].reason == "FieldValueInvalid", (
+        "a malformed flag is still an error"
+    )
