@@ -26,6 +26,7 @@ import gwplan
 from controller.api import CIDR, IPV4
 from controller.crds import crds_yaml
 from controller.render import RenderOptions, render_documents
+from controller.schema import show
 from controller.swanctl import render_swanctl
 from controller.validate import InvalidInput, parse_cidrs
 
@@ -128,14 +129,19 @@ def _options(args: argparse.Namespace) -> RenderOptions:
             raise UsageError(f"--previous {args.previous}: cannot read: {exc.strerror or exc}") from exc
         except gwplan.PlanError as exc:
             raise UsageError(f"--previous {args.previous}: {exc}") from exc
-    for flag, value, pattern in (
-        ("--nic-mac", args.nic_mac, MAC),
-        ("--nic-address", args.nic_address, CIDR),
-        ("--nic-gateway", args.nic_gateway, IPV4),
-        ("--wireguard-interface", args.wireguard_interface, IFNAME),
+    for flag, value, pattern, rule in (
+        ("--nic-mac", args.nic_mac, MAC, "is not a MAC address (six hex pairs separated by ':')"),
+        ("--nic-address", args.nic_address, CIDR, "is not an IPv4 address with prefix (ADDR/PREFIX)"),
+        ("--nic-gateway", args.nic_gateway, IPV4, "is not an IPv4 address"),
+        (
+            "--wireguard-interface",
+            args.wireguard_interface,
+            IFNAME,
+            "is not an interface name ([A-Za-z0-9_-]{1,15})",
+        ),
     ):
         if value is not None and re.fullmatch(pattern, value) is None:
-            raise UsageError(f"{flag}: {value!r} is not valid")
+            raise UsageError(f"{flag}: {show(value)} {rule}")
     nic = gwplan.Nic(mac=args.nic_mac, address=args.nic_address, gateway=args.nic_gateway)
     return RenderOptions(
         internal_source_cidrs=cidrs, previous=previous, nic=nic, wireguard_interface=args.wireguard_interface

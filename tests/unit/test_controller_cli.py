@@ -163,17 +163,18 @@ def test_bad_internal_source_cidrs_are_reported_like_any_input_problem() -> None
 
 
 @pytest.mark.parametrize(
-    "flag, value",
+    "flag, value, rule",
     [
-        ("--nic-mac", "fa:16:3e:00:00"),
-        ("--nic-address", "10.0.0.5"),
-        ("--nic-gateway", "x"),
-        ("--wireguard-interface", "wg0; rm -rf /"),
+        ("--nic-mac", "fa:16:3e:00:00", "is not a MAC address"),
+        ("--nic-address", "10.0.0.5", "is not an IPv4 address with prefix"),
+        ("--nic-gateway", "x", "is not an IPv4 address"),
+        ("--wireguard-interface", "wg0; rm -rf /", "is not an interface name"),
     ],
 )
-def test_bad_flags_exit_2(flag: str, value: str) -> None:
+def test_bad_flags_exit_2_naming_the_flag_and_the_rule(flag: str, value: str, rule: str) -> None:
     res = run("render", "-f", str(EXAMPLES / "wireguard.yaml"), flag, value)
-    assert res.returncode == 2 and f"{flag}:" in res.stderr and res.stdout == ""
+    assert res.returncode == 2 and res.stdout == ""
+    assert f'error: {flag}: "{value}" {rule}' in res.stderr
 
 
 def test_a_damaged_previous_plan_names_the_plan_its_gateway_and_the_field(tmp_path: Path) -> None:
