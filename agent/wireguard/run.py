@@ -11,6 +11,10 @@ One loop, one step per ``poll_interval`` (or at once when a new plan arrives)::
     status.peers_status(plan, state, clock()) --> sink.publish (only on change; counters alone at most
                                                               once per resync period)
 
+Hostname endpoints are resolved by a background task (``Endpoints.run``): a step uses the addresses
+resolved so far and never waits on DNS; a newly resolved address wakes the loop and is applied like any
+other change.
+
 Reconnect needs no special state: a dead daemon makes ``get`` raise DeviceUnavailable (not ready, peers
 not Connected); a restarted one reports an empty device, so the very same diff re-applies everything,
 and a changed private key (device reset or rotation) also re-runs the address/route configuration.
@@ -60,8 +64,13 @@ async def resolve_ipv4(host: str) -> str:
 
 
 class Endpoints:
-    """Hostname endpoints, resolved and re-resolved every ``interval`` (``retry`` after a failure; the
-    last good address stays in use meanwhile)."""
+    """Hostname endpoints, resolved in the background (``run``) and re-resolved every ``interval``
+    (``retry`` after a failure; the last good address stays in use meanwhile).
+
+    The agent's step never waits on DNS: it names the hosts it wants (``want``) and uses ``addresses``
+    as they are; a resolution that produces a new address calls ``on_change`` (the loop's wake-up), and
+    the next step applies it. During a DNS outage only this task waits (one ``timeout`` per round, all
+    due hosts concurrently); plan changes and status keep their poll cadence."""
 
     def __init__(
         self,
@@ -77,18 +86,46 @@ class Endpoints:
         self.retry = retry
         self.timeout = timeout
         self.addresses: dict[str, str] = {}
+        self.hosts: frozenset[str] = frozenset()
         self._due: dict[str, float] = {}
         self._failing: set[str] = set()
+        self._wanted = anyio.Event()
 
-    async def refresh(self, hosts: frozenset[str]) -> bool:
-        """Resolve the hosts that are due; True if an address changed."""
-        changed = False
-        for gone in set(self._due) - hosts:
+    def want(self, hosts: frozenset[str]) -> None:
+        """The hosts the plan names (no I/O): new ones are resolved at once by ``run``, gone ones
+        forgotten."""
+        if hosts == self.hosts:
+            return
+        self.hosts = hosts
+        for gone in (set(self._due) | set(self.addresses)) - hosts:
             self._due.pop(gone, None)
             self.addresses.pop(gone, None)
             self._failing.discard(gone)
+        self._wanted.set()
+
+    def next_due(self) -> float | None:
+        """Monotonic time the next host is due (None: no hosts)."""
+        return min((self._due.get(h, 0.0) for h in self.hosts), default=None)
+
+    async def run(self, on_change: Callable[[], None]) -> None:
+        """Resolve due hosts until cancelled; ``on_change`` after a round that changed an address."""
+        while True:
+            if await self.refresh():
+                on_change()
+            due = self.next_due()
+            wait = None if due is None else max(0.0, due - self.monotonic())
+            with anyio.move_on_after(wait if wait is not None else float("inf")):
+                await self._wanted.wait()
+            self._wanted = anyio.Event()
+
+    async def refresh(self, hosts: frozenset[str] | None = None) -> bool:
+        """One round: resolve the wanted hosts that are due (``hosts``: ``want`` them first); True if an
+        address changed."""
+        if hosts is not None:
+            self.want(hosts)
+        changed = False
         now = self.monotonic()
-        due = [h for h in sorted(hosts) if self._due.get(h, 0.0) <= now]
+        due = [h for h in sorted(self.hosts) if self._due.get(h, 0.0) <= now]
         results: dict[str, str | BaseException] = {}
 
         async def resolve(host: str) -> None:
@@ -98,12 +135,13 @@ class Endpoints:
             except (OSError, TimeoutError) as exc:
                 results[host] = exc
 
-        # Concurrently: during a DNS outage N unresolvable hosts cost one timeout per step, not N, so a
-        # plan change (removing a peer must apply within 2 s) never queues behind them.
+        # Concurrently: during a DNS outage N unresolvable hosts cost one timeout per round, not N.
         async with anyio.create_task_group() as tg:
             for host in due:
                 tg.start_soon(resolve, host)
         for host in due:
+            if host not in self.hosts:  # left the plan while it was being resolved
+                continue
             address = results[host]
             if isinstance(address, BaseException):
                 self._due[host] = now + self.retry
@@ -176,9 +214,10 @@ class WireGuardAgent:
             async def consume() -> None:
                 async for plan in plans:
                     self.plan = plan
-                    self.wake.set()
+                    self.wake_up()
 
             tg.start_soon(consume)
+            tg.start_soon(self.endpoints.run, self.wake_up)
             try:
                 while True:
                     try:
@@ -196,6 +235,10 @@ class WireGuardAgent:
                     with anyio.CancelScope(shield=True):
                         await self.backend.aclose()
 
+    def wake_up(self) -> None:
+        """Run a step now (a new plan, a newly resolved endpoint)."""
+        self.wake.set()
+
     async def step(self) -> None:
         self.health.beat()
         await self._accept_config()
@@ -208,7 +251,7 @@ class WireGuardAgent:
         await self._sync(wg, want)
         await self._publish(wg)
 
-    # --- configuration (plan + secrets + DNS) ---------------------------------------------------------
+    # --- configuration (plan + secrets + the addresses resolved so far) -------------------------------
 
     def _read(self, ref: SecretRef) -> bytes:
         try:
@@ -229,7 +272,7 @@ class WireGuardAgent:
             wg = plan.wireguard
             if self._hosts is None or self._hosts[0] is not plan:
                 self._hosts = (plan, hostnames(wg))
-            await self.endpoints.refresh(self._hosts[1])
+            self.endpoints.want(self._hosts[1])  # resolved by the background task, never waited for here
             refs = [wg.private_key_ref, *(p.preshared_key_ref for p in wg.peers if p.preshared_key_ref)]
             values = {ref: self._read(ref) for ref in refs}
             inputs = (tuple(values.values()), tuple(sorted(self.endpoints.addresses.items())))

@@ -256,24 +256,111 @@ async def test_netdev_failure_is_retried(rig: Rig) -> None:
 
 
 async def test_hostname_endpoints_are_resolved_and_re_resolved(rig: Rig) -> None:
+    """``resolve()`` is one round of the background resolver (``Endpoints.run``), driven by hand here."""
+
+    async def resolve() -> None:
+        await rig.agent.endpoints.refresh()
+
     roaming_site = replace(SITE, endpoint="site-a.example.net:51820")
     await rig.step(plan(roaming_site))
+    assert rig.agent.endpoints.hosts == {"site-a.example.net"}, "the step names the host it wants"
+    await resolve()
+    await rig.step()
     assert rig.device.peers[A].endpoint is None  # not resolvable yet: nothing invented
     rig.dns["site-a.example.net"] = "198.51.100.2"
-    rig.mono.t += 5  # the retry interval after a failure
+    await resolve()
+    await rig.step()
+    assert rig.device.peers[A].endpoint is None  # a failure is retried after 5 s, not every round
+    rig.mono.t += 5
+    await resolve()
     await rig.step()
     assert rig.device.peers[A].endpoint == "198.51.100.2:51820"
     rig.dns["site-a.example.net"] = "198.51.100.9"
     rig.mono.t += 30
+    await resolve()
     await rig.step()
     assert rig.device.peers[A].endpoint == "198.51.100.2:51820"  # not due yet
     rig.mono.t += 31
+    await resolve()
     await rig.step()
     assert rig.device.peers[A].endpoint == "198.51.100.9:51820"
     del rig.dns["site-a.example.net"]
     rig.mono.t += 61
+    await resolve()
     await rig.step()
     assert rig.device.peers[A].endpoint == "198.51.100.9:51820"  # DNS failure: last good address stays
+    await rig.step(plan(SITE))
+    assert rig.agent.endpoints.hosts == frozenset() and rig.agent.endpoints.addresses == {}
+
+
+async def test_a_step_never_waits_on_dns_and_a_late_answer_wakes_the_loop(rig: Rig) -> None:
+    """A resolver that hangs (a DNS outage; no DNS server can be assumed here, so the resolver is a fake
+    gated by the test) never holds up a step: the plan applies at once, a peer removal too. When the name
+    finally resolves, the background task wakes the loop (poll interval 60 s here) and the endpoint is
+    applied without anything else changing."""
+    answer = anyio.Event()
+    asked: list[str] = []
+
+    async def slow_dns(host: str) -> str:
+        asked.append(host)
+        await answer.wait()
+        return "198.51.100.7"
+
+    rig.agent.endpoints.resolver = slow_dns
+    rig.agent.endpoints.timeout = 3600.0  # the outage outlasts the test unless answered
+    rig.agent.settings = replace(rig.agent.settings, poll_interval=60.0)
+    roaming_site = replace(SITE, endpoint="site-a.example.net:51820")
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.agent.run, StaticPlans(plan(roaming_site, LAPTOP)))
+            while set(rig.device.peers) != {A, B} or not asked:  # noqa: ASYNC110 - polling a fake
+                await anyio.sleep(0.01)
+            assert rig.device.peers[A].endpoint is None, "configured without waiting for DNS"
+            with anyio.fail_after(1):
+                await rig.step(plan(roaming_site))  # a plan change while the lookup hangs
+            assert set(rig.device.peers) == {A}, "the removal applied at once"
+            answer.set()
+            while rig.device.peers[A].endpoint is None:  # noqa: ASYNC110 - polling a fake
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert rig.device.peers[A].endpoint == "198.51.100.7:51820"
+    assert asked == ["site-a.example.net"]
+
+
+async def test_the_background_resolver_waits_for_the_next_due_host_or_a_new_one() -> None:
+    """``Endpoints.run`` resolves at once what a plan names, then sleeps until the next host is due (or
+    a new host is wanted), and wakes its caller only for a changed address."""
+    from agent.wireguard.run import Endpoints
+
+    clock = Clock(0.0)
+    calls: list[str] = []
+    changes: list[dict[str, str]] = []
+
+    async def resolver(host: str) -> str:
+        calls.append(host)
+        return {"a.example": "192.0.2.1", "b.example": "192.0.2.2"}[host]
+
+    endpoints = Endpoints(resolver, clock, interval=0.2, timeout=1.0)
+
+    async def until(cond: Any) -> None:
+        while not cond():  # noqa: ASYNC110 - polling fakes
+            await anyio.sleep(0.005)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(endpoints.run, lambda: changes.append(dict(endpoints.addresses)))
+            endpoints.want(frozenset({"a.example"}))
+            await until(lambda: changes)
+            assert changes == [{"a.example": "192.0.2.1"}]
+            endpoints.want(frozenset({"a.example", "b.example"}))
+            await until(lambda: len(changes) == 2)
+            assert calls == ["a.example", "b.example"], "only the new host: a is not due"
+            assert endpoints.next_due() == pytest.approx(0.2)
+            clock.t = 0.2
+            await anyio.sleep(0.4)  # the task's real wait for a's due time (0.2 s on the fake clock)
+            await until(lambda: len(calls) == 4)
+            assert len(changes) == 2, "re-resolved to the same addresses: no wake-up"
+            tg.cancel_scope.cancel()
 
 
 async def test_status_is_published_on_change_and_counters_at_resync(rig: Rig) -> None:
