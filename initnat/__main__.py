@@ -2,8 +2,9 @@
 
 Wires the pieces together, nothing else: read the plan -> validate NIC and NAT sections (rules.py, pure)
 -> find NIC2 by MAC and ensure its policy routing (routing.py) -> apply our chains in one
-``iptables-restore`` transaction (iptables.py) -> delete the conntrack entries of revoked grants
-(conntrack.py), strictly in that order. Everything is validated before anything is changed.
+``iptables-restore`` transaction that also drops the revoked marks' packets (iptables.py) -> delete the
+conntrack entries of revoked grants (conntrack.py) -> lift those drops again, strictly in that order.
+Everything is validated before anything is changed.
 
 Exit codes: 0 applied (or, with --watch, stopped by SIGTERM/SIGINT); 1 the kernel refused a change
 (previous rules kept); 2 bad input (unreadable or invalid plan, NIC2 absent, bad --nic-mac).
@@ -88,32 +89,40 @@ class Gateway:
         policy = rules.validate(
             plan.nat, nic2_address=nic.address.ip, resolved=resolve_targets(plan, self.resolver)
         )
-        ruleset = rules.render(policy)
-        # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).
-        routed = ensure(self.netlink, nic, nic_cfg, policy.exposure_targets)
-        applied = self.iptables.apply(ruleset)
-        # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
-        # Each mark is flushed with the mask it was SET under (the previous plan's, or the kernel's rule).
+        # What to revoke, each mark with the mask it was SET under: from the previous plan, or after a
+        # restart from the kernel (its admission rules stand in for the unknown previous plan, and
+        # tombstones left by a process that stopped before its flush succeeded are still owed).
         if self.last is not None:
             gone = set(rules.flushes(self.last, policy))
-        else:  # restarted: what the kernel admitted is the previous plan
-            gone = set(tables.revoked_in_kernel(applied.admissions_before, ruleset))
+        else:
+            saved = self.iptables.saved()
+            gone = set(tables.revoked_in_kernel(tables.admissions_in(saved), rules.render(policy)))
+            gone |= tables.tombstones_in(saved)
         gone |= self.pending_flush
+        # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).
+        routed = ensure(self.netlink, nic, nic_cfg, policy.exposure_targets)
+        # One transaction withdraws the revoked admissions AND drops the revoked marks' packets.
+        applied = self.iptables.apply(rules.render(policy, tombstones=gone))
         self.pending_flush = gone
+        # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
         flushed = flush_marks(self.flusher, gone)
         self.pending_flush = set()
         self.last = policy
+        seconds, changed, count = applied.seconds, applied.changed, applied.rules
+        if gone:  # flushed: lift the tombstones (a failure here leaves them; the next apply lifts them)
+            lifted = self.iptables.apply(rules.render(policy))
+            seconds, changed, count = seconds + lifted.seconds, changed or lifted.changed, lifted.rules
         log.info(
             "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
             "revoked_marks=%s restore_s=%.3f total_s=%.3f",
             nic.name,
             mac,
             nic.address,
-            applied.rules,
-            applied.changed,
+            count,
+            changed,
             routed.changed,
             ",".join(str(f) for f in flushed) or "-",
-            applied.seconds,
+            seconds,
             time.monotonic() - started,
         )
 

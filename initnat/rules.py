@@ -32,7 +32,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Literal
@@ -231,6 +231,17 @@ class Admission:
     service: Service
 
 
+@dataclass(frozen=True, order=True)
+class Flush:
+    """Delete the conntrack entries whose ``ctmark & mask == mark``."""
+
+    mark: int
+    mask: int
+
+    def __str__(self) -> str:
+        return f"{self.mark:#x}/{self.mask:#x}"
+
+
 @dataclass(frozen=True)
 class Policy:
     """The NAT section, validated and flattened. Input of rendering and of :func:`revoked`."""
@@ -390,8 +401,13 @@ def _c(*words: str) -> str:
     return f"-m comment --comment {quoted(' '.join(words)[:_MAX_COMMENT])}"
 
 
-def render(policy: Policy) -> Ruleset:
-    """The rules of our three chains for ``policy`` (deterministic: same policy, same lines)."""
+def render(policy: Policy, tombstones: Iterable[Flush] = ()) -> Ruleset:
+    """The rules of our chains for ``policy`` (deterministic: same input, same lines).
+
+    ``tombstones`` are revoked marks whose conntrack entries may still exist (the flush follows this
+    ruleset, or it failed): their packets are dropped in front of the shared established-flows rule, so
+    a revoked grant is cut by the same transaction that withdraws its admission, not only once (or if)
+    the flush succeeds. The caller lifts them again after a successful flush."""
     m = _hex(policy.mask)
     filter_rules: list[str] = []
     grant_names = {g.mark: f"peer={comment(g.peer)} {g.kind}={comment(g.exposure)}" for g in policy.grants}
@@ -415,8 +431,14 @@ def render(policy: Policy) -> Ruleset:
             f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {policy.service_cidr} "
             f"{_c('vpngw not for a virtual IP')} -j RETURN"
         )
+    filter_rules.extend(
+        f"-A {FILTER_CHAIN} -m connmark --mark {_hex(t.mark)}/{_hex(t.mask)} "
+        f"{_c('vpngw revoked until its conntrack flush')} -j DROP"
+        for t in sorted(set(tombstones))
+    )
     # Established flows of admitted grants: one rule, whatever the number of grants. A revoked grant's
-    # flows fall through to the DROP once their conntrack entries are deleted (re-tracked as NEW).
+    # flows are dropped by its tombstone until its conntrack entries are deleted; then they are
+    # re-tracked as NEW, no admission rule matches, and they fall through to the DROP.
     filter_rules.append(
         f"-A {FILTER_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/{m} "
         f"{_c('vpngw established granted flows')} -j ACCEPT"
@@ -469,17 +491,6 @@ def _admitted(policy: Policy) -> dict[int, frozenset[Admission]]:
     for a in policy.admissions:
         out[a.mark].add(a)
     return {k: frozenset(v) for k, v in out.items()}
-
-
-@dataclass(frozen=True, order=True)
-class Flush:
-    """Delete the conntrack entries whose ``ctmark & mask == mark``."""
-
-    mark: int
-    mask: int
-
-    def __str__(self) -> str:
-        return f"{self.mark:#x}/{self.mask:#x}"
 
 
 def flushes(before: Policy | None, after: Policy) -> frozenset[Flush]:

@@ -144,6 +144,19 @@ def admissions_in(saved: dict[str, SavedTable]) -> dict[Flush, frozenset[str]]:
     return admissions(saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, []))
 
 
+_TOMBSTONE = re.compile(rf"^-A {FILTER_CHAIN} -m connmark --mark (0x[0-9a-f]+)/(0x[0-9a-f]+) .*-j DROP$")
+
+
+def tombstones_in(saved: dict[str, SavedTable]) -> frozenset[Flush]:
+    """Revoked marks our filter chain still drops (``rules.render(tombstones=...)``): their flush had not
+    succeeded when the process that wrote them stopped, so a restarted init-nat owes it."""
+    out = set()
+    for r in saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, []):
+        if m := _TOMBSTONE.match(r):
+            out.add(Flush(int(m.group(1), 16), int(m.group(2), 16)))
+    return frozenset(out)
+
+
 def marks_in(saved: dict[str, SavedTable]) -> frozenset[int]:
     """Conntrack marks our filter chain currently sets."""
     return frozenset(f.mark for f in admissions_in(saved))

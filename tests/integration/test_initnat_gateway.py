@@ -1,7 +1,7 @@
 """initnat.__main__.Gateway, the apply sequence, in a throwaway namespace with the real iptables and
 netlink; the conntrack flusher is the FakeFlusher (real flushing is covered in test_initnat_iptables.py
-and the traffic acceptance) so that the ORDER of rule swap and flush can be recorded and a flush failure
-injected."""
+and the traffic acceptance) so that the ORDER of rule swap and flush, and what our chain holds at the
+moment of the flush, can be recorded and a flush failure injected."""
 
 from __future__ import annotations
 
@@ -53,14 +53,26 @@ def ns() -> Iterator[str]:
         netns.destroy_ns(name)
 
 
+TOMBSTONE_A = "-A VPNGW-FORWARD -m connmark --mark 0x10000/0xfff0000"
+ADMIT_A = "--set-xmark 0x10000/0xfff0000"
+
+
 class Recorder(FakeFlusher):
-    def __init__(self, events: list[str]) -> None:
+    """Records each flush and what our chain held in the kernel at that moment."""
+
+    def __init__(self, events: list[str], ns: str) -> None:
         super().__init__()
-        self.events = events
+        self.events, self.ns = events, ns
+        self.kernel_at_flush: list[str] = []
 
     def flush_mark(self, mark: int, mask: int) -> None:
         self.events.append(f"flush {mark:#x}")
+        self.kernel_at_flush.append(our_chain(self.ns))
         super().flush_mark(mark, mask)
+
+
+def our_chain(ns: str) -> str:
+    return run_process(netns.ns_exec(ns, "iptables-nft", "-S", "VPNGW-FORWARD")).stdout
 
 
 @pytest.fixture
@@ -75,7 +87,7 @@ def gateway(ns: str) -> Iterator[tuple[Gateway, list[str]]]:
     with IPRoute(netns=ns, flags=0) as ipr:
         yield (
             Gateway(
-                Iptables("nft", run), ipr, Recorder(events), resolver=lambda h: IPv4Address("192.0.2.70")
+                Iptables("nft", run), ipr, Recorder(events, ns), resolver=lambda h: IPv4Address("192.0.2.70")
             ),
             events,
         )
@@ -85,24 +97,56 @@ def test_revocation_flushes_only_after_the_rules_stopped_admitting(
     gateway: tuple[Gateway, list[str]],
 ) -> None:
     gw, events = gateway
+    assert isinstance(gw.flusher, Recorder)
     gw.apply(plan(GA, GB))
     assert events == ["restore"], "first apply: nothing to revoke"
     gw.apply(plan(GB))
-    assert events == ["restore", "restore", "flush 0x10000"]
+    assert events == ["restore", "restore", "flush 0x10000", "restore"], "withdraw + tombstone, flush, lift"
+    (at_flush,) = gw.flusher.kernel_at_flush
+    assert ADMIT_A not in at_flush, "the admission was withdrawn before the flush"
+    assert f"{TOMBSTONE_A} " in at_flush and at_flush.index(TOMBSTONE_A) < at_flush.index("! --mark"), (
+        "the revoked mark's packets are dropped in front of the shared established-flows rule"
+    )
+    assert "0x10000" not in our_chain(gw.flusher.ns), "flushed: the tombstone is lifted"
     gw.apply(plan(GB))
-    assert events == ["restore", "restore", "flush 0x10000"], "same plan: no restore, no flush"
+    assert events == ["restore", "restore", "flush 0x10000", "restore"], "same plan: no restore, no flush"
 
 
-def test_failed_flush_is_retried_by_the_next_apply(gateway: tuple[Gateway, list[str]]) -> None:
+def test_failed_flush_keeps_dropping_the_revoked_mark_until_a_retry_succeeds(
+    gateway: tuple[Gateway, list[str]],
+) -> None:
     gw, events = gateway
+    assert isinstance(gw.flusher, Recorder)
     gw.apply(plan(GA, GB))
-    assert isinstance(gw.flusher, FakeFlusher)
     gw.flusher.fail = ConntrackError("ctnetlink unavailable")
     with pytest.raises(ConntrackError):
         gw.apply(plan(GB))
+    assert TOMBSTONE_A in our_chain(gw.flusher.ns), "fail-closed: iptables drops the revoked grant's flows"
+    assert ADMIT_A not in our_chain(gw.flusher.ns)
+    with pytest.raises(ConntrackError):  # still failing: the tombstone stays, nothing is rewritten
+        gw.apply(plan(GB))
+    assert events.count("restore") == 2 and TOMBSTONE_A in our_chain(gw.flusher.ns)
     gw.flusher.fail = None
     gw.apply(plan(GB))
-    assert events[-1] == "flush 0x10000" and gw.flusher.flushed == [(0x10000, 0x0FFF0000)]
+    assert events[-2:] == ["flush 0x10000", "restore"] and gw.flusher.flushed == [(0x10000, 0x0FFF0000)]
+    assert "0x10000" not in our_chain(gw.flusher.ns), "lifted once the flush succeeded"
+
+
+def test_a_restart_owes_the_flush_of_tombstones_left_in_the_kernel(
+    gateway: tuple[Gateway, list[str]], ns: str
+) -> None:
+    """The process that revoked 0x10000 stopped before its flush succeeded: a new one (nothing in memory)
+    finds the tombstone in the kernel, flushes that mark (with the tombstone's mask) and lifts it."""
+    gw, _ = gateway
+    assert isinstance(gw.flusher, Recorder)
+    gw.apply(plan(GA, GB))
+    gw.flusher.fail = ConntrackError("ctnetlink unavailable")
+    with pytest.raises(ConntrackError):
+        gw.apply(plan(GB))
+    fresh = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver)
+    fresh.apply(plan(GB))
+    assert isinstance(fresh.flusher, Recorder) and fresh.flusher.flushed == [(0x10000, 0x0FFF0000)]
+    assert "0x10000" not in our_chain(ns)
 
 
 def test_target_hosts_are_resolved_and_invalid_ones_never_resolved(

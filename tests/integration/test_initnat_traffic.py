@@ -12,15 +12,20 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from pyroute2 import IPRoute
 
 from agent.vici import ViciSession
 from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, ReverseExposure, dumps
+from initnat.__main__ import Gateway
+from initnat.conntrack import ConntrackError
+from initnat.iptables import Completed, Iptables, run_process
 from lab import netns
 from lab.peers import psk_conn, wireguard_pair
 from lab.world import CLUSTER_GW, CLUSTER_POD, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
@@ -429,3 +434,104 @@ async def test_a_wireguard_peer_reaches_a_target_only_through_its_virtual_ip(
     assert not one_shot(s1, s1_ip, SVC_ADDR, 8080, once)
     assert target_drops(lab) > before
     assert one_shot(s1, s1_ip, WEB_VIP, 8080, once), "the virtual IP still works"
+
+
+class FailingThenToolFlusher:
+    """Injects the fault: the conntrack flush fails while ``fail`` is set; afterwards it deletes for real
+    with the conntrack tool inside the gateway namespace (pyroute2's socket would act on the test's)."""
+
+    def __init__(self, gw: Host) -> None:
+        self.gw, self.fail, self.flushed = gw, True, list[tuple[int, int]]()
+
+    def flush_mark(self, mark: int, mask: int) -> None:
+        if self.fail:
+            raise ConntrackError(f"injected: conntrack flush of {mark:#x}/{mask:#x} failed")
+        self.gw.run("conntrack", "-D", "-m", f"{mark:#x}/{mask:#x}", check=False)
+        self.flushed.append((mark, mask))
+
+
+async def test_a_revoked_grant_is_cut_by_iptables_even_when_the_conntrack_flush_fails(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """The revoked grant's established flow must stop although its conntrack entry (with its mark) is
+    still there: the transaction that withdraws the admission also drops that mark's packets, until a
+    flush succeeds. Live IPsec tunnels from two sites, the real kernel; init-nat's Gateway runs in this
+    process against the gateway namespace so the flush failure can be injected."""
+    lab = pod_lab
+    s1, s2 = lab.add_site(), lab.add_site()
+    for name, body in (("echo", ECHO_SERVER), ("long", LONG_CLIENT), ("once", ONE_SHOT)):
+        (tmp_path / f"{name}.py").write_text(body)
+    procs.start(lab.svc, PY, str(tmp_path / "echo.py"), SVC_ADDR, "8080", name="echo8080")
+    wait_for(lambda: "listening" in procs.output("echo8080"), 10, "echo server :8080")
+
+    def run(argv: Sequence[str], input: str | None = None) -> Completed:
+        return run_process(lab.gw.argv(*argv), input)
+
+    v1 = plan(
+        lab,
+        (
+            Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),
+            Grant("s2", "web", "exposure", (s2.lans[0],), GRANT_S2_WEB),
+        ),
+    )
+    flusher = FailingThenToolFlusher(lab.gw)
+    # pyroute2's synchronous IPRoute runs its own event loop: it lives in one worker thread of its own.
+    with ThreadPoolExecutor(max_workers=1) as netlink_thread:
+        ipr = netlink_thread.submit(IPRoute, netns=lab.gw.ns, flags=0).result()
+        gw = Gateway(Iptables("nft", run), ipr, flusher)
+
+        def apply(p: Plan) -> None:
+            netlink_thread.submit(gw.apply, p).result()
+
+        try:
+            await _flush_failure_scenario(lab, procs, tmp_path, apply, flusher, v1, (s1, s2))
+        finally:
+            netlink_thread.submit(ipr.close).result()
+
+
+async def _flush_failure_scenario(
+    lab: Lab,
+    procs: Procs,
+    tmp_path: Path,
+    apply: Callable[[Plan], None],
+    flusher: FailingThenToolFlusher,
+    v1: Plan,
+    sites: tuple[Host, Host],
+) -> None:
+    s1, s2 = sites
+    apply(v1)
+    assert await tunnels_up(lab, [s1, s2]) == ["s1", "s2"]
+    clients = {
+        "c1": procs.start(s1, PY, str(tmp_path / "long.py"), s1.lan_host, WEB_VIP, "8080", name="c1"),
+        "c2": procs.start(s2, PY, str(tmp_path / "long.py"), s2.lan_host, WEB_VIP, "8080", name="c2"),
+    }
+    for name in clients:
+        wait_for(lambda n=name: procs.output(n).count("ok ") >= 3, 10, f"{name} echoing")
+
+    v2 = plan(lab, tuple(g for g in v1.nat.grants if g.mark != GRANT_S1_WEB))
+    changed_at = time.time()
+    with pytest.raises(ConntrackError):
+        apply(v2)
+    wait_for(lambda: clients["c1"].poll() is not None, 10, "c1 to be cut")
+    last_ok = max(float(x.split()[1]) for x in procs.output("c1").splitlines() if x.startswith("ok "))
+    assert last_ok - changed_at < 2.0, f"c1 still echoed {last_ok - changed_at:.2f} s after the change"
+    assert marked(lab, GRANT_S1_WEB, "ESTABLISHED") == 1, (
+        "its conntrack entry is still there: iptables cut it"
+    )
+    tombstone = f"-A VPNGW-FORWARD -m connmark --mark {GRANT_S1_WEB:#x}/{MASK:#x}"
+    assert any(r.startswith(tombstone) and n > 0 for n, r in our_rules_with_counters(lab)), (
+        "the revoked mark's DROP counted c1's packets"
+    )
+    oks = procs.output("c2").count("ok ")
+    await anyio.sleep(1.0)
+    assert clients["c2"].poll() is None and procs.output("c2").count("ok ") >= oks + 5, "s2 unaffected"
+
+    flusher.fail = False  # ctnetlink is back: the retry flushes with the mask it was marked under
+    apply(v2)
+    assert flusher.flushed == [(GRANT_S1_WEB, MASK)]
+    assert marked(lab, GRANT_S1_WEB) == 0 and marked(lab, GRANT_S2_WEB, "ESTABLISHED") == 1
+    assert not any(r.startswith(tombstone) for _, r in our_rules_with_counters(lab)), "lifted"
+    oks = procs.output("c2").count("ok ")
+    await anyio.sleep(1.0)
+    assert clients["c2"].poll() is None and procs.output("c2").count("ok ") >= oks + 5
+    assert not one_shot(s1, s1.lan_host, WEB_VIP, 8080, tmp_path / "once.py"), "s1 stays revoked"

@@ -357,3 +357,18 @@ def test_a_dnat_target_must_be_a_unicast_host(special: str) -> None:
         rules.validate(nat(exposures=(web, nat().exposures[1])), nic2_address=NIC2, resolved=RESOLVED)
     with pytest.raises(NatConfigError, match=r"nat.exposures\[1\].targetHost: .* special-purpose"):
         rules.validate(nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address(special)})
+
+
+def test_tombstones_drop_revoked_marks_in_front_of_the_shared_established_rule() -> None:
+    p = policy(nat(grants=(G_B,), reverse_exposures=()))
+    old_mask = rules.Flush(A, 0x7FFF0000)
+    plain, stoned = rules.render(p).tables[0].rules, rules.render(p, [old_mask, old_mask]).tables[0].rules
+    extra = [r for r in stoned if r not in plain]
+    assert extra == [
+        "-A VPNGW-FORWARD -m connmark --mark 0x10000/0x7fff0000 -m comment --comment "
+        '"vpngw revoked until its conntrack flush" -j DROP'
+    ], "one DROP per revoked mark, with the mask its entries were marked under"
+    established = next(i for i, r in enumerate(stoned) if "RELATED,ESTABLISHED" in r)
+    gate = next(i for i, r in enumerate(stoned) if "-j RETURN" in r)
+    assert gate < stoned.index(extra[0]) < established
+    assert rules.render(p, []) == rules.render(p), "no tombstones, the steady-state ruleset"

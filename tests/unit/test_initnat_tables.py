@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from ipaddress import IPv4Address
+
 import pytest
 
-from initnat import tables
+from gwplan import Exposure, Grant, Nat, Port
+from initnat import rules, tables
 from initnat.rules import Flush, Ruleset, TableRules
 
 SAVE = """\
@@ -155,6 +158,21 @@ def test_revoked_in_kernel_compares_what_each_mark_admitted(
     flush carries the mask the KERNEL's rule marked with, not the new plan's."""
     got = tables.revoked_in_kernel(tables.admissions(kernel), _ruleset(*new))
     assert got == {Flush(m, 0xFFF0000) for m in revoked}
+
+
+def test_tombstones_are_read_back_from_the_kernel_and_nothing_else_is() -> None:
+    """A restarted init-nat owes the flush of every tombstone it finds (its writer stopped before its
+    flush succeeded); the established, admission and per-VIP rules must not look like one."""
+    nat = Nat(
+        service_cidr="198.18.0.0/24",
+        exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+        grants=(Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x20000),),
+    )
+    stones = {Flush(0x10000, 0xFFF0000), Flush(0x30000, 0x7FF0000)}
+    rs = rules.render(rules.validate(nat, nic2_address=IPv4Address("192.0.2.2")), stones)
+    save = "*filter\n:VPNGW-FORWARD - [0:0]\n" + "\n".join(rs.tables[0].rules) + "\nCOMMIT\n"
+    assert tables.tombstones_in(tables.parse_save(save)) == stones
+    assert tables.tombstones_in(tables.parse_save(SAVE)) == frozenset()
 
 
 def test_kernel_admissions_carry_the_mask_they_marked_with() -> None:
