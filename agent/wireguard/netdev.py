@@ -23,24 +23,37 @@ RTPROT_STATIC = 4
 MAIN_TABLE = 254
 
 
+AF_INET = 2
+AF_INET6 = 10
+
+
+def _family(cidr: str) -> int:
+    return AF_INET6 if ":" in cidr else AF_INET
+
+
+def _family_first(cidr: str) -> tuple[int, str]:
+    return (_family(cidr), cidr)
+
+
 class NetDevError(OSError):
     """rtnetlink refused a change, or the device vanished under us."""
 
 
 def peer_routes(address: str, allowed_ips: Iterable[str]) -> tuple[str, ...]:
-    """The routes wg-quick would add (pure): every allowed IP not inside the address's own subnet (the
-    connected route covers those), IPv4 only here, sorted and de-duplicated. ``0.0.0.0/0`` is skipped:
-    a default route into the tunnel is a policy-routing decision, not ours."""
+    """The routes wg-quick would add (pure): every allowed IP, IPv4 and IPv6, not inside the address's
+    own subnet (the connected route covers those), de-duplicated, IPv4 first, each family sorted.
+    ``0.0.0.0/0`` and ``::/0`` are skipped: a default route into the tunnel is a policy-routing decision,
+    not ours."""
     own = ipaddress.ip_interface(address).network
-    out: set[ipaddress.IPv4Network] = set()
+    out: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = set()
     for cidr in allowed_ips:
         net = ipaddress.ip_network(cidr, strict=False)
-        if not isinstance(net, ipaddress.IPv4Network) or net.prefixlen == 0:
+        if net.prefixlen == 0:
             continue
-        if isinstance(own, ipaddress.IPv4Network) and net.subnet_of(own):
+        if net.version == own.version and net.subnet_of(own):  # type: ignore[arg-type]
             continue
         out.add(net)
-    return tuple(str(n) for n in sorted(out))
+    return tuple(str(n) for n in sorted(out, key=lambda n: (n.version, n)))
 
 
 class NetDev(Protocol):
@@ -85,7 +98,7 @@ class IpRouteNetDev:
                 if not found:
                     raise NetDevError(f"{interface}: no such device")
                 index = found[0]
-                family = 2 if iface.version == 4 else 10
+                family = AF_INET if iface.version == 4 else AF_INET6
                 have = {
                     (a.get("IFA_ADDRESS"), a["prefixlen"])
                     async for a in await ipr.get_addr(index=index, family=family)
@@ -107,16 +120,21 @@ class IpRouteNetDev:
                     if want not in now:
                         await ipr.addr("add", index=index, address=want[0], prefixlen=want[1])
                 await ipr.link("set", index=index, state="up")
-                current = {
-                    f"{r.get('RTA_DST')}/{r['dst_len']}"
-                    async for r in await ipr.get_routes(oif=index, family=2, table=MAIN_TABLE)
-                    if r["proto"] == RTPROT_STATIC and r.get("RTA_DST")
-                }
+                current: set[str] = set()
+                for family in (AF_INET, AF_INET6):
+                    current |= {
+                        str(ipaddress.ip_network(f"{r.get('RTA_DST')}/{r['dst_len']}", strict=False))
+                        async for r in await ipr.get_routes(oif=index, family=family, table=MAIN_TABLE)
+                        if r["proto"] == RTPROT_STATIC and r.get("RTA_DST")
+                    }
                 wanted = set(routes)
-                for dst in sorted(wanted - current):
-                    await ipr.route("replace", dst=dst, oif=index, proto=RTPROT_STATIC, table=MAIN_TABLE)
-                for dst in sorted(current - wanted):
-                    await ipr.route("del", dst=dst, oif=index, proto=RTPROT_STATIC, table=MAIN_TABLE)
+                # IPv4 first: a device without IPv6 (disable_ipv6) refuses the IPv6 routes, and the error
+                # (not ready, retried) must not leave the IPv4 sites unrouted.
+                ours = {"oif": index, "proto": RTPROT_STATIC, "table": MAIN_TABLE}
+                for dst in sorted(wanted - current, key=_family_first):
+                    await ipr.route("replace", dst=dst, family=_family(dst), **ours)
+                for dst in sorted(current - wanted, key=_family_first):
+                    await ipr.route("del", dst=dst, family=_family(dst), **ours)
         except NetDevError:
             raise
         except NetlinkError as exc:  # not an OSError in pyroute2

@@ -15,8 +15,9 @@ import pytest
 from agent.wireguard.backend import ApplyRejected, DeviceUnavailable, UapiBackend
 from agent.wireguard.diff import diff
 from agent.wireguard.model import DesiredDevice, DesiredPeer, DeviceUpdate, PeerUpdate
-from agent.wireguard.netdev import IpRouteNetDev, NetDevError
+from agent.wireguard.netdev import IpRouteNetDev, NetDevError, peer_routes
 from lab import netns
+from lab.peers import wireguard_pair
 from lab.world import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -151,3 +152,39 @@ async def test_netdev_sets_address_link_and_exactly_our_routes(lab: Lab) -> None
     t0 = time.monotonic()
     await nd.configure("wg0", "10.99.0.2/24", ("203.0.113.0/28",))
     assert time.monotonic() - t0 < 5
+
+
+async def test_netdev_routes_ipv6_allowed_ips_through_the_tunnel(lab: Lab, tmp_path: Path) -> None:
+    """IPv6 allowed IPs get routes like IPv4 ones (wg-quick does), in the gateway namespace on the live
+    wireguard-go device, and IPv6 traffic to a site's IPv6 LAN flows through the tunnel because of them."""
+    site = lab.add_site()
+    keys = wireguard_pair(lab, site, tmp_path)  # IPv4 tunnel 10.99.0.1 <-> 10.99.0.2
+    (_, gw_pub), (_, site_pub) = keys[lab.gw.role], keys[site.role]
+    gw_allowed = f"10.99.0.2/32,{site.lans[0]},fd00:99::2/128,fd00:5::/64"
+    lab.gw.wireguard["wg0"].wg("set", "wg0", "peer", site_pub, "allowed-ips", gw_allowed)
+    site.wireguard["wg0"].wg("set", "wg0", "peer", gw_pub, "allowed-ips", "10.99.0.1/32,fd00:99::1/128")
+    for host, addr in ((lab.gw, "fd00:99::1/64"), (site, "fd00:99::2/64")):
+        host.run("ip", "-6", "addr", "add", addr, "dev", "wg0", "nodad")
+    site.run("ip", "-6", "addr", "add", "fd00:5::1/64", "dev", "lo", "nodad")
+    nd = IpRouteNetDev(netns=lab.gw.ns)
+    allowed = ["10.99.0.2/32", site.lans[0], "fd00:99::2/128", "fd00:5::/64", "::/0"]
+    routes = peer_routes("10.99.0.1/24", allowed)
+    assert routes == (site.lans[0], "fd00:5::/64", "fd00:99::2/128")
+
+    def v6_routes() -> str:
+        return lab.gw.run("ip", "-6", "route", "show", "dev", "wg0").stdout.decode()
+
+    assert not lab.gw.ping("fd00:5::1"), "no route to the site's IPv6 LAN yet"
+    assert await nd.configure("wg0", "10.99.0.1/24", routes) == (3, 0)
+    assert "fd00:5::/64 proto static" in v6_routes() and "fd00:99::2 proto static" in v6_routes()
+    v4 = lab.gw.run("ip", "-4", "route", "show", "dev", "wg0").stdout.decode()
+    assert f"{site.lans[0]} proto static" in v4
+    assert await nd.configure("wg0", "10.99.0.1/24", routes) == (0, 0), "the kernel's listing matches ours"
+    assert site.ping("10.99.0.1"), "the site (the initiator) handshakes; the gateway learns its endpoint"
+    assert lab.gw.ping("fd00:5::1", count=2), "IPv6 through the tunnel to the site's LAN"
+    assert lab.gw.ping(site.lan_host), "and IPv4 still"
+    # Someone else's IPv6 route through the device (not proto static) is left alone; ours follow the plan.
+    lab.gw.run("ip", "-6", "route", "add", "fd00:77::/64", "dev", "wg0", "proto", "boot")
+    assert await nd.configure("wg0", "10.99.0.1/24", (site.lans[0],)) == (0, 2)
+    assert "fd00:5::/64" not in v6_routes() and "fd00:77::/64" in v6_routes()
+    assert not lab.gw.ping("fd00:5::1"), "the IPv6 route went with the allowed IP"

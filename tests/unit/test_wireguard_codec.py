@@ -150,9 +150,23 @@ def test_split_endpoint_needs_a_literal_address(bad: str) -> None:
         ),
         ("10.99.0.1/24", ["203.0.113.5/28", "203.0.113.0/28"], ("203.0.113.0/28",)),
         ("10.99.0.1/24", ["10.99.0.0/16"], ("10.99.0.0/16",)),
-        ("10.99.0.1/24", ["0.0.0.0/0", "fd00::/64"], ()),
+        ("10.99.0.1/24", ["0.0.0.0/0", "::/0"], ()),
+        (
+            "10.99.0.1/24",
+            ["fd00:5::/64", "10.99.0.2/32", "2001:db8::1/128", "fd00:5::7/64", "203.0.113.0/28"],
+            ("203.0.113.0/28", "2001:db8::1/128", "fd00:5::/64"),
+        ),
+        ("fd00:99::1/64", ["fd00:99::2/128", "fd00:5::/64", "10.99.0.2/32"], ("10.99.0.2/32", "fd00:5::/64")),
     ],
-    ids=["inside-subnet", "site-lans", "dedup-normalised", "wider-than-subnet", "no-default-no-v6"],
+    ids=[
+        "inside-subnet",
+        "site-lans",
+        "dedup-normalised",
+        "wider-than-subnet",
+        "no-defaults",
+        "ipv6-routed-v4-first",
+        "ipv6-address-own-subnet",
+    ],
 )
 def test_peer_routes(address: str, allowed: list[str], routes: tuple[str, ...]) -> None:
     assert peer_routes(address, allowed) == routes
