@@ -54,12 +54,10 @@ from controller.schema import FieldError, show
 from controller.validate import (
     InvalidInput,
     Problem,
-    as_stored,
-    document,
+    admit_all,
     inside,
     select,
     validate_gateway,
-    validate_object,
 )
 
 SITE_DPD_DELAY = "30s"
@@ -423,8 +421,8 @@ def _wireguard(gateway: VPNGateway, peers: Sequence[VPNPeer], options: RenderOpt
 
 def render_documents(docs: Sequence[Mapping[str, Any]], options: RenderOptions | None = None) -> gwplan.Plan:
     """Validate (every object, then the set), parse and render; InvalidInput lists every problem."""
-    problems = [p for i, d in enumerate(docs) for p in validate_object(d, document(i))]
+    problems, stored = admit_all(docs)
     if problems:
         raise InvalidInput(problems)
-    gateway, peers = select([parse(as_stored(d)) for d in docs])
+    gateway, peers = select([parse(d) for d in stored])
     return render(gateway, peers, options)

@@ -165,26 +165,51 @@ def prune_nulls(node: Node, value: Any, path: str = "", pruned: list[str] | None
     REPLACED by the default when it has one. Nulls inside lists are kept (the API server keeps them, and
     then rejects them as type errors); nulls of unknown fields are kept (strict field validation rejects
     the field). This is apiextensions-apiserver's ``PruneNonNullableNullsWithoutDefaults`` followed by
-    defaulting (Kubernetes docs, "Defaulting and Nullable"). Returns a copy; ``pruned`` collects the
-    paths of removed nulls."""
+    defaulting (Kubernetes docs, "Defaulting and Nullable"). ``value`` is never modified: a part with
+    nothing to prune is returned as is, a changed one as a copy. ``pruned`` collects removed paths."""
+    if not path and not _has_null(value):
+        return value  # the common case, found by a cheap walk
     match node:
         case Obj() if isinstance(value, Mapping):
-            out: dict[Any, Any] = {}
+            out: dict[Any, Any] | None = None
             for key, item in value.items():
                 sub = node.fields.get(key) if isinstance(key, str) else None
                 if sub is None:
-                    out[key] = item
-                elif item is None:
-                    if isinstance(sub, Str) and sub.default is not None:
-                        out[key] = sub.default
-                    elif pruned is not None:
+                    continue
+                if item is None:
+                    new: Any = sub.default if isinstance(sub, Str) else None
+                    if new is None and pruned is not None:
                         pruned.append(_join(path, key))
                 else:
-                    out[key] = prune_nulls(sub, item, _join(path, key), pruned)
-            return out
+                    new = prune_nulls(sub, item, _join(path, key), pruned)
+                    if new is item:
+                        continue
+                if out is None:
+                    out = dict(value)
+                if new is None:
+                    del out[key]
+                else:
+                    out[key] = new
+            return value if out is None else out
         case Arr() if isinstance(value, list):
-            return [prune_nulls(node.items, item, f"{path}[{i}]", pruned) for i, item in enumerate(value)]
+            items = [prune_nulls(node.items, item, f"{path}[{i}]", pruned) for i, item in enumerate(value)]
+            return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     return value
+
+
+def _has_null(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v is None:
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, Mapping):
+            stack.extend(v.values())
+    return False
 
 
 # --- checking ---------------------------------------------------------------------------------------

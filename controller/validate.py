@@ -60,24 +60,22 @@ class InvalidInput(ValueError):
 def validate_object(doc: Any, where: str = "?") -> list[Problem]:
     """Every per-object problem of a raw document (what admission would reject). ``where`` names a
     document that is not an object at all (so has no kind or name), e.g. ``document 3 of the input``."""
+    return admit(doc, where)[0]
+
+
+def admit(doc: Any, where: str = "?") -> tuple[list[Problem], Any]:
+    """``validate_object``'s problems, and the document as the API server would store it: nulls of known
+    fields dropped or defaulted (``controller.schema.prune_nulls``). Parse the stored form."""
     if not isinstance(doc, Mapping):
-        return [Problem(where, FieldError("(document)", f"must be an object (got {kind_of(doc)})"))]
+        return [Problem(where, FieldError("(document)", f"must be an object (got {kind_of(doc)})"))], doc
     meta = meta_of(doc)
     resource = BY_KIND.get(meta.kind)
     if resource is None:
         kinds = ", ".join(sorted(BY_KIND))
-        return [Problem(str(meta), FieldError("kind", f"is not one of: {kinds}", show(doc.get("kind"))))]
+        return [Problem(str(meta), FieldError("kind", f"is not one of: {kinds}", show(doc.get("kind"))))], doc
     if doc.get("apiVersion") != resource.api_version:
-        return [
-            Problem(
-                str(meta),
-                FieldError(
-                    "apiVersion",
-                    f"is not served for {meta.kind} (use {resource.api_version})",
-                    show(doc.get("apiVersion")),
-                ),
-            )
-        ]
+        served = f"is not served for {meta.kind} (use {resource.api_version})"
+        return [Problem(str(meta), FieldError("apiVersion", served, show(doc.get("apiVersion"))))], doc
     nulls: list[str] = []
     doc = prune_nulls(resource.root, doc, "", nulls)
     problems = [Problem(str(meta), _null_noted(e, nulls)) for e in check(resource.root, doc, "")]
@@ -88,7 +86,18 @@ def validate_object(doc: Any, where: str = "?") -> list[Problem]:
         problems.append(
             Problem(str(meta), FieldError("metadata.namespace", "is not a DNS label", show(namespace)))
         )
-    return problems
+    return problems, doc
+
+
+def admit_all(documents: Sequence[Any]) -> tuple[list[Problem], list[Any]]:
+    """Every per-object problem of every document, and the documents as stored (see ``admit``)."""
+    problems: list[Problem] = []
+    stored: list[Any] = []
+    for i, d in enumerate(documents):
+        found, doc = admit(d, document(i))
+        problems += found
+        stored.append(doc)
+    return problems, stored
 
 
 def _null_noted(error: FieldError, nulls: Sequence[str]) -> FieldError:
@@ -96,15 +105,6 @@ def _null_noted(error: FieldError, nulls: Sequence[str]) -> FieldError:
     if error.reason == "FieldValueRequired" and error.path in nulls:
         return replace(error, rule=f"{error.rule} (it is null, and the API server drops null fields)")
     return error
-
-
-def as_stored(doc: Any) -> Any:
-    """A document as the API server would store it (nulls of known fields dropped or defaulted, see
-    ``controller.schema.prune_nulls``); other documents unchanged. Parse this form, not the input."""
-    if not isinstance(doc, Mapping):
-        return doc
-    resource = BY_KIND.get(meta_of(doc).kind)
-    return doc if resource is None else prune_nulls(resource.root, doc)
 
 
 def document(i: int) -> str:
@@ -482,12 +482,11 @@ def select(resources: Sequence[Any]) -> tuple[Gateway, list[VPNPeer]]:
 def validate(documents: Sequence[Any], internal_source_cidrs: Sequence[str] = ()) -> list[Problem]:
     """Every problem of a set of documents (one gateway and its peers): per-object rules first; when
     every object is well-formed, the cross-object rules. Allocation problems are render's business."""
-    problems = [p for i, d in enumerate(documents) for p in validate_object(d, document(i))]
+    problems, stored = admit_all(documents)
     if problems:
         return problems
-    documents = [as_stored(d) for d in documents]
     try:
-        gateway, peers = select([parse(d) for d in documents])
+        gateway, peers = select([parse(d) for d in stored])
     except InvalidInput as exc:
         return list(exc.problems)
     return validate_gateway(gateway, peers, internal_source_cidrs)
