@@ -11,7 +11,7 @@ import pytest
 
 from controller.model import parse
 from controller.render import RenderOptions, render_documents
-from controller.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem, validate
+from controller.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem, admit, validate
 from tests.examples import edit, example_docs
 
 INTERNAL = ("192.0.2.64/26",)
@@ -317,3 +317,17 @@ def test_internal_source_cidrs_must_be_disjoint_only_when_reverse_exposures_use_
     assert validate(_without_reverse(IPSEC), ("10.0.0.0/33",))[0].reason == "FieldValueInvalid", (
         "a malformed flag is still an error"
     )
+
+
+def test_nulls_are_pruned_from_a_copy_and_a_document_without_nulls_is_kept_as_is() -> None:
+    peer = edit(WG, 2, ["spec", "wireguard", "endpointPort"], None)[2]
+    peer["spec"]["authorization"]["exposures"] = [None]  # a null list item is kept (and rejected)
+    before = copy.deepcopy(peer)
+    found, stored = admit(peer)
+    assert peer == before, "the input is not modified"
+    assert "endpointPort" not in stored["spec"]["wireguard"]
+    assert stored["spec"]["authorization"]["exposures"] == [None]
+    assert [str(p) for p in found] == [
+        "VPNPeer/tenant-acme/laptop: spec.authorization.exposures[0]: must be a string (got null)"
+    ]
+    assert admit(WG[0])[1] is WG[0]
