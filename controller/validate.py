@@ -4,12 +4,14 @@ Two tiers, one set of rules:
 
 * ``validate_object(doc)``: everything decidable from one object alone. These rules live in
   ``controller.api`` (schema + CEL twins) and are ALSO enforced at admission by the generated CRDs;
-  tests prove both give the same verdict on one corpus.
+  tests prove both give the same verdict on one corpus. Nulls are treated as the API server treats them
+  (``admit`` returns the stored form: nulls of known fields dropped or defaulted).
 * ``validate_gateway(gateway, peers, options)``: rules that need other objects or the operator's own
   configuration, so no admission schema can express them (a CRD's CEL sees one object): grants naming
   the gateway's exposures, overlapping subnets across peers, internalSourceCIDRs (an operator flag, not
-  part of any CR) and its disjointness from every peer's subnets, duplicate IKE ids / public keys across
-  peers, a peer's kind matching its gateway's type. docs/api.md lists them.
+  part of any CR) when there are reverse exposures, and then its disjointness from every peer's subnets,
+  duplicate IKE ids / public keys across peers, a peer's kind matching its gateway's type. docs/api.md
+  lists them.
 
 Every problem names the resource, the field path and the rule, e.g.
 ``VPNPeer/tenant-acme/hq: spec.ipsec.remoteSubnets[1]: "192.168.20.0/33" is not an IPv4 CIDR``.
