@@ -141,6 +141,12 @@ def raw_uapi_get(path: Path) -> int:
         return recv_until(s, lambda n: n >= 2 and _BUF[n - 2] == _BUF[n - 1] == 10)  # ends "\n\n"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process used so far (/proc/PID/stat utime, stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -188,13 +194,16 @@ class ExporterProcess:
         os.unlink(self.log.name)
 
 
-def report(label: str, floor: float, median: float, body: bytes, pid: int, extra: str = "") -> dict[str, Any]:
+def report(
+    label: str, floor: float, median: float, cpu: float, body: bytes, pid: int, extra: str = ""
+) -> dict[str, Any]:
     rss, hwm = rss_mb(pid)
     row: dict[str, Any] = {
         "case": label,
         "floor_ms": floor * 1000,
         "scrape_ms": median * 1000,
         "ratio": median / floor,
+        "cpu_ms": cpu * 1000,
         "series": series(body),
         "bytes": len(body),
         "rss_mb": rss,
@@ -202,7 +211,8 @@ def report(label: str, floor: float, median: float, body: bytes, pid: int, extra
     }
     print(
         f"{label:<24} floor {row['floor_ms']:7.1f} ms  scrape {row['scrape_ms']:7.1f} ms  "
-        f"x{row['ratio']:.2f}  series {row['series']:>6}  {row['bytes'] / 1e6:5.2f} MB  "
+        f"x{row['ratio']:.2f}  cpu {row['cpu_ms']:5.1f} ms/scrape  "
+        f"series {row['series']:>6}  {row['bytes'] / 1e6:5.2f} MB  "
         f"RSS {rss:5.1f} MB (peak {hwm:5.1f}) {extra}",
         flush=True,
     )
@@ -323,9 +333,11 @@ def main() -> int:
             exp = ExporterProcess("--vici-socket", str(vici))
             try:
                 http_get(exp.port)
+                cpu0 = cpu_seconds(exp.proc.pid)
                 floor, median, nbytes, _ = paired(
                     lambda: raw_list_sas(vici), lambda: http_scrape(exp.port), args.repeat
                 )
+                cpu = (cpu_seconds(exp.proc.pid) - cpu0) / args.repeat
                 om_median, _ = timed(lambda: http_scrape(exp.port, OPENMETRICS), args.repeat)
                 body = http_get(exp.port)
                 rows.append(
@@ -333,6 +345,7 @@ def main() -> int:
                         f"ipsec {args.ikes}x{args.children}",
                         floor,
                         median,
+                        cpu,
                         body,
                         exp.proc.pid,
                         f"(list-sas {nbytes / 1e3:.0f} kB; OpenMetrics {om_median * 1000:.1f} ms)",
@@ -347,11 +360,13 @@ def main() -> int:
                 exp = ExporterProcess("--wireguard-interface", name, "--wireguard-uapi-dir", str(uapi_dir))
                 try:
                     http_get(exp.port)
+                    cpu0 = cpu_seconds(exp.proc.pid)
                     floor, median, nbytes, _ = paired(
                         lambda: raw_uapi_get(sock),  # noqa: B023
                         lambda: http_scrape(exp.port),  # noqa: B023
                         args.repeat,
                     )
+                    cpu = (cpu_seconds(exp.proc.pid) - cpu0) / args.repeat
                     om_median, _ = timed(lambda: http_scrape(exp.port, OPENMETRICS), args.repeat)  # noqa: B023
                     body = http_get(exp.port)
                     rows.append(
@@ -359,6 +374,7 @@ def main() -> int:
                             f"wireguard {peers} peers",
                             floor,
                             median,
+                            cpu,
                             body,
                             exp.proc.pid,
                             f"(UAPI {nbytes / 1e6:.2f} MB; OpenMetrics {om_median * 1000:.1f} ms)",
