@@ -132,7 +132,7 @@ class Endpoints:
             try:
                 with anyio.fail_after(self.timeout):
                     results[host] = await self.resolver(host)
-            except (OSError, TimeoutError) as exc:
+            except Exception as exc:  # OSError, timeout, UnicodeError (idna): this task must not die
                 results[host] = exc
 
         # Concurrently: during a DNS outage N unresolvable hosts cost one timeout per round, not N.

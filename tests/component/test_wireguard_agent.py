@@ -440,3 +440,21 @@ async def test_due_hostnames_are_resolved_concurrently() -> None:
     with anyio.fail_after(5):
         assert await endpoints.refresh(hosts)
     assert sorted(endpoints.addresses.values()) == [f"192.0.2.{10 + i}" for i in range(5)]
+
+
+async def test_a_resolver_error_of_any_kind_is_a_failed_lookup_not_a_dead_task() -> None:
+    """The real resolver raises ``idna.IDNAError`` (a UnicodeError, not an OSError) for a label IDNA cannot
+    encode, before any lookup is made: it must count as a failed lookup (retried, logged once), or the
+    background task would take the agent down with it. The good name is answered by a fake (no DNS
+    server can be assumed here)."""
+    from agent.wireguard.run import Endpoints, resolve_ipv4
+
+    bad = "ä" * 70 + ".example"
+
+    async def resolver(host: str) -> str:
+        return await resolve_ipv4(host) if host == bad else "192.0.2.1"
+
+    endpoints = Endpoints(resolver, lambda: 0.0)
+    assert await endpoints.refresh(frozenset({bad, "good.example"}))
+    assert endpoints.addresses == {"good.example": "192.0.2.1"}
+    assert endpoints.next_due() == 5.0, "the bad one is retried after 5 s"
