@@ -109,9 +109,8 @@ class Gateway:
         self.pending_flush = set()
         self.last = policy
         seconds, changed, count = applied.seconds, applied.changed, applied.rules
-        if gone:  # flushed: lift the tombstones (a failure here leaves them; the next apply lifts them)
-            lifted = self.iptables.apply(rules.render(policy))
-            seconds, changed, count = seconds + lifted.seconds, changed or lifted.changed, lifted.rules
+        if gone:  # flushed: lift the tombstones, deleting just those rules
+            seconds, changed, count = seconds + self._lift(policy, gone), True, count - len(gone)
         log.info(
             "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
             "revoked_marks=%s restore_s=%.3f total_s=%.3f",
@@ -125,6 +124,15 @@ class Gateway:
             seconds,
             time.monotonic() - started,
         )
+
+    def _lift(self, policy: Policy, gone: set[rules.Flush]) -> float:
+        """Delete the tombstones just written; if that fails (someone changed our chain meanwhile), the
+        full apply puts the chain right. A failure of both leaves them: the next apply lifts them."""
+        try:
+            return self.iptables.delete("filter", rules.tombstone_rules(gone))
+        except IptablesError as exc:
+            log.warning("initnat.lift_fallback error=%s", _describe(exc))
+            return self.iptables.apply(rules.render(policy)).seconds
 
 
 def read_plan(path: Path) -> tuple[bytes, Plan]:

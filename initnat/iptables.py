@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from initnat import tables
-from initnat.rules import Flush, Ruleset
+from initnat.rules import Flush, Ruleset, Table
 from initnat.tables import Variant
 
 log = logging.getLogger(__name__)
@@ -143,3 +143,18 @@ class Iptables:
                 )
             raise IptablesError(f"apply failed, previous rules restored: {cause}")
         return Applied(True, ruleset.rule_count, seconds, before)
+
+    def delete(self, table: Table, lines: Sequence[str]) -> float:
+        """Delete exactly these ``-A`` rules of ours (a small ``--noflush`` payload of ``-D`` lines: the
+        rest of the table is neither sent nor compared). Returns the transaction's seconds; raises
+        IptablesError (nothing changed) when one of them is not there."""
+        text = (
+            f"*{table}\n"
+            + "".join(f"-D {line[3:]}\n" for line in lines if line.startswith("-A "))
+            + "COMMIT\n"
+        )
+        started = time.monotonic()
+        res = self._restore(text)
+        if res.returncode != 0:
+            raise IptablesError(f"deleting {len(lines)} rule(s) failed, nothing changed: {_err(res)}")
+        return time.monotonic() - started

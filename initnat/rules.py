@@ -401,6 +401,15 @@ def _c(*words: str) -> str:
     return f"-m comment --comment {quoted(' '.join(words)[:_MAX_COMMENT])}"
 
 
+def tombstone_rules(tombstones: Iterable[Flush]) -> list[str]:
+    """One DROP per revoked mark, with the mask its entries were marked under (see :func:`render`)."""
+    return [
+        f"-A {FILTER_CHAIN} -m connmark --mark {_hex(t.mark)}/{_hex(t.mask)} "
+        f"{_c('vpngw revoked until its conntrack flush')} -j DROP"
+        for t in sorted(set(tombstones))
+    ]
+
+
 def render(policy: Policy, tombstones: Iterable[Flush] = ()) -> Ruleset:
     """The rules of our chains for ``policy`` (deterministic: same input, same lines).
 
@@ -431,11 +440,7 @@ def render(policy: Policy, tombstones: Iterable[Flush] = ()) -> Ruleset:
             f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {policy.service_cidr} "
             f"{_c('vpngw not for a virtual IP')} -j RETURN"
         )
-    filter_rules.extend(
-        f"-A {FILTER_CHAIN} -m connmark --mark {_hex(t.mark)}/{_hex(t.mask)} "
-        f"{_c('vpngw revoked until its conntrack flush')} -j DROP"
-        for t in sorted(set(tombstones))
-    )
+    filter_rules.extend(tombstone_rules(tombstones))
     # Established flows of admitted grants: one rule, whatever the number of grants. A revoked grant's
     # flows are dropped by its tombstone until its conntrack entries are deleted; then they are
     # re-tracked as NEW, no admission rule matches, and they fall through to the DROP.

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+import shlex
+from collections.abc import Callable, Iterator, Sequence
 from ipaddress import IPv4Address
 
 import pytest
 from pyroute2 import IPRoute
 
 from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port
+from initnat import rules
 from initnat.__main__ import Gateway
 from initnat.conntrack import ConntrackError, FakeFlusher
 from initnat.iptables import Completed, Iptables, run_process
@@ -64,8 +66,10 @@ class Recorder(FakeFlusher):
         super().__init__()
         self.events, self.ns = events, ns
         self.kernel_at_flush: list[str] = []
+        self.before_flush: Callable[[], None] = lambda: None
 
     def flush_mark(self, mark: int, mask: int) -> None:
+        self.before_flush()
         self.events.append(f"flush {mark:#x}")
         self.kernel_at_flush.append(our_chain(self.ns))
         super().flush_mark(mark, mask)
@@ -160,3 +164,27 @@ def test_target_hosts_are_resolved_and_invalid_ones_never_resolved(
     with pytest.raises(NatConfigError, match=r"nat\.exposures\[0\]\.targetHost"):
         gw.apply(plan(GA, host="x; rm -rf /"))
     assert asked == ["api.fabric.example"]
+
+
+def test_lifting_falls_back_to_a_full_apply_when_the_tombstone_is_not_there(
+    gateway: tuple[Gateway, list[str]], ns: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone deletes our tombstone between the transaction and the lift (here: during the flush): the
+    small ``-D`` payload is refused and the full apply leaves the chain exactly as rendered."""
+    gw, events = gateway
+    assert isinstance(gw.flusher, Recorder)
+    gw.apply(plan(GA, GB))
+
+    def meddle() -> None:
+        spec = next(line for line in our_chain(ns).splitlines() if line.startswith(TOMBSTONE_A))
+        res = run_process(netns.ns_exec(ns, "iptables-nft", "-D", *shlex.split(spec)[1:]))
+        assert res.returncode == 0, res.stderr
+
+    gw.flusher.before_flush = meddle
+    with caplog.at_level("WARNING", logger="initnat"):
+        gw.apply(plan(GB))
+    assert "initnat.lift_fallback" in caplog.text and "nothing changed" in caplog.text
+    # the refused -D payload; the full apply then finds the chain already right and writes nothing
+    assert events[-2:] == ["flush 0x10000", "restore"]
+    assert TOMBSTONE_A not in our_chain(ns)
+    assert gw.last is not None and not gw.iptables.apply(rules.render(gw.last)).changed

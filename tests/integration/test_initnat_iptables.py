@@ -164,3 +164,33 @@ def test_flush_by_mark_deletes_exactly_that_grants_entries(ns: str) -> None:
     assert out.stdout.strip() == "0x10000/0xfff0000"
     assert _ct(ns, "-L", "-m", "0x10000/0xfff0000").stdout.strip() == b""
     assert len(_ct(ns, "-L", "-m", "0x20000/0xfff0000").stdout.splitlines()) == 30
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_lifting_tombstones_deletes_exactly_those_rules(ns: str, variant: str) -> None:
+    """After a revoked mark's flush, its DROP is deleted by a small ``-D`` payload: the chain is then
+    exactly the steady-state ruleset (a re-apply writes nothing); deleting a rule that is not there is
+    refused as a whole."""
+    ipt = Iptables(variant, in_ns(ns))  # type: ignore[arg-type]
+    assert ipt.run([f"iptables-{variant}-restore", "--noflush"], FOREIGN).returncode == 0
+    foreign = foreign_lines(ipt)
+    policy = rules.validate(
+        Nat(
+            service_cidr="198.18.0.0/24",
+            exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+            grants=(GB,),
+        ),
+        nic2_address=IPv4Address("192.0.2.2"),
+    )
+    stones = {rules.Flush(0x10000, 0x0FFF0000), rules.Flush(0x30000, 0x7FFF0000)}
+    assert ipt.apply(rules.render(policy, stones)).changed
+    assert tables.tombstones_in(ipt.saved()) == stones
+    ipt.delete("filter", rules.tombstone_rules(stones))
+    assert tables.in_sync(ipt.saved(), rules.render(policy)) and not ipt.apply(rules.render(policy)).changed
+    one = rules.Flush(0x10000, 0x0FFF0000)
+    ipt.apply(rules.render(policy, [one]))
+    before = tables.own_rules_text(ipt.saved())
+    with pytest.raises(IptablesError, match="nothing changed"):
+        ipt.delete("filter", rules.tombstone_rules([one, rules.Flush(0x40000, 0x0FFF0000)]))
+    assert tables.own_rules_text(ipt.saved()) == before, "all or nothing: the present one stays too"
+    assert tables.tombstones_in(ipt.saved()) == {one} and foreign_lines(ipt) == foreign
