@@ -1,12 +1,19 @@
-"""Benchmarks of init-nat's two hot paths, on the real kernel in a throwaway network namespace (root).
+"""Benchmarks of init-nat's hot paths, on the real kernel in throwaway network namespaces (root).
 
-1. Applying 1,000 exposures x 2 grants (5,001 filter + 2,000 nat rules): the ``iptables-restore
-   --noflush`` transaction itself, the whole apply (save + --test + restore), and a no-op re-apply, for
-   the legacy and the nft variant.
-2. Deleting one grant's 5,000 of 10,000 conntrack entries: init-nat's ctnetlink flush by mark side by
+1. Applying 1,000 exposures x 2 grants: the ``iptables-restore --noflush`` transaction itself, the whole
+   apply (save + --test + restore) and a no-op re-apply, for the legacy and the nft variant; for the
+   current ruleset, the one before VPNGW-TARGETS (no drop of connections to a target's real address),
+   and the rejected alternative of admitting established flows per grant and source.
+2. Revoking one grant of that ruleset: withdrawing its admission alone (before) against withdrawing it
+   with a tombstone, flushing its conntrack mark and lifting the tombstone (now).
+3. Deleting one grant's 5,000 of 10,000 conntrack entries: init-nat's ctnetlink flush by mark side by
    side with ``conntrack -D -m MARK/MASK`` in the same run (fresh entries before each measurement).
+4. The per-packet price of per-grant established rules: UDP forwarding rate through a namespace whose
+   chain holds the current design (one shared established rule) or 2,000 per-grant rules, with the
+   flow's mark matched by the last (worst case) or the middle one.
 
-Usage: ``.venv/bin/python bench/bench_initnat.py [--rounds N]`` (prints a table; docs/initnat.md).
+Usage: ``.venv/bin/python bench/bench_initnat.py [--rounds N] [--only PART]`` (prints tables;
+docs/initnat.md).
 """
 
 from __future__ import annotations
@@ -51,28 +58,109 @@ def _stats(xs: list[float]) -> str:
     )
 
 
+def per_grant_established(ruleset: rules.Ruleset) -> rules.Ruleset:
+    """The rejected alternative: the shared established rule replaced by one rule per (grant, source)
+    that accepts only that mark's flows from that source (what an iptables-only revocation needs)."""
+    flt, nat = ruleset.tables
+    m = f"{ruleset.mask:#x}"
+    per: list[str] = []
+    seen = set()
+    for r in flt.rules:
+        if "--set-xmark" in r:
+            src = r.split(" -s ", 1)[1].split(" ", 1)[0]
+            mark = r.rsplit("--set-xmark ", 1)[1].split("/", 1)[0]
+            if (src, mark) not in seen:
+                seen.add((src, mark))
+                per.append(
+                    f"-A {rules.FILTER_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED --ctorigsrc {src} "
+                    f"-m connmark --mark {mark}/{m} -j ACCEPT"
+                )
+    out: list[str] = []
+    for r in flt.rules:
+        out.extend(per if "vpngw established granted flows" in r else [r])
+    return rules.Ruleset(
+        (rules.TableRules("filter", flt.chains, tuple(out)), nat), ruleset.marks, ruleset.mask
+    )
+
+
+def without_targets(ruleset: rules.Ruleset) -> rules.Ruleset:
+    """The ruleset before VPNGW-TARGETS (an empty chain stays declared, as the restore needs it)."""
+    flt, nat = ruleset.tables
+    kept = tuple(r for r in flt.rules if rules.TARGET_CHAIN not in r)
+    return rules.Ruleset((rules.TableRules("filter", flt.chains, kept), nat), ruleset.marks, ruleset.mask)
+
+
 def bench_restore(rounds: int) -> None:
     t0 = time.perf_counter()
     policy = rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"))
     ruleset = rules.render(policy)
     render_s = time.perf_counter() - t0
-    print(f"1,000 exposures x 2 grants: {ruleset.rule_count} rules; validate+render {render_s * 1000:.1f} ms")
+    print(f"1,000 exposures x 2 grants: validate+render {render_s * 1000:.1f} ms")
+    variants = [
+        ("current", ruleset),
+        ("before VPNGW-TARGETS", without_targets(ruleset)),
+        ("per-grant established", per_grant_established(ruleset)),
+    ]
+    for label, rs in variants:
+        counts = ", ".join(f"{t.table} {len(t.rules)}" for t in rs.tables)
+        print(f" {label}: {rs.rule_count} rules ({counts})")
+        for variant in ("legacy", "nft"):
+            ipt = Iptables(variant)
+            restore, whole, noop = [], [], []
+            for _ in range(rounds):
+                _reset(variant)
+                t = time.perf_counter()
+                applied = ipt.apply(rs)
+                whole.append(time.perf_counter() - t)
+                restore.append(applied.seconds)
+                t = time.perf_counter()
+                assert not ipt.apply(rs).changed
+                noop.append(time.perf_counter() - t)
+            print(f"  {variant:6s} restore transaction  {_stats(restore)}")
+            print(f"  {variant:6s} whole apply         {_stats(whole)}   (save + --test + restore)")
+            print(f"  {variant:6s} no-op re-apply      {_stats(noop)}   (save + compare)")
+            _reset(variant)
+
+
+def bench_revocation(rounds: int) -> None:
+    """Revoke grant 0x10000 (of 2,000) from a full ruleset: the old sequence (withdraw, flush) against
+    the current one (withdraw + tombstone, flush, delete the tombstone). Each round starts from the full
+    ruleset."""
+    nat = big_nat()
+    full = rules.validate(nat, nic2_address=IPv4Address("192.0.2.2"))
+    revoked_nat = Nat(
+        service_cidr=nat.service_cidr,
+        exposures=nat.exposures,
+        grants=tuple(g for g in nat.grants if g.mark != 0x10000),
+        mark_mask=nat.mark_mask,
+    )
+    after = rules.validate(revoked_nat, nic2_address=IPv4Address("192.0.2.2"))
+    gone = rules.flushes(full, after)
+    assert gone == {rules.Flush(0x10000, MASK)}, gone
+    flusher = NetlinkFlusher()
+    print("revoking one grant of 1,000 exposures x 2 grants (apply + flush of its mark + lift):")
     for variant in ("legacy", "nft"):
         ipt = Iptables(variant)
-        restore, whole, noop = [], [], []
-        for _ in range(rounds):
-            _reset(variant)
-            t = time.perf_counter()
-            applied = ipt.apply(ruleset)
-            whole.append(time.perf_counter() - t)
-            restore.append(applied.seconds)
-            t = time.perf_counter()
-            assert not ipt.apply(ruleset).changed
-            noop.append(time.perf_counter() - t)
-        print(f"  {variant:6s} restore transaction  {_stats(restore)}")
-        print(f"  {variant:6s} whole apply         {_stats(whole)}   (save + --test + restore)")
-        print(f"  {variant:6s} no-op re-apply      {_stats(noop)}   (save + compare)")
+        old, new = [], []
+        for r in range(rounds):
+            for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                _reset(variant)
+                ipt.apply(rules.render(full))
+                t = time.perf_counter()
+                if which == "old":
+                    ipt.apply(rules.render(after))
+                    flusher.flush_mark(0x10000, MASK)
+                    old.append(time.perf_counter() - t)
+                else:
+                    ipt.apply(rules.render(after, tombstones=gone))
+                    flusher.flush_mark(0x10000, MASK)
+                    ipt.delete("filter", rules.tombstone_rules(gone))
+                    new.append(time.perf_counter() - t)
+                    assert not ipt.apply(rules.render(after)).changed
+        print(f"  {variant:6s} withdraw, flush (before)          {_stats(old)}")
+        print(f"  {variant:6s} withdraw+tombstone, flush, lift  {_stats(new)}   (lift: a -D payload)")
         _reset(variant)
+    flusher.close()
 
 
 def _reset(variant: str) -> None:
@@ -136,31 +224,157 @@ def bench_conntrack(rounds: int) -> None:
         print(f"  {name:36s} {_stats(xs)}")
 
 
-def inner(rounds: int) -> None:
+SENDER = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("10.1.0.2", 40000)); s.connect(("10.2.0.2", 9))
+payload, n, end = b"x" * 64, 0, time.perf_counter() + float(sys.argv[1])
+while time.perf_counter() < end:
+    for _ in range(100):
+        try:
+            s.send(payload); n += 1
+        except OSError:
+            pass
+print(n)
+"""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def _packets_chain(grants: int, position: int | None) -> str:
+    """FORWARD -> VPNGW-FORWARD: what an established packet of a granted flow walks. ``position`` None
+    is the current design (one shared rule); else ``grants`` per-grant rules, the flow's mark in the
+    ``position``-th."""
+    lines = [
+        "*filter",
+        ":VPNGW-FORWARD - [0:0]",
+        ":VPNGW-TARGETS - [0:0]",
+        "-A FORWARD -j VPNGW-FORWARD",
+        "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j VPNGW-TARGETS",
+    ]
+    if position is None:
+        lines.append(
+            f"-A VPNGW-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/{MASK:#x} "
+            "-j ACCEPT"
+        )
+    else:
+        for i in range(1, grants + 1):
+            src = "10.1.0.2" if i == position else str(IPv4Address("172.16.0.1") + i)
+            lines.append(
+                f"-A VPNGW-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED --ctorigsrc {src} "
+                f"-m connmark --mark {i << 16:#x}/{MASK:#x} -j ACCEPT"
+            )
+    lines += ["-A VPNGW-FORWARD -j DROP", "COMMIT", ""]  # only the established, marked flow passes
+    return "\n".join(lines)
+
+
+def _established_flow(ns: str, mark: int) -> None:
+    """The sender's flow as an established (replied, assured) conntrack entry carrying ``mark``."""
+    _in(ns, "conntrack", "-F", check=False)
+    _in(ns, "conntrack", "-I", "-p", "udp", "-s", "10.1.0.2", "-d", "10.2.0.2", "--sport", "40000",
+        "--dport", "9", "-t", "600", "-u", "SEEN_REPLY,ASSURED", "-m", str(mark))  # fmt: skip
+
+
+def _in(ns: str, *argv: str, check: bool = True, input: str | None = None) -> str:
+    res = subprocess.run(["ip", "netns", "exec", ns, *argv], input=input, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} in {ns}: {res.stderr.strip()}")
+    return res.stdout
+
+
+def bench_packets(rounds: int, seconds: float = 1.5, grants: int = 2000) -> None:
+    """UDP forwarding rate (64-byte payloads, one flow, veth) through a router namespace whose chain is
+    the current design or ``grants`` per-grant established rules. The sender's CPU does the forwarding
+    (veth hands packets to the same CPU's softirq), so the rate is bounded by the per-packet cost."""
+    base = f"vg{os.getpid()}x{secrets.token_hex(3)}-pk"
+    s, r, d = (f"{base}{x}" for x in "srd")
+    addrs = (
+        (s, "s0", "10.1.0.2/24"),
+        (r, "r0", "10.1.0.1/24"),
+        (r, "r1", "10.2.0.1/24"),
+        (d, "d0", "10.2.0.2/24"),
+    )
+    cases = [
+        ("current: one shared established rule", None),
+        (f"per-grant: {grants} rules, flow's mark in the middle", grants // 2),
+        (f"per-grant: {grants} rules, flow's mark last", grants),
+    ]
+    try:
+        for ns in (s, r, d):
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", s, "link", "add", "s0", "type", "veth", "peer", "name", "r0", "netns", r)
+        _ip("-n", r, "link", "add", "r1", "type", "veth", "peer", "name", "d0", "netns", d)
+        for ns, dev, cidr in addrs:
+            _ip("-n", ns, "addr", "add", cidr, "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+        _ip("-n", s, "route", "add", "default", "via", "10.1.0.1")
+        _ip("-n", d, "route", "add", "default", "via", "10.2.0.1")
+        _in(r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        _in(d, "iptables-legacy", "-A", "INPUT", "-p", "udp", "--dport", "9", "-j", "DROP")
+        print(f"forwarding one established UDP flow (64 B payload), {seconds} s per measurement:")
+        for variant in ("legacy", "nft"):
+            for label, position in cases:
+                rates = []
+                for _ in range(rounds):
+                    for op in ("-F", "-X"):
+                        _in(r, f"iptables-{variant}", "-t", "filter", op, check=False)
+                    _in(r, f"iptables-{variant}-restore", input=_packets_chain(grants, position))
+                    _established_flow(r, (position or 1) << 16)
+                    _in(d, "iptables-legacy", "-Z", "INPUT")
+                    _in(s, sys.executable, "-c", SENDER, str(seconds))
+                    out = _in(d, "iptables-legacy", "-L", "INPUT", "-vnx")
+                    delivered = int(next(x for x in out.splitlines() if "dpt:9" in x).split()[0])
+                    rates.append(delivered / seconds / 1000)
+                print(
+                    f"  {variant:6s} {label:52s} median {statistics.median(rates):7.1f} kpps  "
+                    f"min {min(rates):7.1f}  max {max(rates):7.1f}"
+                )
+            for op in ("-F", "-X"):
+                _in(r, f"iptables-{variant}", "-t", "filter", op, check=False)
+    finally:
+        for ns in (s, r, d):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def inner(rounds: int, only: str | None = None) -> None:
     print(f"kernel {os.uname().release}, {os.cpu_count()} cpus, rounds={rounds}")
-    bench_restore(rounds)
-    bench_conntrack(rounds)
+    for name, fn in (
+        ("restore", bench_restore),
+        ("revocation", bench_revocation),
+        ("conntrack", bench_conntrack),
+    ):
+        if only is None or only == name:
+            fn(rounds)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", choices=("restore", "revocation", "conntrack", "packets"), help="one part only")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inside:
-        inner(args.rounds)
+        inner(args.rounds, args.only)
         return 0
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    ns = f"vg{os.getpid()}x{secrets.token_hex(3)}-bench"  # the lab's prefix: a stale one gets cleaned up
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        argv = ["ip", "netns", "exec", ns, sys.executable, __file__, "--inside", "--rounds", str(args.rounds)]
-        return subprocess.run(argv, env=env, check=False).returncode
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
+    rc = 0
+    if args.only != "packets":
+        ns = f"vg{os.getpid()}x{secrets.token_hex(3)}-bench"  # the lab's prefix: stale ones get cleaned up
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        try:
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            argv = [sys.executable, __file__, "--inside", "--rounds", str(args.rounds)]
+            argv += ["--only", args.only] if args.only else []
+            rc = subprocess.run(["ip", "netns", "exec", ns, *argv], env=env, check=False).returncode
+        finally:
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+    if args.only in (None, "packets") and rc == 0:
+        bench_packets(args.rounds)
+    return rc
 
 
 if __name__ == "__main__":
