@@ -237,49 +237,152 @@ def _ts(raw: Any) -> list[str]:
     return [str(raw)] if raw else []
 
 
-def observe_listing(
-    carry: Carry, sas: Mapping[str, Section], *, epoch: str, now: float
-) -> tuple[Carry, dict[str, Any]]:
-    """Fold one complete ``list_sas`` result into the carry (pure); SAs it no longer shows are retired.
+_Child = tuple[str, ChildKey, Counts, bool, Any]
+"""A listed CHILD_SA: uid, key, counts, carries traffic, rekey-time (a plain tuple: 1,000 per scrape)."""
 
-    Returns the new carry and, per listed CHILD_SA uid, its (tunnel, child, Section) for the view."""
-    retired, final = dict(carry.retired), dict(carry.final)
-    last: dict[str, tuple[ChildKey, Counts]] = {}
-    stamps: dict[str, float] = {}
-    subnets = dict(carry.subnets)
-    listed: dict[str, Any] = {}
-    old_stamps = carry.stamps
-    for ike_uid, ike in sas.items():
-        tunnel = str(ike.get("name", ""))
+
+class Listing:
+    """One ``list-sas`` answer, folded in IKE_SA by IKE_SA as charon streams them (``add``), then into the
+    carry (``finish``). Pure but for its own state.
+
+    Why incremental: charon writes the 1,000-CHILD_SA listing over ~30 ms, one event per IKE_SA. The work
+    per SA (counts, keys, info labels) done as each event arrives overlaps charon's own, and only the
+    work per tunnel is left once the answer is complete. The facts that depend on the carry (was the SA
+    retired by an event meanwhile? its previous counts and timestamps) are settled in ``finish`` against
+    the carry as it is then: the event follower may have changed it while the listing streamed."""
+
+    def __init__(
+        self,
+        *,
+        epoch: str,
+        now: float,
+        plan: Iterable[PlanTunnel] = (),
+        subnets: Mapping[ChildKey, str] | None = None,
+    ) -> None:
+        """``subnets``: the carry's remote subnets as the listing starts (events never change them)."""
+        self.epoch = epoch
+        self.now = now
+        self._prefix = f"{epoch}/"
+        self._planned = {(t.name, c): s for t in plan for c, s in t.children.items()}
+        self._known = subnets or {}
+        self._subnets: dict[ChildKey, str] = {}
+        """Remote subnets first seen in this listing (the carry keeps the first one seen per child)."""
+        self._children: list[_Child] = []
+        self._listed: set[str] = set()
+        self._ikes: list[tuple[str, str, int | None, bool]] = []
+        self.installed: set[ChildKey] = set()
+        self.seen: set[str] = set()
+        self.ike_info: list[Info] = []
+        self.child_info: list[Info] = []
+
+    def add(self, name: str, ike: Section) -> None:
+        """One IKE_SA (``name``: its connection, i.e. the tunnel) with its CHILD_SAs."""
+        tunnel = str(name)
+        ike_uid = str(ike.get("uniqueid", ""))
         est = _int(ike.get("established")) if "established" in ike else None
-        _stamp(carry.stamps, stamps, f"{epoch}/ike/{ike_uid}", None if est is None else float(int(now) - est))
+        self._ikes.append((tunnel, ike_uid, est, ike.get("state") == "ESTABLISHED"))
+        self.seen.add(tunnel)
+        self.ike_info.append(_ike_labels(tunnel, ike_uid, ike, self.epoch))
+        prefix, subnets, known, planned = self._prefix, self._subnets, self._known, self._planned
         for child in _children(ike):
-            uid = f"{epoch}/{child.get('uniqueid', '')}"
+            uid = prefix + str(child.get("uniqueid", ""))
             key = (tunnel, str(child.get("name", "")))
-            listed[uid] = (key, child)
-            if key not in subnets and child.get("remote-ts"):
-                subnets[key] = ",".join(_ts(child.get("remote-ts")))
-            if uid in final:  # retired already (REKEYED, frozen): never counted twice
+            self._listed.add(uid)
+            seen = known.get(key) or subnets.get(key)  # the first one seen is kept: labels stay stable
+            if seen is None and (remote := child.get("remote-ts")):
+                seen = subnets[key] = ",".join(_ts(remote))
+            subnet = planned.get(key) or seen or ""
+            self.child_info.append(_child_labels(tunnel, child, subnet, self.epoch))
+            carrying = child.get("state") in CARRYING
+            if carrying:
+                self.installed.add(key)
+            self._children.append((uid, key, counts_of(child), carrying, child.get("rekey-time")))
+
+    def finish(self, carry: Carry) -> tuple[Carry, Listed]:
+        """Fold the complete answer into ``carry``: SAs it no longer shows are retired."""
+        now, epoch = self.now, self.epoch
+        retired, final = dict(carry.retired), dict(carry.final)
+        old_last, old_stamps = carry.last, carry.stamps
+        last: dict[str, tuple[ChildKey, Counts]] = {}
+        stamps: dict[str, float] = {}
+        ike_count: dict[str, int] = {}
+        established: dict[str, float] = {}
+        next_rekey: dict[str, float] = {}
+        for tunnel, ike_uid, est, up in self._ikes:
+            sk = f"{epoch}/ike/{ike_uid}"
+            _stamp(old_stamps, stamps, sk, None if est is None else float(int(now) - est))
+            if up:
+                ike_count[tunnel] = ike_count.get(tunnel, 0) + 1
+                if (at := stamps.get(sk)) is not None:
+                    established[tunnel] = max(established.get(tunnel, at), at)
+        for uid, key, counts, carrying, rekey in self._children:
+            if uid in final:  # retired already (REKEYED, frozen; or by an event): never counted twice
                 continue
-            counts = counts_of(child)
-            prev = carry.last.get(uid)
+            prev = old_last.get(uid)
             last[uid] = (key, counts if prev is None else counts.at_least(prev[1]))
-            rk = f"{uid}/rekey"
-            if rk in old_stamps:
-                stamps[rk] = old_stamps[rk]
-            elif (rekey := child.get("rekey-time")) is not None:
-                stamps[rk] = float(int(now) + _int(rekey))
-    for uid, (key, counts) in carry.last.items():
-        if uid not in last and uid not in listed:
-            _retire(retired, final, uid, key, counts, now)
-    final = {uid: f for uid, f in final.items() if now - f.at < FINAL_HORIZON}
-    return Carry(retired=retired, last=last, final=final, stamps=stamps, subnets=subnets), listed
+            rk = uid + "/rekey"
+            at = old_stamps.get(rk)
+            if at is None and rekey is not None:
+                at = float(int(now) + _int(rekey))
+            if at is not None:
+                stamps[rk] = at
+                if carrying:
+                    next_rekey[key[0]] = min(next_rekey.get(key[0], at), at)
+        for uid, (key, counts) in old_last.items():
+            if uid not in last and uid not in self._listed:
+                _retire(retired, final, uid, key, counts, now)
+        final = {uid: f for uid, f in final.items() if now - f.at < FINAL_HORIZON}
+        subnets = {**self._subnets, **carry.subnets} if self._subnets else carry.subnets
+        new = Carry(retired=retired, last=last, final=final, stamps=stamps, subnets=subnets)
+        listed = Listed(
+            installed=self.installed,
+            seen=self.seen,
+            ike_count=ike_count,
+            established=established,
+            next_rekey=next_rekey,
+            ike_info=tuple(self.ike_info),
+            child_info=tuple(self.child_info),
+        )
+        return new, listed
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What the view takes from one complete listing, besides the carry."""
+
+    installed: set[ChildKey] = field(default_factory=set)
+    """Child configs with a CHILD_SA carrying traffic."""
+    seen: set[str] = field(default_factory=set)
+    """Tunnels with an IKE_SA in the listing."""
+    ike_count: Mapping[str, int] = field(default_factory=dict)
+    """ESTABLISHED IKE_SAs per tunnel."""
+    established: Mapping[str, float] = field(default_factory=dict)
+    next_rekey: Mapping[str, float] = field(default_factory=dict)
+    ike_info: tuple[Info, ...] = ()
+    child_info: tuple[Info, ...] = ()
+
+
+def observe_listing(
+    carry: Carry,
+    sas: Mapping[str, Section],
+    *,
+    epoch: str,
+    now: float,
+    plan: Iterable[PlanTunnel] = (),
+) -> tuple[Carry, Listed]:
+    """Fold one complete ``list_sas`` result (IKE_SAs keyed by unique id, each with its ``name``) into
+    the carry at once; ``Listing`` does the same as the answer streams in."""
+    listing = Listing(epoch=epoch, now=now, plan=plan, subnets=carry.subnets)
+    for ike in sas.values():
+        listing.add(str(ike.get("name", "")), ike)
+    return listing.finish(carry)
 
 
 def totals(carry: Carry) -> dict[ChildKey, Counts]:
     out = dict(carry.retired)
     for key, counts in carry.last.values():
-        out[key] = out.get(key, ZERO) + counts
+        got = out.get(key)
+        out[key] = counts if got is None else got + counts
     return out
 
 
@@ -354,15 +457,8 @@ def _child_labels(tunnel: str, child: Section, subnet: str, epoch: str) -> Info:
     )
 
 
-def view(
-    carry: Carry,
-    sas: Mapping[str, Section] | None,
-    plan: Iterable[PlanTunnel],
-    *,
-    epoch: str,
-    listed: Mapping[str, Any] | None = None,
-) -> IpsecView:
-    """The tunnels as the metrics show them (pure). ``sas`` None: charon did not answer this scrape, so
+def view(carry: Carry, listed: Listed | None, plan: Iterable[PlanTunnel], *, epoch: str) -> IpsecView:
+    """The tunnels as the metrics show them (pure). ``listed`` None: charon did not answer this scrape, so
     every tunnel is down and the counters hold their carried totals."""
     planned = {t.name: t for t in plan}
     subnets = dict(carry.subnets)
@@ -370,64 +466,40 @@ def view(
         for child, subnet in t.children.items():
             subnets[(t.name, child)] = subnet
     sums = totals(carry)
-    listed = listed or {}
-    # Which child configs have an INSTALLED SA, and per-tunnel facts from the listing.
-    installed: set[ChildKey] = set()
-    ike_count: dict[str, int] = {}
-    established: dict[str, float] = {}
-    next_rekey: dict[str, float] = {}
-    ike_info: list[Info] = []
-    child_info: list[Info] = []
-    seen: set[str] = set()
-    for ike_uid, ike in (sas or {}).items():
-        tunnel = str(ike.get("name", ""))
-        seen.add(tunnel)
-        if ike.get("state") == "ESTABLISHED":
-            ike_count[tunnel] = ike_count.get(tunnel, 0) + 1
-            est = carry.stamps.get(f"{epoch}/ike/{ike_uid}")
-            if est is not None:
-                established[tunnel] = max(established.get(tunnel, est), est)
-        ike_info.append(_ike_labels(tunnel, ike_uid, ike, epoch))
-    for uid, (key, child) in listed.items():
-        subnet = subnets.get(key, "")
-        child_info.append(_child_labels(key[0], child, subnet, epoch))
-        if child.get("state") not in CARRYING:
-            continue
-        installed.add(key)
-        rk = carry.stamps.get(f"{uid}/rekey")
-        if rk is not None:
-            next_rekey[key[0]] = min(next_rekey.get(key[0], rk), rk)
+    got = listed or Listed()
+    installed, ike_count = got.installed, got.ike_count
     child_keys = set(sums) | installed | set(subnets)
     by_tunnel: dict[str, list[ChildKey]] = {name: [] for name in planned}
     for k in child_keys:
         by_tunnel.setdefault(k[0], []).append(k)
-    for name in seen:
+    for name in got.seen:
         by_tunnel.setdefault(name, [])
     # With a plan, a tunnel neither planned nor in charon's listing is a deprovisioned peer: its series go
     # stale instead of reporting a tunnel that is down forever (VpnTunnelDown would never clear). Without
     # a plan nothing says what is configured, so every tunnel seen so far keeps its row.
-    shown = (planned.keys() | seen) if planned else set(by_tunnel)
+    shown = (planned.keys() | got.seen) if planned else set(by_tunnel)
     tunnels: list[TunnelView] = []
     for name in sorted(by_tunnel):
         if name not in shown:
             continue
         mine = by_tunnel[name]
-        got = sum(1 for k in mine if k in installed)
+        n_up = sum(1 for k in mine if k in installed)
         total = ZERO
         for k in mine:
-            total = total + sums.get(k, ZERO)
-        up = ike_count.get(name, 0) > 0 and got > 0
+            if (counts := sums.get(k)) is not None:
+                total = total + counts
+        up = ike_count.get(name, 0) > 0 and n_up > 0
         tunnels.append(
             TunnelView(
                 name=name,
                 up=up,
                 configured=name in planned,
                 ike_sas=ike_count.get(name, 0),
-                children_installed=got,
+                children_installed=n_up,
                 children_configured=len(planned[name].children) if name in planned else 0,
                 counts=total,
-                established=established.get(name) if up else None,
-                next_rekey=next_rekey.get(name) if up else None,
+                established=got.established.get(name) if up else None,
+                next_rekey=got.next_rekey.get(name) if up else None,
             )
         )
     children = tuple(
@@ -437,4 +509,4 @@ def view(
         for k in sorted(child_keys)
         if k[0] in shown
     )
-    return IpsecView(tuple(tunnels), children, tuple(ike_info), tuple(child_info))
+    return IpsecView(tuple(tunnels), children, got.ike_info, got.child_info)

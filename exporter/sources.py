@@ -179,8 +179,10 @@ class StrongswanSource:
         self.failures = 0
         self.epoch = self.epoch_for(info)
         info = dataclasses.replace(info, started=self.started)
-        self.carry, listed = ipsec.observe_listing(self.carry, sas, epoch=self.epoch, now=self._wall())
-        view = ipsec.view(self.carry, sas, plan, epoch=self.epoch, listed=listed)
+        self.carry, listed = ipsec.observe_listing(
+            self.carry, sas, epoch=self.epoch, now=self._wall(), plan=plan
+        )
+        view = ipsec.view(self.carry, listed, plan, epoch=self.epoch)
         return StrongswanSnapshot(
             up=True, duration=self._clock() - start, view=view, info=info, counters=ctrs
         )

@@ -63,14 +63,9 @@ def ipsec_snapshot() -> Snapshot:
             },
         }
     }
-    carry, listed = observe_listing(Carry(), sas, epoch="e", now=1000.0)
-    v = view(
-        carry,
-        sas,
-        [PlanTunnel("t1", {"c0": "10.1.0.0/24"}), PlanTunnel("t9", {"x": "10.9.0.0/24"})],
-        epoch="e",
-        listed=listed,
-    )
+    plan = [PlanTunnel("t1", {"c0": "10.1.0.0/24"}), PlanTunnel("t9", {"x": "10.9.0.0/24"})]
+    carry, listed = observe_listing(Carry(), sas, epoch="e", now=1000.0, plan=plan)
+    v = view(carry, listed, plan, epoch="e")
     info = DaemonInfo("charon", "5.9.8", "Linux", "6.1", "x86_64", 900.0, 1, 0, ("counters",), 16, 7, 0, 3)
     return Snapshot(
         strongswan=StrongswanSnapshot(

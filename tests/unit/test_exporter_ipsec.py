@@ -10,6 +10,7 @@ from exporter.ipsec import (
     CHILD_INFO_LABELS,
     Carry,
     Counts,
+    Listed,
     PlanTunnel,
     observe_event,
     observe_listing,
@@ -142,8 +143,8 @@ def test_view_rows_for_configured_down_tunnels_and_offline_daemon() -> None:
         PlanTunnel("t2", {"c0": "10.2.0.0/24", "c1": "10.3.0.0/24"}),
     ]
     sas = listing(ike(1, child(1, "c0", 100, "INSTALLED", **{"rekey-time": "50", "install-time": "3"})))
-    carry, listed = observe_listing(Carry(), sas, epoch=E1, now=1000.0)
-    v = view(carry, sas, plan, epoch=E1, listed=listed)
+    carry, listed = observe_listing(Carry(), sas, epoch=E1, now=1000.0, plan=plan)
+    v = view(carry, listed, plan, epoch=E1)
     t = {x.name: x for x in v.tunnels}
     assert (t["t1"].up, t["t1"].established, t["t1"].next_rekey) == (True, 995.0, 1050.0)
     assert (t["t2"].up, t["t2"].configured, t["t2"].children_configured) == (False, True, 2)
@@ -167,15 +168,15 @@ def test_a_tunnel_removed_from_the_plan_and_gone_from_charon_leaves_the_metrics(
     both = [PlanTunnel("t1", {"c0": "10.1.0.0/24"}), PlanTunnel("old", {"c0": "10.9.0.0/24"})]
     sas = listing(ike(1, child(1, "c0", 100)), ike(2, child(2, "c0", 50), name="old"))
     carry, listed = observe_listing(Carry(), sas, epoch=E1, now=1000.0)
-    assert {t.name for t in view(carry, sas, both, epoch=E1, listed=listed).tunnels} == {"t1", "old"}
+    assert {t.name for t in view(carry, listed, both, epoch=E1).tunnels} == {"t1", "old"}
     # The plan drops "old" and the agent terminates its SA: charon no longer lists it.
     gone = listing(ike(1, child(1, "c0", 120)))
     carry, listed = observe_listing(carry, gone, epoch=E1, now=1010.0)
-    after = view(carry, gone, both[:1], epoch=E1, listed=listed)
+    after = view(carry, listed, both[:1], epoch=E1)
     assert [t.name for t in after.tunnels] == ["t1"]
     assert {c.tunnel for c in after.children} == {"t1"}
     # Still planned but down: the row stays, with its carried counters.
-    down = view(carry, listing(), both, epoch=E1, listed={})
+    down = view(carry, Listed(), both, epoch=E1)  # charon answered: no SAs
     assert {t.name: t.up for t in down.tunnels} == {"t1": False, "old": False}
 
 
@@ -184,7 +185,7 @@ def test_timestamps_do_not_jitter_between_scrapes() -> None:
     sas2 = listing(ike(1, child(1, "c0", 0, "INSTALLED", **{"rekey-time": "48"})) | {"established": "7"})
     c1, l1 = observe_listing(Carry(), sas1, epoch=E1, now=1000.2)
     c2, l2 = observe_listing(c1, sas2, epoch=E1, now=1002.9)  # charon's whole seconds vs our clock
-    v1, v2 = view(c1, sas1, [], epoch=E1, listed=l1), view(c2, sas2, [], epoch=E1, listed=l2)
+    v1, v2 = view(c1, l1, [], epoch=E1), view(c2, l2, [], epoch=E1)
     assert v1.tunnels[0].next_rekey == v2.tunnels[0].next_rekey
     assert v1.tunnels[0].established == v2.tunnels[0].established
 
@@ -196,7 +197,7 @@ def test_up_needs_an_established_ike_sa_and_a_child_carrying_traffic() -> None:
         ike(3, name="t3", state="CONNECTING"),
     )
     carry, listed = observe_listing(Carry(), sas, epoch=E1, now=1.0)
-    assert {t.name: t.up for t in view(carry, sas, [], epoch=E1, listed=listed).tunnels} == {
+    assert {t.name: t.up for t in view(carry, listed, [], epoch=E1).tunnels} == {
         "t1": True,
         "t2": False,
         "t3": False,
