@@ -147,26 +147,32 @@ class ViciSession:
         *,
         timeout: float | None = None,
         check: bool = True,
+        on_event: Callable[[wire.Section], None] | None = None,
     ) -> tuple[list[wire.Section], wire.Section]:
         """A streamed command (list-sas, list-conns, initiate, terminate): the events it emits, then the
-        response. With ``check``, a failure carries the streamed ``control-log`` lines."""
+        response. With ``check``, a failure carries the streamed ``control-log`` lines. ``on_event``
+        takes each event as it arrives instead (the list is then empty): a caller can work on a long
+        listing while charon is still writing it."""
 
         async def go() -> tuple[list[wire.Section], wire.Section]:
             events: list[wire.Section] = []
+            take = events.append if on_event is None else on_event
             await self._send(wire.register(event))
             await self._confirm(event)
             await self._send(wire.request(command, message))
             while True:
                 frame = await self._frame()
                 if frame.type == wire.EVENT and frame.name == event:
-                    events.append(frame.body)
+                    take(frame.body)
                 elif frame.type == wire.CMD_RESPONSE:
                     break
                 elif frame.type == wire.CMD_UNKNOWN:
                     raise ViciCommandFailed(command, "unknown command")
             await self._send(wire.unregister(event))
             await self._confirm(event)
-            events.extend(f.body for f in self._early if f.name == event)  # late ones, before the confirm
+            for early in self._early:  # late ones, that arrived before the confirm
+                if early.name == event:
+                    take(early.body)
             self._early.clear()
             return events, frame.body
 

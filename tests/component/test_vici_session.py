@@ -214,3 +214,32 @@ async def test_max_call_timeout_caps_an_explicit_deadline(peer: Callable[[Script
         await session.call("stats", timeout=30)
     assert time.monotonic() - start < 1.5
     assert session.closed
+
+
+async def test_on_event_takes_each_event_as_it_arrives(peer: Callable[[Script], socket.socket]) -> None:
+    """The peer holds the second event back until the first was handed over: a caller can work on a
+    long listing while charon is still writing it."""
+    handed = threading.Event()
+    held_back: list[bool] = []
+
+    def script(s: socket.socket) -> None:
+        assert _read_packet(s) == (wire.EVENT_REGISTER, "list-sa")
+        s.sendall(_packet(wire.EVENT_CONFIRM))
+        assert _read_packet(s) == (wire.CMD_REQUEST, "list-sas")
+        s.sendall(_packet(wire.EVENT, {"t1": {"uniqueid": b"1"}}, name="list-sa"))
+        held_back.append(handed.wait(timeout=2))
+        s.sendall(_packet(wire.EVENT, {"t2": {"uniqueid": b"2"}}, name="list-sa"))
+        s.sendall(_packet(wire.CMD_RESPONSE))
+        assert _read_packet(s) == (wire.EVENT_UNREGISTER, "list-sa")
+        s.sendall(_packet(wire.EVENT_CONFIRM))
+
+    got: list[wire.Section] = []
+
+    def take(event: wire.Section) -> None:
+        got.append(event)
+        handed.set()
+
+    session = await _session(peer(script), timeout=5.0)
+    events, _ = await session.stream("list-sas", {}, "list-sa", on_event=take)
+    assert events == [] and got == [{"t1": {"uniqueid": "1"}}, {"t2": {"uniqueid": "2"}}]
+    assert held_back == [True], "the first event was handed over before the second was sent"
