@@ -23,8 +23,17 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from agent.vici import ViciError, ViciSession
-from agent.vici.queries import DaemonInfo, counters, daemon_info, list_sas, settle_start
+from agent.vici import ViciError, ViciSession, wire
+from agent.vici.queries import (
+    DaemonInfo,
+    StartSighting,
+    counters,
+    daemon_info,
+    daemon_info_from,
+    list_sas,
+    restarted_between,
+    sighting,
+)
 from agent.wireguard import uapi
 from agent.wireguard.backend import UapiBackend, WireGuardBackend, WireGuardError, detect
 from exporter import ipsec
@@ -115,14 +124,25 @@ class StrongswanSource:
         self.carry = ipsec.Carry()
         self.epoch = ""
         self.started: float | None = None
+        self._sighting: StartSighting | None = None
+        self._version: wire.Section = {}
 
     def observe_event(self, name: str, body: Mapping[str, object], epoch: str) -> None:
         self.carry = ipsec.observe_event(self.carry, name, body, epoch=epoch, now=self._wall())
 
     def epoch_for(self, info: DaemonInfo) -> str:
-        """The epoch for ``info``, shared by scrapes and the event follower: without settling, charon's
-        one-second wobble of its start time would re-key every live CHILD_SA and count it twice."""
-        self.started = settle_start(self.started, info.started)
+        """The epoch for a newly connected session's ``info``, shared by scrapes and the event follower.
+
+        charon's unique ids restart with the daemon, so SA keys carry its start time; a new epoch re-keys
+        every live CHILD_SA. So it changes only on a real restart: not for charon's one-second wobble of
+        ``since``, nor for a wall-clock step (``since`` is wall time minus uptime, so an NTP step moves it;
+        ``restarted_between`` takes the step out with our own wall and monotonic clocks). Called only when
+        a session is new: while one stays connected charon cannot have restarted."""
+        seen = sighting(info.started, wall=self._wall(), mono=self._clock())
+        if self.started is None or restarted_between(self._sighting, seen):
+            self.started = info.started
+        if seen is not None:
+            self._sighting = seen
         return epoch_of(self.started)
 
     async def _fail(self, why: str) -> None:
@@ -148,7 +168,8 @@ class StrongswanSource:
         def left() -> float:
             return max(0.001, start + timeout - self._clock())
 
-        if self._session is None or self._session.closed:
+        fresh = self._session is None or self._session.closed
+        if fresh:
             if self._clock() < self._retry_at:
                 return down()
             try:
@@ -163,9 +184,13 @@ class StrongswanSource:
         session = self._session
         assert session is not None
         try:
-            info = await daemon_info(session, timeout=left())
+            if fresh:  # the daemon's version changes only with a restart, which closes the session
+                self._version = await session.call("version", timeout=left())
+            info = daemon_info_from(self._version, await session.call("stats", timeout=left()))
+            if fresh:
+                self.epoch = self.epoch_for(info)
             ctrs = await counters(session, timeout=left()) if "counters" in info.plugins else None
-            sas = await list_sas(session, timeout=left())
+            listing = await self._list(session, info, plan, left())
         except ViciError as exc:
             await self._fail(str(exc))
             return down()
@@ -177,15 +202,40 @@ class StrongswanSource:
                     await dropped.aclose()
             raise
         self.failures = 0
-        self.epoch = self.epoch_for(info)
         info = dataclasses.replace(info, started=self.started)
-        self.carry, listed = ipsec.observe_listing(
-            self.carry, sas, epoch=self.epoch, now=self._wall(), plan=plan
-        )
+        self.carry, listed = listing.finish(self.carry)
         view = ipsec.view(self.carry, listed, plan, epoch=self.epoch)
         return StrongswanSnapshot(
             up=True, duration=self._clock() - start, view=view, info=info, counters=ctrs
         )
+
+    async def _list(
+        self, session: ViciSession, info: DaemonInfo, plan: list[ipsec.PlanTunnel], timeout: float
+    ) -> ipsec.Listing:
+        """Every IKE_SA, folded into a ``Listing`` as charon streams them (the work per SA overlaps
+        charon's). If fewer arrive than ``stats`` counted (charon silently drops an IKE_SA whose event
+        exceeds 512 KiB), the listing is redone with ``list_sas``, which fetches those piece by piece."""
+        start = self._clock()
+
+        def fresh() -> ipsec.Listing:
+            return ipsec.Listing(epoch=self.epoch, now=self._wall(), plan=plan, subnets=self.carry.subnets)
+
+        listing, got = fresh(), set()
+
+        def take(event: wire.Section) -> None:
+            for name, sa in event.items():
+                if isinstance(sa, dict):
+                    got.add(sa.get("uniqueid"))
+                    listing.add(name, sa)
+
+        await session.stream("list-sas", {}, "list-sa", timeout=timeout, on_event=take)
+        if len(got) >= info.ikesas_total:
+            return listing
+        listing = fresh()
+        left = max(0.001, start + timeout - self._clock())
+        for sa in (await list_sas(session, timeout=left)).values():
+            listing.add(str(sa.get("name", "")), sa)
+        return listing
 
     async def aclose(self) -> None:
         if self._session is not None:

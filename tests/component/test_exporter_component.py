@@ -244,3 +244,66 @@ async def test_keep_heap_serves_big_buffers_without_page_faults() -> None:
     # glibc's default gives freed megabytes back (trim) and faults them in again on the next scrape
     assert runs["default"][1] > 5_000, runs
     assert runs["tuned"][1] < 100, runs
+
+
+class FakeCharon:
+    """A fake VICI session standing in for charon (version, stats, a one-tunnel list-sas). Why a fake: the
+    case is a wall-clock step, and stepping this machine's clock under a live charon would step it under
+    every other test too. ``since`` is what charon prints: wall time minus its uptime, so a step moves it."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.bytes_in = 0
+        self.closed = False
+
+    async def call(self, command: str, message: Any = None, **_: Any) -> dict[str, Any]:
+        if command == "version":
+            return {"daemon": "charon", "version": "5.9.8"}
+        assert command == "stats"
+        since = time.strftime("%b %d %H:%M:%S %Y", time.localtime(self.started))
+        return {"uptime": {"since": since}, "ikesas": {"total": "1"}, "plugins": []}
+
+    async def stream(self, command: str, message: Any, event: str, **kw: Any) -> tuple[list[Any], Any]:
+        child = {"name": "c0", "uniqueid": "1", "state": "INSTALLED", "bytes-in": str(self.bytes_in)}
+        kw["on_event"]({"t1": {"uniqueid": "1", "state": "ESTABLISHED", "child-sas": {"c0-1": child}}})
+        return [], {}
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_the_epoch_survives_wall_clock_steps_and_changes_on_a_restart(tmp_path: Path) -> None:
+    """charon's unique ids restart with it, so a new epoch re-keys every SA: a step misread as a restart
+    would count every live CHILD_SA twice (its carried and its re-keyed counts)."""
+    wall, mono = [1_790_000_000.0], [0.0]
+    charon = FakeCharon(started=wall[0] - 100)
+    connects = 0
+
+    async def connect(path: Any, *, timeout: float) -> Any:
+        nonlocal connects
+        connects += 1
+        return charon
+
+    source = StrongswanSource(
+        tmp_path / "x.vici", connect=connect, clock=lambda: mono[0], wall=lambda: wall[0]
+    )
+
+    async def bytes_in(n: int) -> int:
+        charon.bytes_in = n
+        snap = await source.scrape(5.0, [])
+        (tunnel,) = snap.view.tunnels
+        return tunnel.counts.bytes_in
+
+    assert await bytes_in(100) == 100
+    epoch = source.epoch
+    wall[0] += 3600  # NTP steps the clock an hour: charon's since moves with it, its session stays up
+    charon.started += 3600
+    mono[0] += 1
+    assert await bytes_in(150) == 150 and source.epoch == epoch
+    charon.closed = True  # the session drops (not a restart): on reconnect the step is taken out
+    mono[0] += 1
+    assert await bytes_in(170) == 170 and source.epoch == epoch and connects == 2
+    charon = FakeCharon(started=wall[0] - 1)  # a real restart: unique ids start at 1 again
+    mono[0] += 1
+    assert await bytes_in(5) == 175, "the old SA's 170 retired, the new SA's 5 added"
+    assert source.epoch != epoch and connects == 3
