@@ -125,3 +125,20 @@ def test_detect_variant_follows_the_rules() -> None:
         raise FileNotFoundError("iptables-legacy-save")
 
     assert detect_variant(missing) == "nft"
+
+
+def test_delete_sends_only_minus_d_lines_of_the_given_rules_and_reports_a_refusal() -> None:
+    """Lifting tombstones: no save, no --test, no chain declaration (that would flush the chain under
+    --noflush); one transaction of ``-D`` lines."""
+    stones = rules.tombstone_rules([Flush(0x10000, 0xFFF0000), Flush(0x20000, 0xFFF0000)])
+    r = FakeRunner()
+    Iptables("nft", r).delete("filter", stones)
+    assert r.calls == [
+        (
+            ("iptables-nft-restore", "--noflush", "--wait"),
+            "*filter\n" + "".join(f"-D {s.removeprefix('-A ')}\n" for s in stones) + "COMMIT\n",
+        )
+    ]
+    refused = FakeRunner({"iptables-nft-restore": [Completed(1, "", "iptables-nft-restore: line 2 failed")]})
+    with pytest.raises(IptablesError, match="nothing changed: iptables-nft-restore: line 2 failed"):
+        Iptables("nft", refused).delete("filter", stones)
