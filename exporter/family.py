@@ -171,9 +171,10 @@ class Renderer:
             if not fam.labels:
                 out.extend(f"\n{sample} {_number(v)}" for v in fam.values)
             else:
-                lines = [""] * (2 * len(fam.keys))
+                n = len(fam.keys)
+                lines = [""] * (2 * n)
                 lines[0::2] = self._prefixes(sample, fam)
-                lines[1::2] = map(str, fam.values)
+                lines[1::2] = ["1"] * n if fam.kind == "info" else map(str, fam.values)
                 out += lines
             out.append("\n")
         if openmetrics:

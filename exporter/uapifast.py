@@ -36,6 +36,8 @@ _PEER = re.compile(
     r"tx_bytes=(\d+)\n"
     r"rx_bytes=(\d+)\n"
 )
+_STRIDE = _PEER.groups + 1
+"""``_PEER.split`` gives the text before a match, then the match's groups, and so on."""
 _LISTEN_PORT = re.compile(r"^listen_port=(\d+)$", re.MULTILINE)
 _ERRNO = re.compile(r"^errno=(-?\d+)\n*\Z", re.MULTILINE)
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -80,15 +82,19 @@ def fast_view(
     """The interface view from a ``get=1`` reply, or None when the reply's shape is not the one expected
     (use the generic parser then). Pure but for the key cache."""
     check_errno(text)
-    matches = _PEER.findall(text)
+    # split, not findall: the columns are then slices of one list (no tuple per peer), and the text
+    # between matches shows whether a peer block failed to match (it would contain "public_key=").
+    parts = _PEER.split(text)
+    if "public_key=" in "".join(parts[0::_STRIDE]):
+        return None
     port = _LISTEN_PORT.search(text, 0, 512)  # device lines come first
     listen_port = int(port.group(1)) if port else 0
-    if len(matches) != text.count("public_key="):
-        return None
-    if not matches:
+    if len(parts) == 1:
         missing = missing_names(names, frozenset())
         return InterfaceView(interface, True, backend, listen_port, Peers(), missing)
-    hexkeys, endpoints, secs, nsecs, txs, rxs = zip(*matches, strict=True)  # columns, C-level
+    hexkeys, endpoints, secs, nsecs, txs, rxs = (parts[i::_STRIDE] for i in range(1, _STRIDE))
+    if None in endpoints:  # peers without an endpoint yet (a road warrior that never connected)
+        endpoints = [e or "" for e in endpoints]
     public = keys.b64(hexkeys)
     if public is None:
         return None

@@ -115,3 +115,8 @@ def test_fast_view_renders_byte_for_byte_like_the_generic_view() -> None:
 def test_a_key_that_is_not_hex_falls_back() -> None:
     text = reply(peer(K1)).replace(K1.hex(), "g" * 64)
     assert fast_view("wg0", text, {}, KeyCache()) is None
+
+
+def test_one_odd_peer_among_good_ones_falls_back() -> None:
+    odd = peer(K2).replace("tx_bytes=0\nrx_bytes=0", "rx_bytes=0\ntx_bytes=0")
+    assert fast_view("wg0", reply(peer(K1), odd, peer(K3)), {}, KeyCache()) is None
