@@ -49,6 +49,25 @@ def test_decode_matches_the_vici_package(section: dict[str, Any]) -> None:
     assert decode(body) == reference(body)
 
 
+ascii_names = st.text(st.characters(codec="ascii"), min_size=1, max_size=12)
+ascii_values = st.binary(max_size=127).map(lambda b: bytes(c & 0x7F for c in b))
+ascii_sections: Any = st.recursive(
+    st.dictionaries(ascii_names, st.one_of(ascii_values, st.lists(ascii_values, max_size=4)), max_size=5),
+    lambda children: st.dictionaries(ascii_names, st.one_of(ascii_values, children), max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ascii_sections)
+def test_decode_of_an_ascii_message_matches_the_vici_package(section: dict[str, Any]) -> None:
+    """charon's listings are ASCII (length bytes included: values under 128 bytes): the path that
+    slices one decoding of the whole message."""
+    body = Message.serialize(OrderedDict(section))
+    assert body.isascii()
+    assert decode(body) == reference(body)
+
+
 @given(sections, st.integers(min_value=1, max_value=50))
 def test_frames_split_anywhere_reassemble(section: dict[str, Any], chunk: int) -> None:
     body = Message.serialize(OrderedDict(section))
