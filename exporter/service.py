@@ -20,6 +20,7 @@ import anyio
 from exporter.collector import Snapshot, StrongswanSnapshot, WireGuardSnapshot
 from exporter.ipsec import PlanTunnel
 from exporter.sources import StrongswanSource, WireGuardSource
+from exporter.wireguard import InterfaceView
 from gwplan.model import Plan, PlanError, loads
 
 log = logging.getLogger(__name__)
@@ -124,12 +125,25 @@ class Exporter:
         try:
             with anyio.CancelScope(shield=True):
                 flight.result = await self._query()
+        except Exception:  # a bug: this scrape (and its waiters) says *_up 0 and the log has the traceback
+            log.exception("exporter.scrape.error source=query")
         finally:
             self._flight = None
             if flight.result is None:  # the query itself crashed: waiters get an all-down snapshot
-                flight.result = Snapshot()
+                flight.result = self._down()
             flight.done.set()
         return flight.result
+
+    def _down(self) -> Snapshot:
+        """Every watched daemon reported down (``*_up 0``, which alerts), for a query that crashed."""
+        ss = StrongswanSnapshot(up=False, duration=0.0) if self.strongswan is not None else None
+        interfaces = set(self.interfaces)
+        if self.plan.names.wireguard_interface:
+            interfaces.add(self.plan.names.wireguard_interface)
+        wg = None
+        if self.wireguard is not None and interfaces:
+            wg = WireGuardSnapshot(0.0, tuple(InterfaceView(i, False) for i in sorted(interfaces)))
+        return Snapshot(strongswan=ss, wireguard=wg)
 
     async def _query(self) -> Snapshot:
         self.queries += 1

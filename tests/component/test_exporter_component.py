@@ -138,6 +138,27 @@ async def test_a_crashing_source_reports_down_without_failing_the_scrape(tmp_pat
     assert exporter.queries == 2 and again.strongswan is not None
 
 
+async def test_a_crashing_query_reports_every_daemon_down(tmp_path: Path) -> None:
+    """A bug outside the sources (here: reading the plan) must still give *_up 0, which alerts, not a
+    scrape without the up metrics."""
+
+    class BrokenPlan(PlanFile):
+        def current(self) -> Any:
+            raise RuntimeError("bug")
+
+    exporter = Exporter(
+        strongswan=StrongswanSource(tmp_path / "x.vici"),
+        wireguard=WireGuardSource(tmp_path),
+        interfaces=("wg0",),
+        plan=BrokenPlan(None),
+    )
+    snap = await exporter.snapshot()
+    assert snap.strongswan is not None and not snap.strongswan.up
+    assert snap.wireguard is not None and [(i.interface, i.up) for i in snap.wireguard.interfaces] == [
+        ("wg0", False)
+    ]
+
+
 async def test_kernel_netlink_backend_feeds_the_same_metrics(tmp_path: Path) -> None:
     """No WireGuard module here: the netlink path runs against agent.wireguard.fakes.FakeKernelWireGuard
     (pyroute2's real AsyncWireGuard with an in-memory kernel behind its socket)."""
