@@ -104,13 +104,23 @@ def _load_documents(files: Sequence[str]) -> list[Any]:
     docs: list[Any] = []
     for name in files:
         try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+            raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
         except OSError as exc:
             raise UsageError(f"{name}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(
+                f"{name}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} ({exc.reason})"
+            ) from exc
         try:
             docs += [d for d in yaml.safe_load_all(text) if d is not None]
         except yaml.YAMLError as exc:
             raise UsageError(f"{name}: not YAML: {exc}") from exc
+        except ValueError as exc:  # a value YAML's resolver accepts but Python cannot hold: x: 2026-02-30
+            raise UsageError(f"{name}: not YAML: a value out of range: {exc}") from exc
+        except RecursionError as exc:
+            raise UsageError(f"{name}: not YAML: nested too deeply") from exc
     if not docs:
         raise UsageError("no documents in the input")
     return docs

@@ -217,3 +217,40 @@ def test_yaml_nulls_are_read_as_the_api_server_stores_them() -> None:
         "VPNGateway/tenant-acme/acme-wg: spec.serviceCIDR: is required (it is null, and the API server drops "
         "null fields)" in missing.stderr.splitlines()
     )
+
+
+def test_a_file_that_is_not_utf8_is_named_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"kind: \xff\n")
+    res = run("render", "-f", str(bad))
+    assert res.returncode == 2 and res.stdout == ""
+    assert f"error: {bad}: not UTF-8 text: byte 0xff at offset 6" in res.stderr
+    assert "Traceback" not in res.stderr
+    piped = subprocess.run(
+        [sys.executable, "-m", "controller", "render", "-f", "-"],
+        cwd=ROOT,
+        capture_output=True,
+        input=b"kind: VPNGateway\nname: \xe9t\xe9\n",
+        timeout=60,
+        check=False,
+    )
+    assert piped.returncode == 2 and piped.stdout == b""
+    assert b"error: -: not UTF-8 text: byte 0xe9 at offset 23" in piped.stderr
+    assert b"Traceback" not in piped.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("x: 2026-02-30\n", "day is out of range for month"),
+        ("at: 2026-01-01 25:00:00\n", "hour must be in 0..23"),
+        ("[" * 50_000, "nested too deeply"),
+    ],
+)
+def test_yaml_values_python_cannot_hold_are_named_and_exit_2(tmp_path: Path, text: str, problem: str) -> None:
+    f = tmp_path / "gw.yaml"
+    f.write_text(text)
+    res = run("render", "-f", str(f))
+    assert res.returncode == 2 and res.stdout == ""
+    assert f"error: {f}: not YAML" in res.stderr and problem in res.stderr
+    assert "Traceback" not in res.stderr
