@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pyroute2 import AsyncIPRoute
@@ -29,10 +32,6 @@ AF_INET6 = 10
 
 def _family(cidr: str) -> int:
     return AF_INET6 if ":" in cidr else AF_INET
-
-
-def _family_first(cidr: str) -> tuple[int, str]:
-    return (_family(cidr), cidr)
 
 
 class NetDevError(OSError):
@@ -54,6 +53,40 @@ def peer_routes(address: str, allowed_ips: Iterable[str]) -> tuple[str, ...]:
             continue
         out.add(net)
     return tuple(str(n) for n in sorted(out, key=lambda n: (n.version, n)))
+
+
+@dataclass(frozen=True)
+class RouteChanges:
+    """What to do to one address family's routes through the device."""
+
+    family: int
+    add: tuple[str, ...]
+    delete: tuple[str, ...]
+
+
+def route_changes(
+    family: int, wanted: Iterable[str], current: Iterable[str], claimed: AbstractSet[str] | None = None
+) -> RouteChanges:
+    """One family's changes (pure): add the wanted routes not there, delete the ones there not wanted.
+    ``current`` are the device's main-table, proto static routes of any family; ``claimed`` (when given)
+    limits the deletions to those routes: the others are not ours to remove."""
+    want = {r for r in wanted if _family(r) == family}
+    have = {r for r in current if _family(r) == family}
+    stale = have - want if claimed is None else (have - want) & claimed
+    return RouteChanges(family, tuple(sorted(want - have)), tuple(sorted(stale)))
+
+
+def manages_ipv6(wanted: Iterable[str], added: AbstractSet[str]) -> bool:
+    """Whether the IPv6 routes are touched at all (pure): only when the plan wants IPv6 routes or this
+    agent put some in place earlier (they go when the plan drops them). The controller's plans are
+    IPv4-only today, so an agent never lists, let alone deletes, IPv6 routes it did not add."""
+    return bool(added) or any(_family(r) == AF_INET6 for r in wanted)
+
+
+def _claimed_ipv6(wanted: Iterable[str], added: AbstractSet[str]) -> AbstractSet[str] | None:
+    """The IPv6 routes we may delete: with IPv6 in the plan, every proto static one through the device
+    (as for IPv4: the device is ours); without, only those this agent added."""
+    return None if any(_family(r) == AF_INET6 for r in wanted) else added
 
 
 class NetDev(Protocol):
@@ -82,10 +115,12 @@ class IpRouteLinks:
 
 
 class IpRouteNetDev:
-    """``NetDev`` over a fresh AsyncIPRoute per call (a call is rare: on plan change and on resync)."""
+    """``NetDev`` over a fresh AsyncIPRoute per call (a call is rare: on plan change and on resync).
+    Remembers, per interface, the IPv6 routes it put in place (see ``manages_ipv6``)."""
 
     def __init__(self, netns: str | None = None) -> None:
         self.netns = netns
+        self._ipv6_added: dict[str, set[str]] = {}
 
     def _ipr(self) -> Any:
         return AsyncIPRoute(netns=self.netns, flags=0) if self.netns else AsyncIPRoute()
@@ -120,25 +155,50 @@ class IpRouteNetDev:
                     if want not in now:
                         await ipr.addr("add", index=index, address=want[0], prefixlen=want[1])
                 await ipr.link("set", index=index, state="up")
-                current: set[str] = set()
-                for family in (AF_INET, AF_INET6):
-                    current |= {
-                        str(ipaddress.ip_network(f"{r.get('RTA_DST')}/{r['dst_len']}", strict=False))
-                        async for r in await ipr.get_routes(oif=index, family=family, table=MAIN_TABLE)
-                        if r["proto"] == RTPROT_STATIC and r.get("RTA_DST")
-                    }
-                wanted = set(routes)
-                # IPv4 first: a device without IPv6 (disable_ipv6) refuses the IPv6 routes, and the error
-                # (not ready, retried) must not leave the IPv4 sites unrouted.
-                ours = {"oif": index, "proto": RTPROT_STATIC, "table": MAIN_TABLE}
-                for dst in sorted(wanted - current, key=_family_first):
-                    await ipr.route("replace", dst=dst, family=_family(dst), **ours)
-                for dst in sorted(current - wanted, key=_family_first):
-                    await ipr.route("del", dst=dst, family=_family(dst), **ours)
+                # One family at a time, IPv4 first and in full (adds, then deletes): a device without IPv6
+                # (disable_ipv6) refuses IPv6 routes, and that must not leave IPv4 routes of removed peers
+                # in place. An IPv6 failure is reported after IPv4 has converged (not ready, retried).
+                ipv4 = route_changes(AF_INET, routes, await self._ours(ipr, index, AF_INET))
+                await self._apply(ipr, index, ipv4)
+                added, removed = len(ipv4.add), len(ipv4.delete)
+                mine = self._ipv6_added.setdefault(interface, set())
+                if manages_ipv6(routes, mine):
+                    try:
+                        have6 = await self._ours(ipr, index, AF_INET6)
+                        ipv6 = route_changes(AF_INET6, routes, have6, claimed=_claimed_ipv6(routes, mine))
+                        mine &= have6  # forget the routes that went (a device reset flushes them)
+                        mine |= have6 & {r for r in routes if _family(r) == AF_INET6}  # wanted and there
+                        await self._apply(ipr, index, ipv6, mine)
+                    except NetlinkError as exc:  # EACCES: IPv6 disabled on the device (disable_ipv6)
+                        raise NetDevError(f"{interface}: IPv6 routes: {os.strerror(exc.code)}") from exc
+                    except OSError as exc:
+                        raise NetDevError(f"{interface}: IPv6 routes: {exc.strerror or exc}") from exc
+                    added, removed = added + len(ipv6.add), removed + len(ipv6.delete)
         except NetDevError:
             raise
         except NetlinkError as exc:  # not an OSError in pyroute2
             raise NetDevError(f"{interface}: {exc}") from exc
         except OSError as exc:
             raise NetDevError(f"{interface}: {exc.strerror or exc}") from exc
-        return len(wanted - current), len(current - wanted)
+        return added, removed
+
+    @staticmethod
+    async def _ours(ipr: Any, index: int, family: int) -> set[str]:
+        """The main-table, proto static routes of one family out of the device."""
+        return {
+            str(ipaddress.ip_network(f"{r.get('RTA_DST')}/{r['dst_len']}", strict=False))
+            async for r in await ipr.get_routes(oif=index, family=family, table=MAIN_TABLE)
+            if r["proto"] == RTPROT_STATIC and r.get("RTA_DST")
+        }
+
+    @staticmethod
+    async def _apply(ipr: Any, index: int, changes: RouteChanges, track: set[str] | None = None) -> None:
+        ours = {"oif": index, "proto": RTPROT_STATIC, "table": MAIN_TABLE}
+        for dst in changes.add:
+            await ipr.route("replace", dst=dst, family=changes.family, **ours)
+            if track is not None:
+                track.add(dst)
+        for dst in changes.delete:
+            await ipr.route("del", dst=dst, family=changes.family, **ours)
+            if track is not None:
+                track.discard(dst)

@@ -188,3 +188,49 @@ async def test_netdev_routes_ipv6_allowed_ips_through_the_tunnel(lab: Lab, tmp_p
     assert await nd.configure("wg0", "10.99.0.1/24", (site.lans[0],)) == (0, 2)
     assert "fd00:5::/64" not in v6_routes() and "fd00:77::/64" in v6_routes()
     assert not lab.gw.ping("fd00:5::1"), "the IPv6 route went with the allowed IP"
+
+
+async def test_netdev_ipv4_converges_when_the_device_refuses_ipv6_routes(lab: Lab) -> None:
+    """IPv6 disabled on the live wireguard-go device (sysctl in the gateway namespace): the IPv6 route
+    of the plan is refused, but that refusal comes after IPv4 has converged, so the IPv4 route of a
+    removed peer is gone; the error names IPv6. With IPv6 back, the next call adds the missing route."""
+    lab.start_wireguard(lab.gw)
+    nd = IpRouteNetDev(netns=lab.gw.ns)
+
+    def show(family: str) -> str:
+        return lab.gw.run("ip", family, "route", "show", "dev", "wg0").stdout.decode()
+
+    assert await nd.configure("wg0", "10.99.0.1/24", ("198.19.1.16/28", "203.0.113.0/28")) == (2, 0)
+    lab.gw.run("sysctl", "-q", "-w", "net.ipv6.conf.wg0.disable_ipv6=1")
+    with pytest.raises(NetDevError) as refused:
+        await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28", "fd00:5::/64"))
+    v4 = show("-4")
+    assert "203.0.113.0/28 proto static" in v4 and "198.19.1.16/28" not in v4, "IPv4 converged anyway"
+    assert str(refused.value) == "wg0: IPv6 routes: Permission denied"
+    assert "fd00:5::/64" not in show("-6")
+    # The retry (the agent stays not ready until then) has nothing left to do for IPv4.
+    with pytest.raises(NetDevError, match=r"^wg0: IPv6 routes: "):
+        await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28", "fd00:5::/64"))
+    lab.gw.run("sysctl", "-q", "-w", "net.ipv6.conf.wg0.disable_ipv6=0")
+    assert await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28", "fd00:5::/64")) == (1, 0)
+    assert "fd00:5::/64 proto static" in show("-6")
+
+
+async def test_netdev_never_deletes_ipv6_routes_it_did_not_add(lab: Lab) -> None:
+    """A proto static IPv6 route through the device that the agent did not add (an IPv4-only plan, which
+    is every plan the controller writes today) is left alone, also by a fresh agent (a restart); an IPv6
+    route the agent added goes when the plan drops it, the foreign one stays."""
+    lab.start_wireguard(lab.gw)
+
+    def v6() -> str:
+        return lab.gw.run("ip", "-6", "route", "show", "dev", "wg0").stdout.decode()
+
+    nd = IpRouteNetDev(netns=lab.gw.ns)
+    assert await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28", "fd00:5::/64")) == (2, 0)
+    lab.gw.run("ip", "-6", "route", "add", "fd00:77::/64", "dev", "wg0", "proto", "static")
+    assert await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28",)) == (0, 1)
+    assert "fd00:5::/64" not in v6() and "fd00:77::/64 proto static" in v6()
+    assert await nd.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28",)) == (0, 0)
+    restarted = IpRouteNetDev(netns=lab.gw.ns)
+    assert await restarted.configure("wg0", "10.99.0.1/24", ("203.0.113.0/28",)) == (0, 0)
+    assert "fd00:77::/64 proto static" in v6()

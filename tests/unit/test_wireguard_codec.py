@@ -8,7 +8,7 @@ import pytest
 
 from agent.wireguard.backend import netlink_peer, split_endpoint
 from agent.wireguard.model import ZERO_KEY, DeviceUpdate, KeyError_, PeerUpdate, key_from_b64
-from agent.wireguard.netdev import peer_routes
+from agent.wireguard.netdev import AF_INET, AF_INET6, RouteChanges, manages_ipv6, peer_routes, route_changes
 from agent.wireguard.uapi import (
     UapiRejected,
     UapiUnavailable,
@@ -170,3 +170,24 @@ def test_split_endpoint_needs_a_literal_address(bad: str) -> None:
 )
 def test_peer_routes(address: str, allowed: list[str], routes: tuple[str, ...]) -> None:
     assert peer_routes(address, allowed) == routes
+
+
+def test_route_changes_one_family_at_a_time() -> None:
+    current = {"10.1.0.0/24", "10.2.0.0/24", "fd00:1::/64", "fd00:77::/64"}
+    wanted = ("10.1.0.0/24", "10.3.0.0/24", "fd00:5::/64")
+    ipv4 = route_changes(AF_INET, wanted, current)
+    assert ipv4 == RouteChanges(AF_INET, ("10.3.0.0/24",), ("10.2.0.0/24",))
+    assert route_changes(AF_INET6, wanted, current) == RouteChanges(
+        AF_INET6, ("fd00:5::/64",), ("fd00:1::/64", "fd00:77::/64")
+    )
+    # Deletions limited to the routes we claim: the others are not ours to remove.
+    assert route_changes(AF_INET6, (), current, claimed={"fd00:1::/64"}) == RouteChanges(
+        AF_INET6, (), ("fd00:1::/64",)
+    )
+    assert route_changes(AF_INET6, (), current, claimed=set()) == RouteChanges(AF_INET6, (), ())
+
+
+def test_ipv6_routes_are_touched_only_for_an_ipv6_plan_or_routes_we_added() -> None:
+    assert not manages_ipv6(("10.1.0.0/24",), set()), "the controller's IPv4-only plans"
+    assert manages_ipv6(("10.1.0.0/24", "fd00:5::/64"), set())
+    assert manages_ipv6(("10.1.0.0/24",), {"fd00:5::/64"}), "a dropped IPv6 route we added goes"
