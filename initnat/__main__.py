@@ -89,25 +89,28 @@ class Gateway:
         policy = rules.validate(
             plan.nat, nic2_address=nic.address.ip, resolved=resolve_targets(plan, self.resolver)
         )
-        # What to revoke, each mark with the mask it was SET under: from the previous plan, or after a
-        # restart from the kernel (its admission rules stand in for the unknown previous plan, and
-        # tombstones left by a process that stopped before its flush succeeded are still owed).
-        if self.last is not None:
-            gone = set(rules.flushes(self.last, policy))
-        else:
-            saved = self.iptables.saved()
-            gone = set(tables.revoked_in_kernel(tables.admissions_in(saved), rules.render(policy)))
-            gone |= tables.tombstones_in(saved)
+        # What to revoke, each mark with the mask it was SET under: what the previous plan admitted and
+        # this one does not, and, whatever memory says, what the kernel's admission rules admit and this
+        # plan does not (after a restart they stand in for the unknown previous plan; in --watch they
+        # catch a kernel that holds more than ``last``, e.g. after a failed rollback), tombstones left in
+        # the kernel (a flush still owed), and flushes that failed before.
+        saved = self.iptables.saved()
+        wanted = rules.render(policy)
+        gone = set(rules.flushes(self.last, policy))
+        gone |= tables.revoked_in_kernel(tables.admissions_in(saved), wanted)
+        gone |= tables.tombstones_in(saved)
         gone |= self.pending_flush
         # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).
         routed = ensure(self.netlink, nic, nic_cfg, policy.exposure_targets)
         # One transaction withdraws the revoked admissions AND drops the revoked marks' packets.
-        applied = self.iptables.apply(rules.render(policy, tombstones=gone))
+        applied = self.iptables.apply(rules.with_tombstones(wanted, gone), saved=saved)
+        # The kernel holds this policy now, whatever follows: the next plan's revocations are computed
+        # against it (its admissions may already have marked flows), and the flushes are owed until done.
+        self.last = policy
         self.pending_flush = gone
         # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
         flushed = flush_marks(self.flusher, gone)
         self.pending_flush = set()
-        self.last = policy
         seconds, changed, count = applied.seconds, applied.changed, applied.rules
         if gone:  # flushed: lift the tombstones, deleting just those rules
             seconds, changed, count = seconds + self._lift(policy, gone), True, count - len(gone)

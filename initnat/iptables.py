@@ -121,8 +121,9 @@ class Iptables:
             argv.append("--test")
         return self.run(argv, payload)
 
-    def apply(self, ruleset: Ruleset) -> Applied:
-        saved = self.saved()
+    def apply(self, ruleset: Ruleset, saved: dict[str, tables.SavedTable] | None = None) -> Applied:
+        """``saved``: an ``iptables-save`` the caller just read (:meth:`saved`), to not read it twice."""
+        saved = self.saved() if saved is None else saved
         before = tables.admissions_in(saved)
         if tables.in_sync(saved, ruleset):
             return Applied(False, ruleset.rule_count, 0.0, before)

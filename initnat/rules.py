@@ -410,13 +410,33 @@ def tombstone_rules(tombstones: Iterable[Flush]) -> list[str]:
     ]
 
 
-def render(policy: Policy, tombstones: Iterable[Flush] = ()) -> Ruleset:
-    """The rules of our chains for ``policy`` (deterministic: same input, same lines).
+_ESTABLISHED = "-m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/"
 
-    ``tombstones`` are revoked marks whose conntrack entries may still exist (the flush follows this
-    ruleset, or it failed): their packets are dropped in front of the shared established-flows rule, so
-    a revoked grant is cut by the same transaction that withdraws its admission, not only once (or if)
-    the flush succeeds. The caller lifts them again after a successful flush."""
+
+def with_tombstones(ruleset: Ruleset, tombstones: Iterable[Flush]) -> Ruleset:
+    """``ruleset`` plus a DROP per revoked mark whose conntrack entries may still exist (the flush
+    follows this ruleset, or it failed), in front of the shared established-flows rule: a revoked grant
+    is cut by the same transaction that withdraws its admission, not only once (or if) the flush
+    succeeds. The caller lifts them again after a successful flush."""
+    stones = tombstone_rules(tombstones)
+    if not stones:
+        return ruleset
+    out = []
+    for t in ruleset.tables:
+        if t.table == "filter":
+            at = next(i for i, r in enumerate(t.rules) if r.startswith(f"-A {FILTER_CHAIN} {_ESTABLISHED}"))
+            t = TableRules(t.table, t.chains, (*t.rules[:at], *stones, *t.rules[at:]))
+        out.append(t)
+    return Ruleset(tuple(out), ruleset.marks, ruleset.mask)
+
+
+def render(policy: Policy, tombstones: Iterable[Flush] = ()) -> Ruleset:
+    """The rules of our chains for ``policy`` (deterministic: same input, same lines), with
+    ``tombstones`` (:func:`with_tombstones`)."""
+    return with_tombstones(_render(policy), tombstones)
+
+
+def _render(policy: Policy) -> Ruleset:
     m = _hex(policy.mask)
     filter_rules: list[str] = []
     grant_names = {g.mark: f"peer={comment(g.peer)} {g.kind}={comment(g.exposure)}" for g in policy.grants}
@@ -440,13 +460,11 @@ def render(policy: Policy, tombstones: Iterable[Flush] = ()) -> Ruleset:
             f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {policy.service_cidr} "
             f"{_c('vpngw not for a virtual IP')} -j RETURN"
         )
-    filter_rules.extend(tombstone_rules(tombstones))
     # Established flows of admitted grants: one rule, whatever the number of grants. A revoked grant's
     # flows are dropped by its tombstone until its conntrack entries are deleted; then they are
     # re-tracked as NEW, no admission rule matches, and they fall through to the DROP.
     filter_rules.append(
-        f"-A {FILTER_CHAIN} -m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/{m} "
-        f"{_c('vpngw established granted flows')} -j ACCEPT"
+        f"-A {FILTER_CHAIN} {_ESTABLISHED}{m} {_c('vpngw established granted flows')} -j ACCEPT"
     )
     for a in policy.admissions:
         s = a.service

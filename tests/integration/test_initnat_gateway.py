@@ -57,6 +57,8 @@ def ns() -> Iterator[str]:
 
 TOMBSTONE_A = "-A VPNGW-FORWARD -m connmark --mark 0x10000/0xfff0000"
 ADMIT_A = "--set-xmark 0x10000/0xfff0000"
+TOMBSTONE_B = "-A VPNGW-FORWARD -m connmark --mark 0x20000/0xfff0000"
+ADMIT_B = "--set-xmark 0x20000/0xfff0000"
 
 
 class Recorder(FakeFlusher):
@@ -188,3 +190,25 @@ def test_lifting_falls_back_to_a_full_apply_when_the_tombstone_is_not_there(
     assert events[-2:] == ["flush 0x10000", "restore"]
     assert TOMBSTONE_A not in our_chain(ns)
     assert gw.last is not None and not gw.iptables.apply(rules.render(gw.last)).changed
+
+
+def test_a_grant_admitted_by_an_apply_whose_flush_failed_is_revoked_by_the_next_plan(
+    gateway: tuple[Gateway, list[str]], ns: str
+) -> None:
+    """{A} -> {B} with A's flush failing: the kernel holds {B}'s admission (B's flows get marked) even
+    though the apply raised. {B} -> {} must then tombstone and flush B as well as A (still owed), or B's
+    established flows keep passing the shared established rule."""
+    gw, events = gateway
+    assert isinstance(gw.flusher, Recorder)
+    gw.apply(plan(GA))
+    gw.flusher.fail = ConntrackError("ctnetlink unavailable")
+    with pytest.raises(ConntrackError):
+        gw.apply(plan(GB))
+    assert ADMIT_B in our_chain(ns), "the new plan is in the kernel although the apply raised"
+    gw.flusher.fail = None
+    gw.apply(plan())
+    assert sorted(gw.flusher.flushed) == [(0x10000, 0x0FFF0000), (0x20000, 0x0FFF0000)]
+    assert events[-4:] == ["restore", "flush 0x10000", "flush 0x20000", "restore"], "swap, flushes, lift"
+    at_flush = gw.flusher.kernel_at_flush[-1]
+    assert ADMIT_B not in at_flush and f"{TOMBSTONE_B} " in at_flush, "B tombstoned during its flush"
+    assert "0x20000" not in our_chain(ns) and "0x10000" not in our_chain(ns), "both lifted"
