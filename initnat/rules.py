@@ -415,17 +415,19 @@ _ESTABLISHED = "-m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 
 
 def with_tombstones(ruleset: Ruleset, tombstones: Iterable[Flush]) -> Ruleset:
     """``ruleset`` plus a DROP per revoked mark whose conntrack entries may still exist (the flush
-    follows this ruleset, or it failed), in front of the shared established-flows rule: a revoked grant
-    is cut by the same transaction that withdraws its admission, not only once (or if) the flush
-    succeeds. The caller lifts them again after a successful flush."""
+    follows this ruleset, or it failed), FIRST in our filter chain: a revoked grant is cut by the same
+    transaction that withdraws its admission, not only once (or if) the flush succeeds. First, not just
+    in front of the shared established-flows rule: after a ``serviceCidr`` change a revoked flow's
+    original destination (the old virtual IP) is outside the new CIDR, and the gate would RETURN it
+    before any later rule. Every forwarded packet tests them, but they exist only between a
+    revocation's transaction and its flush. The caller lifts them again after a successful flush."""
     stones = tombstone_rules(tombstones)
     if not stones:
         return ruleset
     out = []
     for t in ruleset.tables:
         if t.table == "filter":
-            at = next(i for i, r in enumerate(t.rules) if r.startswith(f"-A {FILTER_CHAIN} {_ESTABLISHED}"))
-            t = TableRules(t.table, t.chains, (*t.rules[:at], *stones, *t.rules[at:]))
+            t = TableRules(t.table, t.chains, (*stones, *t.rules))
         out.append(t)
     return Ruleset(tuple(out), ruleset.marks, ruleset.mask)
 

@@ -29,13 +29,13 @@ GA = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000)
 GB = Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000)
 
 
-def plan(*grants: Grant, host: str | None = None) -> Plan:
+def plan(*grants: Grant, host: str | None = None, cidr: str | None = None, vip: str = "198.18.0.10") -> Plan:
     target = {"target_host": host} if host else {"target_address": "192.0.2.66"}
     return Plan(
         gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
         type="ipsec",
         nic=Nic(mac=MAC, gateway="192.0.2.1"),
-        nat=Nat(exposures=(Exposure("web", "198.18.0.10", (Port(80),), **target),), grants=grants),
+        nat=Nat(service_cidr=cidr, exposures=(Exposure("web", vip, (Port(80),), **target),), grants=grants),
     )
 
 
@@ -212,3 +212,16 @@ def test_a_grant_admitted_by_an_apply_whose_flush_failed_is_revoked_by_the_next_
     at_flush = gw.flusher.kernel_at_flush[-1]
     assert ADMIT_B not in at_flush and f"{TOMBSTONE_B} " in at_flush, "B tombstoned during its flush"
     assert "0x20000" not in our_chain(ns) and "0x10000" not in our_chain(ns), "both lifted"
+
+
+def test_a_tombstone_comes_before_the_service_cidr_gate(gateway: tuple[Gateway, list[str]], ns: str) -> None:
+    """serviceCidr moves: every virtual IP changes, so A is revoked. Its flows' original destination is
+    the OLD virtual IP, outside the new CIDR: a tombstone behind the gate would never see them."""
+    gw, _ = gateway
+    assert isinstance(gw.flusher, Recorder)
+    gw.apply(plan(GA, cidr="198.18.0.0/24"))
+    gw.apply(plan(GA, cidr="198.19.0.0/24", vip="198.19.0.10"))
+    (at_flush,) = gw.flusher.kernel_at_flush
+    ours = [line for line in at_flush.splitlines() if line.startswith("-A VPNGW-FORWARD ")]
+    assert ours[0].startswith(f"{TOMBSTONE_A} ") and "! --ctorigdst 198.19.0.0/24" in ours[2], ours
+    assert "0x10000/0xfff0000 -m comment" not in our_chain(ns), "lifted after the flush"

@@ -359,7 +359,10 @@ def test_a_dnat_target_must_be_a_unicast_host(special: str) -> None:
         rules.validate(nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address(special)})
 
 
-def test_tombstones_drop_revoked_marks_in_front_of_the_shared_established_rule() -> None:
+def test_tombstones_drop_revoked_marks_first_in_our_chain() -> None:
+    """In front of the shared established rule, and also in front of the serviceCIDR gate: after a
+    serviceCidr change the revoked flows' original destination (the old virtual IP) is outside the new
+    CIDR, and the gate would RETURN them before any tombstone."""
     p = policy(nat(grants=(G_B,), reverse_exposures=()))
     old_mask = rules.Flush(A, 0x7FFF0000)
     plain, stoned = rules.render(p).tables[0].rules, rules.render(p, [old_mask, old_mask]).tables[0].rules
@@ -368,7 +371,8 @@ def test_tombstones_drop_revoked_marks_in_front_of_the_shared_established_rule()
         "-A VPNGW-FORWARD -m connmark --mark 0x10000/0x7fff0000 -m comment --comment "
         '"vpngw revoked until its conntrack flush" -j DROP'
     ], "one DROP per revoked mark, with the mask its entries were marked under"
-    established = next(i for i, r in enumerate(stoned) if "RELATED,ESTABLISHED" in r)
-    gate = next(i for i, r in enumerate(stoned) if "-j RETURN" in r)
-    assert gate < stoned.index(extra[0]) < established
+    assert stoned[0] == extra[0] and stoned[1:] == plain, "first, and nothing else moves"
+    two = rules.render(p, [rules.Flush(B, MASK), old_mask]).tables[0].rules
+    assert [r.split()[5] for r in two[:2]] == ["0x10000/0x7fff0000", "0x20000/0xfff0000"]
+    assert two[2:] == plain
     assert rules.render(p, []) == rules.render(p), "no tombstones, the steady-state ruleset"
