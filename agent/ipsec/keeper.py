@@ -463,7 +463,7 @@ class Keeper:
             now = self._clock()
             if self._refresh or now >= next_resync:
                 self._refresh = False
-                await self._refresh_status(control, tg)
+                await self._refresh_status(control, tg, started=now)
                 next_resync = now + self.timing.resync_seconds
                 initiating = {t.name for t in self.want.tunnels if t.initiate} if self.want else set()
                 if self.in_flight or any(
@@ -504,7 +504,12 @@ class Keeper:
         self.daemon_started = settle_start(self.daemon_started, seen.since)
         self.daemon_seen = seen
 
-    async def _refresh_status(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
+    async def _refresh_status(
+        self, control: ViciSession, tg: anyio.abc.TaskGroup, *, started: float | None = None
+    ) -> None:
+        """``started``: when this refresh began on the keeper's clock (the point the next resync is
+        measured from); the counters' publish spacing counts from it too, not from after the listing."""
+        started = self._clock() if started is None else started
         applied = self.applied
         if applied is None:
             return
@@ -525,7 +530,7 @@ class Keeper:
                 check=False,
                 timeout=self.timing.terminate_timeout + self.timing.call_timeout,
             )
-        await self._publish()
+        await self._publish(at=started)
         for s in self.statuses:
             if s.state == "Established" and s.name in self.errors:
                 self.errors.pop(s.name)
@@ -602,7 +607,8 @@ class Keeper:
         secrets = (*self.secret_errors.values(), *self.secret_rejected.values())
         return [p for p in (*candidates, *secrets) if p]
 
-    async def _publish(self) -> None:
+    async def _publish(self, *, at: float | None = None) -> None:
+        """``at``: the clock point the status stands for (a refresh's start; default now)."""
         if self.want is None:
             return
         self.statuses, self.carry = tunnels_status(
@@ -616,7 +622,9 @@ class Keeper:
         )
         doc = self.status_document()
         self._published_problems = self._problems()
-        now = self._clock()
+        # The refresh's start, the same point the next resync is measured from: taken after the listing,
+        # a listing 0.5 s faster than the previous one would hold that resync's counters back a whole period.
+        now = self._clock() if at is None else at
         # Counters alone at most once per resync (less one tick, so the periodic resync's counters are not
         # held back by the few milliseconds between ticks); states, errors, tunnels: at once.
         interval = max(0.0, self.timing.resync_seconds - self.timing.poll_interval)

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
+import anyio
 import pytest
 
+from agent.fakes import ListSink, StaticPlans
+from agent.health import HealthState
+from agent.ipsec.keeper import Keeper, Timing
+from agent.ipsec.plan import desired
 from agent.ipsec.status import publish_due, significant_change
+from agent.runtime import Secrets
+from agent.vici.session import ViciSession
+from gwplan import Child, GatewayRef, Ipsec, Plan, Tunnel
 
 
 def doc() -> dict[str, Any]:
@@ -112,3 +121,67 @@ def test_a_site_offline_for_a_minute_costs_two_counter_writes_not_one_per_poll()
             writes.append(now)
     assert writes == [29.5, 59.0]
     assert published["tunnels"][0]["bytesIn"] == 100 + 118
+
+
+class _TimedCharon:
+    """Stands in for the keeper's VICI control session, and only here: the point is the keeper's clock
+    (injected) around a listing whose duration the test chooses, which a live charon cannot be made to
+    give. Live-charon publishing is in tests/integration/test_agent_ipsec_publish.py. ``list-sas``
+    advances the clock by ``took`` and lists tunnel s1 up with ``bytes_in`` on its child."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock, self.took, self.bytes_in = clock, 0.0, 0
+
+    async def call(self, command: str, message: object = None, **_: object) -> dict[str, Any]:
+        assert command == "stats"
+        return {"ikesas": {"total": "1"}}
+
+    async def stream(self, command: str, message: object, event: str, **_: object) -> Any:
+        assert command == "list-sas"
+        self.clock[0] += self.took
+        child = {"name": "s1-0", "uniqueid": "2", "state": "INSTALLED", "bytes-in": str(self.bytes_in)}
+        ike = {"uniqueid": "1", "state": "ESTABLISHED", "child-sas": {"s1-0-2": child}}
+        return [{"s1": ike}], {}
+
+
+@pytest.mark.anyio
+async def test_a_faster_listing_does_not_hold_the_resyncs_counters_back(tmp_path: Path) -> None:
+    """The counters' spacing counts from the refresh's start, the point the next resync is measured from:
+    a resync whose listing is 2 s faster than the previous one publishes its counters (measured from after
+    the listing, 30.1 - 2.0 < 29.5 held them back a whole period)."""
+    clock = [0.0]
+    sink = ListSink()
+    conn: dict[str, Any] = {"s1": {"children": {"s1-0": {}}}}
+    plan = Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
+        type="ipsec",
+        ipsec=Ipsec(
+            secrets=(),
+            tunnels=(Tunnel("s1", False, (Child("s1-0", "10.1.0.0/24"),), conn),),
+        ),
+    )
+    keeper = Keeper(
+        tmp_path / "charon.vici",
+        StaticPlans(plan),
+        cast(Secrets, None),  # no secrets in this plan
+        sink,
+        HealthState(stale_after=60),
+        timing=Timing(resync_seconds=30.0, poll_interval=0.5),
+        clock=lambda: clock[0],
+    )
+    keeper.plan, keeper.want = plan, desired(plan)
+    keeper.applied = keeper.want
+    charon = _TimedCharon(clock)
+    control = cast(ViciSession, charon)
+    async with anyio.create_task_group() as tg:
+        charon.took, charon.bytes_in = 2.0, 100
+        await keeper._refresh_status(control, tg)  # the resync at 0.0: a slow listing, the first status
+        assert [d["tunnels"][0]["bytesIn"] for d in sink.published] == [100]
+        clock[0] = 30.0  # the next resync (next_resync = 0.0 + 30.0)
+        charon.took, charon.bytes_in = 0.1, 200
+        await keeper._refresh_status(control, tg)
+        clock[0] = 45.0  # a refresh between resyncs (a tunnel state poll): counters alone wait
+        charon.took, charon.bytes_in = 0.1, 300
+        await keeper._refresh_status(control, tg)
+    assert [d["tunnels"][0]["bytesIn"] for d in sink.published] == [100, 200]
+    assert sink.published[-1]["tunnels"][0]["state"] == "Established"
