@@ -271,6 +271,15 @@ def validate(
     """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to addresses."""
     resolved = resolved or {}
     mask = _int(nat.mark_mask, "nat.markMask", 1, 2**32 - 1)
+    if mask == 0xFFFFFFFF:
+        # libxt_connmark prints `--mark X/0xffffffff` as `--mark X`: the kernel's rules would never
+        # compare equal to ours (every apply a rewrite, every grant revoked after a restart, tombstones
+        # not found). 0xfffffffe and narrower round-trip (tested with the real iptables-save).
+        raise NatConfigError(
+            "nat.markMask: 0xffffffff is not supported: iptables-save prints a full mask without it "
+            "(`--mark X`), so init-nat could not read its own rules back; leave at least one bit out "
+            "(the default is 0xfff0000)"
+        )
     cidr = None if nat.service_cidr is None else network(nat.service_cidr, "nat.serviceCidr")
     source = None if nat.source_address is None else address(nat.source_address, "nat.sourceAddress")
     if source is not None and cidr is not None and source not in cidr:

@@ -194,3 +194,44 @@ def test_lifting_tombstones_deletes_exactly_those_rules(ns: str, variant: str) -
         ipt.delete("filter", rules.tombstone_rules([one, rules.Flush(0x40000, 0x0FFF0000)]))
     assert tables.own_rules_text(ipt.saved()) == before, "all or nothing: the present one stays too"
     assert tables.tombstones_in(ipt.saved()) == {one} and foreign_lines(ipt) == foreign
+
+
+def _masked(mask: int, *grants: Grant) -> rules.Policy:
+    return rules.validate(
+        Nat(
+            service_cidr="198.18.0.0/24",
+            exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+            grants=grants,
+            mark_mask=mask,
+        ),
+        nic2_address=IPv4Address("192.0.2.2"),
+    )
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_the_widest_mark_mask_accepted_round_trips_and_a_full_one_would_not(ns: str, variant: str) -> None:
+    """Why validation stops at 0xfffffffe: iptables-save prints ``--mark X/0xffffffff`` as ``--mark X``
+    (libxt_connmark print_mark), so a full mask would never be in sync, its tombstones would not be found
+    after a restart, and the kernel's admissions would differ from every rendering (each grant revoked)."""
+    ipt = Iptables(variant, in_ns(ns))  # type: ignore[arg-type]
+    stone = rules.Flush(0x10000, 0xFFFFFFFE)
+    widest = rules.render(_masked(0xFFFFFFFE, GB), [stone])
+    ipt.apply(widest)
+    saved = ipt.saved()
+    assert tables.in_sync(saved, widest) and not ipt.apply(widest).changed
+    assert tables.tombstones_in(saved) == {stone}
+    plain = rules.render(_masked(0xFFFFFFFE, GB))
+    assert tables.revoked_in_kernel(tables.admissions_in(saved), plain) == set()
+    with pytest.raises(rules.NatConfigError, match=r"nat\.markMask: 0xffffffff"):
+        _masked(0xFFFFFFFF, GB)
+    full = rules.Ruleset(  # what rendering a full mask would give, were it accepted
+        tuple(
+            rules.TableRules(t.table, t.chains, tuple(r.replace("fffffffe", "ffffffff") for r in t.rules))
+            for t in widest.tables
+        ),
+        widest.marks,
+        0xFFFFFFFF,
+    )
+    ipt.apply(full)
+    saved = ipt.saved()
+    assert not tables.in_sync(saved, full) and tables.tombstones_in(saved) == frozenset()

@@ -127,6 +127,11 @@ def test_names_only_ever_appear_sanitised_inside_comments() -> None:
         ),
         pytest.param({"mark_mask": 0}, "nat.markMask", id="mask-zero"),
         pytest.param({"mark_mask": 2**32}, "nat.markMask", id="mask-big"),
+        pytest.param(
+            {"mark_mask": 0xFFFFFFFF, "grants": ()},
+            r"nat.markMask: 0xffffffff .*iptables-save prints a full mask without it",
+            id="mask-full",
+        ),
     ],
 )
 def test_nat_level_fields_are_checked(change: dict[str, object], field: str) -> None:
