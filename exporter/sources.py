@@ -217,10 +217,10 @@ class StrongswanSource:
         exceeds 512 KiB), the listing is redone with ``list_sas``, which fetches those piece by piece."""
         start = self._clock()
 
-        def fresh() -> ipsec.Listing:
+        def new_listing() -> ipsec.Listing:
             return ipsec.Listing(epoch=self.epoch, now=self._wall(), plan=plan, subnets=self.carry.subnets)
 
-        listing, got = fresh(), set()
+        listing, got = new_listing(), set()
 
         def take(event: wire.Section) -> None:
             for name, sa in event.items():
@@ -231,7 +231,7 @@ class StrongswanSource:
         await session.stream("list-sas", {}, "list-sa", timeout=timeout, on_event=take)
         if len(got) >= info.ikesas_total:
             return listing
-        listing = fresh()
+        listing = new_listing()
         left = max(0.001, start + timeout - self._clock())
         for sa in (await list_sas(session, timeout=left)).values():
             listing.add(str(sa.get("name", "")), sa)

@@ -11,6 +11,7 @@ from exporter.ipsec import (
     Carry,
     Counts,
     Listed,
+    Listing,
     PlanTunnel,
     observe_event,
     observe_listing,
@@ -202,3 +203,18 @@ def test_up_needs_an_established_ike_sa_and_a_child_carrying_traffic() -> None:
         "t2": False,
         "t3": False,
     }
+
+
+def test_an_sa_retired_by_an_event_while_the_listing_streams_is_counted_once() -> None:
+    """The event follower may fold a child-rekey between a listing's first event and its end: the
+    listing is settled against the carry as it is at the end, so the old SA counts once."""
+    carry, _ = observe_listing(Carry(), listing(ike(1, child(1, nbytes=100))), epoch=E1, now=1000.0)
+    streaming = Listing(epoch=E1, now=1001.0, subnets=carry.subnets)
+    streaming.add("t1", ike(1, child(1, nbytes=110)))  # listed while still live...
+    carry = observe_event(  # ...then rekeyed: its final count is retired
+        carry, "child-rekey", rekey_event(child(1, nbytes=120), child(2, nbytes=0)), epoch=E1, now=1001.5
+    )
+    carry, _ = streaming.finish(carry)
+    assert totals(carry)[("t1", "c0")].bytes_in == 120
+    carry, _ = observe_listing(carry, listing(ike(1, child(2, nbytes=30))), epoch=E1, now=1002.0)
+    assert totals(carry)[("t1", "c0")].bytes_in == 150
