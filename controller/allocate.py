@@ -126,6 +126,11 @@ def mask_bits(mask: int) -> tuple[int, int]:
         raise BadMask("is empty: no bits left for conntrack marks")
     if mask > 0xFFFFFFFF:
         raise BadMask("does not fit in 32 bits (conntrack marks are 32-bit)")
+    if mask == 0xFFFFFFFF:  # init-nat refuses it too
+        raise BadMask(
+            "takes all 32 bits: iptables-save prints such a mark without its mask, so init-nat "
+            "could not read its own rules back (and kube-proxy's mark bits would be ours)"
+        )
     shift = (mask & -mask).bit_length() - 1
     width = mask >> shift
     if width & (width + 1):

@@ -129,7 +129,14 @@ def test_previous_marks_outside_the_mask_are_not_kept() -> None:
 
 
 @pytest.mark.parametrize(
-    "mask, rule", [(0, "is empty"), (-1, "is empty"), (0x0F0F0000, "contiguous"), (1 << 32, "32 bits")]
+    "mask, rule",
+    [
+        (0, "is empty"),
+        (-1, "is empty"),
+        (0x0F0F0000, "contiguous"),
+        (1 << 32, "32 bits"),
+        (0xFFFFFFFF, "all 32 bits"),
+    ],
 )
 def test_bad_masks_are_refused(mask: int, rule: str) -> None:
     with pytest.raises(BadMask, match=rule):
