@@ -6,9 +6,10 @@ Wires the pieces together, nothing else: read the plan -> validate NIC and NAT s
 conntrack entries of revoked grants (conntrack.py) -> lift those drops again, strictly in that order.
 Everything is validated before anything is changed.
 
-Exit codes: 0 applied (or, with --watch, stopped by SIGTERM/SIGINT); 1 the kernel refused a change
-(previous rules kept); 2 bad input (unreadable or invalid plan, NIC2 absent, bad --nic-mac).
-With --watch a bad or failing plan is logged and the last good ruleset stays; the loop keeps going.
+Exit codes: 0 applied (or, with --watch, stopped by SIGTERM/SIGINT); 1 a kernel step failed, and the
+``initnat.failed`` line says what the kernel holds (see :func:`outcome`); 2 bad input (unreadable or
+invalid plan, NIC2 absent, bad --nic-mac). With --watch a bad plan is logged and the last good ruleset
+stays; a failed step is retried; the loop keeps going.
 """
 
 from __future__ import annotations
@@ -41,6 +42,27 @@ BAD_INPUT = (PlanError, NatConfigError, NicError)
 FAILED = (IptablesError, RoutingError, ConntrackError, OSError)
 
 Resolver = Callable[[str], IPv4Address]
+
+
+class LiftFailed(IptablesError):
+    """The new rules are applied and the revoked marks flushed; only deleting their tombstones failed
+    (the ``-D`` payload and the full apply both refused). The tombstones keep dropping those marks'
+    packets (for a narrowed grant also its remaining sources' new flows) until an apply lifts them."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, rolled_back=False)
+
+
+def outcome(exc: BaseException) -> str:
+    """What the kernel holds after ``Gateway.apply`` raised ``exc``, as log fields. A ConntrackError is
+    only raised by the flush, which follows a successful transaction."""
+    if isinstance(exc, ConntrackError):
+        return "applied=new flush=failed tombstones=kept"
+    if isinstance(exc, LiftFailed):
+        return "applied=new flush=done lift=failed tombstones=kept"
+    if isinstance(exc, IptablesError) and not exc.rolled_back:
+        return "applied=unknown"
+    return "kept=last-good"
 
 
 def resolve(host: str) -> IPv4Address:
@@ -130,12 +152,19 @@ class Gateway:
 
     def _lift(self, policy: Policy, gone: set[rules.Flush]) -> float:
         """Delete the tombstones just written; if that fails (someone changed our chain meanwhile), the
-        full apply puts the chain right. A failure of both leaves them: the next apply lifts them."""
+        full apply puts the chain right. A failure of both leaves them (LiftFailed): the next apply
+        finds them in the kernel, flushes again and lifts them."""
         try:
             return self.iptables.delete("filter", rules.tombstone_rules(gone))
         except IptablesError as exc:
             log.warning("initnat.lift_fallback error=%s", _describe(exc))
-            return self.iptables.apply(rules.render(policy)).seconds
+            try:
+                return self.iptables.apply(rules.render(policy)).seconds
+            except IptablesError as again:
+                raise LiftFailed(
+                    f"lifting the tombstone(s) of {','.join(str(f) for f in sorted(gone))} failed: "
+                    f"{_describe(exc)}; the full apply too: {_describe(again)}"
+                ) from again
 
 
 def read_plan(path: Path) -> tuple[bytes, Plan]:
@@ -158,7 +187,7 @@ def run_once(gw: Gateway, path: Path) -> int:
         log.error("initnat.rejected plan=%s error=%s", path, _describe(exc))
         return EXIT_BAD_INPUT
     except FAILED as exc:
-        log.error("initnat.failed plan=%s error=%s", path, _describe(exc))
+        log.error("initnat.failed plan=%s error=%s %s", path, _describe(exc), outcome(exc))
         return EXIT_FAILED
     except Exception as exc:  # a bug, not an input or kernel verdict: still one log line and exit 1
         log.exception("initnat.failed plan=%s error=unexpected %s: %s", path, type(exc).__name__, exc)
@@ -205,7 +234,7 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
             except FAILED as exc:
                 next_sync = now + min(resync, 2.0)
                 log.error(
-                    "initnat.failed plan=%s digest=%s error=%s kept=last-good", path, digest, _describe(exc)
+                    "initnat.failed plan=%s digest=%s error=%s %s", path, digest, _describe(exc), outcome(exc)
                 )
             except Exception as exc:  # a bug: keep the last good ruleset and the loop alive, say so loudly
                 next_sync = now + min(resync, 2.0)
@@ -218,7 +247,9 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
 EPILOG = """\
 exit codes:
   0  applied (with --watch: stopped by SIGTERM/SIGINT)
-  1  the kernel refused a change; the previous rules are kept
+  1  a kernel step failed; the log says what the kernel holds: kept=last-good (refused,
+     nothing changed), applied=new flush=failed (new rules and the revoked grants' drops
+     in place, their conntrack flush failed), applied=new flush=done lift=failed
   2  bad input: unreadable or invalid plan, NIC2 absent, bad --nic-mac
 
 examples:

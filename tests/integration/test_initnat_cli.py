@@ -94,7 +94,8 @@ def test_help_documents_the_command_and_its_exit_codes() -> None:
         "--watch",
         "--network-status",
         "exit codes:",
-        "1  the kernel refused",
+        "1  a kernel step failed",
+        "applied=new flush=failed",
         "2  bad input",
     ):
         assert word in res.stdout

@@ -8,15 +8,18 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from ipaddress import IPv4Address
+from pathlib import Path
 
 import pytest
 from pyroute2 import IPRoute
 
-from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port
+from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps
 from initnat import rules
-from initnat.__main__ import Gateway
+from initnat.__main__ import EXIT_FAILED, EXIT_OK, Gateway, run_once, watch
 from initnat.conntrack import ConntrackError, FakeFlusher
 from initnat.iptables import Completed, Iptables, run_process
 from initnat.rules import NatConfigError
@@ -69,6 +72,8 @@ class Recorder(FakeFlusher):
         self.events, self.ns = events, ns
         self.kernel_at_flush: list[str] = []
         self.before_flush: Callable[[], None] = lambda: None
+        self.fail_restores = False
+        """Set: every iptables-restore (not the save) is refused, as if the kernel said no."""
 
     def flush_mark(self, mark: int, mask: int) -> None:
         self.before_flush()
@@ -84,17 +89,19 @@ def our_chain(ns: str) -> str:
 @pytest.fixture
 def gateway(ns: str) -> Iterator[tuple[Gateway, list[str]]]:
     events: list[str] = []
+    recorder = Recorder(events, ns)
 
     def run(argv: Sequence[str], input: str | None = None) -> Completed:
-        if argv[0].endswith("restore") and "--test" not in argv:
-            events.append("restore")
+        if argv[0].endswith("restore"):
+            if recorder.fail_restores:
+                return Completed(1, "", "iptables-restore: injected refusal")
+            if "--test" not in argv:
+                events.append("restore")
         return run_process(netns.ns_exec(ns, *argv), input)
 
     with IPRoute(netns=ns, flags=0) as ipr:
         yield (
-            Gateway(
-                Iptables("nft", run), ipr, Recorder(events, ns), resolver=lambda h: IPv4Address("192.0.2.70")
-            ),
+            Gateway(Iptables("nft", run), ipr, recorder, resolver=lambda h: IPv4Address("192.0.2.70")),
             events,
         )
 
@@ -225,3 +232,73 @@ def test_a_tombstone_comes_before_the_service_cidr_gate(gateway: tuple[Gateway, 
     ours = [line for line in at_flush.splitlines() if line.startswith("-A VPNGW-FORWARD ")]
     assert ours[0].startswith(f"{TOMBSTONE_A} ") and "! --ctorigdst 198.19.0.0/24" in ours[2], ours
     assert "0x10000/0xfff0000 -m comment" not in our_chain(ns), "lifted after the flush"
+
+
+def test_a_failed_flush_says_the_new_rules_are_applied(
+    gateway: tuple[Gateway, list[str]], ns: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Exit 1, but not "previous rules kept": the new ruleset and the tombstone are in the kernel."""
+    gw, _ = gateway
+    assert isinstance(gw.flusher, Recorder)
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(plan(GA, GB)))
+    assert run_once(gw, path) == EXIT_OK
+    gw.flusher.fail = ConntrackError("ctnetlink unavailable")
+    path.write_bytes(dumps(plan(GB)))
+    with caplog.at_level("INFO", logger="initnat"):
+        assert run_once(gw, path) == EXIT_FAILED
+    (line,) = [r.getMessage() for r in caplog.records if "initnat.failed" in r.getMessage()]
+    assert "applied=new flush=failed" in line and "kept=last-good" not in line, line
+    assert ADMIT_A not in our_chain(ns) and TOMBSTONE_A in our_chain(ns), "what the line says is so"
+
+
+def test_a_failed_lift_says_applied_and_flushed(
+    gateway: tuple[Gateway, list[str]], ns: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The -D payload and the full-apply fallback both refused after a successful flush: exit 1 (the
+    tombstone still drops that mark's packets), and the line says the plan and the flush went through."""
+    gw, _ = gateway
+    assert isinstance(gw.flusher, Recorder)
+    recorder = gw.flusher
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(plan(GA, GB)))
+    assert run_once(gw, path) == EXIT_OK
+
+    def break_iptables() -> None:
+        recorder.fail_restores = True
+
+    recorder.before_flush = break_iptables
+    path.write_bytes(dumps(plan(GB)))
+    with caplog.at_level("INFO", logger="initnat"):
+        assert run_once(gw, path) == EXIT_FAILED
+    (line,) = [r.getMessage() for r in caplog.records if "initnat.failed" in r.getMessage()]
+    assert "applied=new flush=done lift=failed" in line and "kept=last-good" not in line, line
+    assert recorder.flushed == [(0x10000, 0x0FFF0000)] and TOMBSTONE_A in our_chain(ns)
+    recorder.fail_restores, recorder.before_flush = False, lambda: None
+    assert run_once(gw, path) == EXIT_OK, "the next apply finds the tombstone, flushes again and lifts"
+    assert "0x10000" not in our_chain(ns)
+
+
+def test_watch_reports_a_failed_flush_as_applied(
+    gateway: tuple[Gateway, list[str]], ns: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw, _ = gateway
+    assert isinstance(gw.flusher, Recorder)
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(plan(GA, GB)))
+    gw.apply(plan(GA, GB))
+    gw.flusher.fail = ConntrackError("ctnetlink unavailable")
+    path.write_bytes(dumps(plan(GB)))
+    stop = threading.Event()
+    with caplog.at_level("INFO", logger="initnat"):
+        t = threading.Thread(target=watch, args=(gw, path, stop), kwargs={"poll": 0.05})
+        t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while "initnat.failed" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            t.join(10)
+    (line, *_) = [r.getMessage() for r in caplog.records if "initnat.failed" in r.getMessage()]
+    assert "applied=new flush=failed" in line and "kept=last-good" not in line, line
