@@ -230,6 +230,14 @@ class Admission:
     source: IPv4Network
     service: Service
 
+    @property
+    def key(self) -> tuple[IPv4Network, str, IPv4Address, int, IPv4Address]:
+        """What revocation compares (:func:`revoked`), exactly what the kernel's admission rule shows
+        (``tables.admissions``): source, protocol, virtual IP, port, and the target (carried in the
+        rule's comment). Names and kinds do not count: a renamed exposure admits the same flows."""
+        s = self.service
+        return (self.source, s.proto, s.vip, s.port, s.target)
+
 
 @dataclass(frozen=True, order=True)
 class Flush:
@@ -482,7 +490,8 @@ def _render(policy: Policy) -> Ruleset:
         filter_rules.append(
             f"-A {FILTER_CHAIN} -s {a.source} -p {s.proto} -m conntrack --ctstate NEW "
             f"-m conntrack --ctorigdst {s.vip} --ctorigdstport {s.port} -m connmark --mark 0x0/{m} "
-            f"{_c('vpngw grant', grant_names[a.mark])} -j CONNMARK --set-xmark {_hex(a.mark)}/{m}"
+            f"{_c('vpngw grant', f'to={s.target}', grant_names[a.mark])} "
+            f"-j CONNMARK --set-xmark {_hex(a.mark)}/{m}"
         )
     filter_rules.append(
         f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m connmark ! --mark 0x0/{m} -j ACCEPT"
@@ -520,10 +529,10 @@ def _render(policy: Policy) -> Ruleset:
 # --- revocation --------------------------------------------------------------------------------------
 
 
-def _admitted(policy: Policy) -> dict[int, frozenset[Admission]]:
-    out: dict[int, set[Admission]] = {g.mark: set() for g in policy.grants}
+def _admitted(policy: Policy) -> dict[int, frozenset[tuple[object, ...]]]:
+    out: dict[int, set[tuple[object, ...]]] = {g.mark: set() for g in policy.grants}
     for a in policy.admissions:
-        out[a.mark].add(a)
+        out[a.mark].add(a.key)
     return {k: frozenset(v) for k, v in out.items()}
 
 
@@ -541,8 +550,10 @@ def revoked(before: Policy | None, after: Policy) -> tuple[Grant, ...]:
     """Grants of ``before`` whose conntrack entries must go once ``after``'s rules are in place.
 
     A grant is revoked when its mark is gone, or when its mark now admits less than before (a source,
-    port or target removed or changed: flows marked under the old admission may be ones the new rules
-    would refuse). Grants that only gained admissions keep their flows.
+    port, virtual IP or target removed or changed: flows marked under the old admission may be ones the
+    new rules would refuse, or DNATed to a target the exposure no longer names). Grants that only gained
+    admissions keep their flows. Compared: :attr:`Admission.key`, the same facts that
+    ``tables.revoked_in_kernel`` reads from the kernel's rules after a restart.
     """
     if before is None:
         return ()

@@ -125,17 +125,27 @@ def snapshot_payload(saved: dict[str, SavedTable], ruleset: Ruleset) -> str:
 
 
 _COMMENT = re.compile(r' -m comment --comment ("[^"]*"|\S+)')
+_GRANT_TO = re.compile(r'^"?vpngw grant (to=[0-9.]+)[ "]')
+
+
+def _what_it_admits(comment: re.Match[str]) -> str:
+    """Of an admission rule's comment only the target counts (``to=`` leads it, see rules.render)."""
+    to = _GRANT_TO.match(comment.group(1))
+    return f" {to.group(1)}" if to else ""
 
 
 def admissions(rules: Iterable[str]) -> dict[Flush, frozenset[str]]:
-    """(conntrack mark, mask) -> the admission rules that set it (comments stripped, the mask written
-    as ``/MASK``: only what the rule admits counts). The mask is the one the rule marked with: a flush
-    of its entries must use that one."""
+    """(conntrack mark, mask) -> the admission rules that set it (names stripped, the mask written as
+    ``/MASK``: only what the rule admits counts, including the DNAT target its comment names, as in
+    ``rules.Admission.key``). The mask is the one the rule marked with: a flush of its entries must use
+    that one."""
     out: dict[Flush, set[str]] = {}
     for r in rules:
         if m := _SET_XMARK.search(r):
             key = Flush(int(m.group(1), 16), int(m.group(2), 16))
-            out.setdefault(key, set()).add(_COMMENT.sub("", r).replace(f"/{m.group(2)}", "/MASK"))
+            out.setdefault(key, set()).add(
+                _COMMENT.sub(_what_it_admits, r).replace(f"/{m.group(2)}", "/MASK")
+            )
     return {key: frozenset(lines) for key, lines in out.items()}
 
 

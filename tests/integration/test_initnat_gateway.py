@@ -302,3 +302,20 @@ def test_watch_reports_a_failed_flush_as_applied(
             t.join(10)
     (line, *_) = [r.getMessage() for r in caplog.records if "initnat.failed" in r.getMessage()]
     assert "applied=new flush=failed" in line and "kept=last-good" not in line, line
+
+
+def test_a_restart_revokes_a_grant_whose_exposure_target_moved(
+    gateway: tuple[Gateway, list[str]], ns: str
+) -> None:
+    """The kernel's admission rules carry the target (in their comment), so a restarted init-nat, which
+    only has them, revokes like --watch does: GA's flows were DNATed to 192.0.2.66, the exposure now
+    points at 192.0.2.70."""
+    gw, _ = gateway
+    gw.apply(plan(GA))
+    assert "to=192.0.2.66" in our_chain(ns)
+    fresh = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver)
+    fresh.apply(plan(GA, host="api.fabric.example"))
+    assert isinstance(fresh.flusher, Recorder) and fresh.flusher.flushed == [(0x10000, 0x0FFF0000)]
+    again = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver)
+    again.apply(plan(GA, host="api.fabric.example"))
+    assert isinstance(again.flusher, Recorder) and again.flusher.flushed == [], "same target: nothing"

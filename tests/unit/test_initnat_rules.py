@@ -8,7 +8,7 @@ from ipaddress import IPv4Address, IPv4Network
 import pytest
 
 from gwplan import Exposure, Grant, Nat, Nic, Port, ReverseExposure
-from initnat import rules
+from initnat import rules, tables
 from initnat.rules import NatConfigError
 
 NIC2 = IPv4Address("192.0.2.2")
@@ -58,7 +58,7 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     assert (
         "-A VPNGW-FORWARD -s 203.0.113.16/28 -p udp -m conntrack --ctstate NEW -m conntrack --ctorigdst "
         "198.18.0.10 --ctorigdstport 53 -m connmark --mark 0x0/0xfff0000 -m comment --comment "
-        '"vpngw grant peer=s2 exposure=web" -j CONNMARK --set-xmark 0x20000/0xfff0000'
+        '"vpngw grant to=192.0.2.66 peer=s2 exposure=web" -j CONNMARK --set-xmark 0x20000/0xfff0000'
     ) in flt.rules
     forward = [r for r in flt.rules if r.startswith("-A VPNGW-FORWARD ")]
     assert (
@@ -381,3 +381,63 @@ def test_tombstones_drop_revoked_marks_first_in_our_chain() -> None:
     assert [r.split()[5] for r in two[:2]] == ["0x10000/0x7fff0000", "0x20000/0xfff0000"]
     assert two[2:] == plain
     assert rules.render(p, []) == rules.render(p), "no tombstones, the steady-state ruleset"
+
+
+def _web(**kw: object) -> tuple[Exposure, ...]:
+    return (dataclasses.replace(nat().exposures[0], **kw), nat().exposures[1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("after", "flushed"),
+    [
+        pytest.param(nat(grants=(G_A,), reverse_exposures=()), set(), id="same"),
+        pytest.param(
+            nat(grants=(G_A,), reverse_exposures=(), exposures=_web(target_address="192.0.2.67")),
+            {A},
+            id="target-moved",
+        ),
+        pytest.param(
+            nat(
+                grants=(dataclasses.replace(G_A, exposure="www", peer="s1-renamed"),),
+                reverse_exposures=(),
+                exposures=_web(name="www"),
+            ),
+            set(),
+            id="renamed-admits-the-same",
+        ),
+        pytest.param(
+            nat(grants=(G_A,), reverse_exposures=(), exposures=_web(ports=(Port(80),))), {A}, id="port-gone"
+        ),
+        pytest.param(
+            nat(grants=(G_A,), reverse_exposures=(), exposures=_web(virtual_ip="198.18.0.12")),
+            {A},
+            id="vip-moved",
+        ),
+    ],
+)
+def test_memory_and_kernel_agree_on_what_a_grant_lost(after: Nat, flushed: set[int]) -> None:
+    """One rule for both paths (--watch compares policies; a restart compares the kernel's rules with the
+    new rendering): a grant is revoked when a (source, protocol, virtual IP, port, TARGET) it admitted
+    is gone. The target counts (a flow DNATed to an exposure's old target must not outlive the move)
+    and is carried in the admission rule's comment; names do not count."""
+    before = policy(nat(grants=(G_A,), reverse_exposures=()))
+    now = policy(after)
+    assert {g.mark for g in rules.revoked(before, now)} == flushed
+    kernel = tables.admissions(r for t in rules.render(before).tables for r in t.rules)
+    assert {f.mark for f in tables.revoked_in_kernel(kernel, rules.render(now))} == flushed
+
+
+def test_the_target_leads_the_admission_comment_so_truncation_cannot_cut_it() -> None:
+    long = "p" * 200
+    n = nat(
+        exposures=(Exposure("e" * 200, "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+        reverse_exposures=(),
+        grants=(Grant(long, "e" * 200, "exposure", ("203.0.113.0/28",), A),),
+    )
+    (admit,) = [r for r in rules.render(policy(n)).tables[0].rules if "--set-xmark" in r]
+    assert '--comment "vpngw grant to=192.0.2.66 peer=ppp' in admit
+    assert set(tables.admissions([admit])[rules.Flush(A, MASK)]) == {
+        "-A VPNGW-FORWARD -s 203.0.113.0/28 -p tcp -m conntrack --ctstate NEW -m conntrack --ctorigdst "
+        "198.18.0.10 --ctorigdstport 80 -m connmark --mark 0x0/MASK to=192.0.2.66 "
+        "-j CONNMARK --set-xmark 0x10000/MASK"
+    }
