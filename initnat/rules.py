@@ -299,9 +299,14 @@ def validate(
     by_name: dict[tuple[str, str], list[Service]] = {}
     seen: dict[tuple[IPv4Address, str, int], str] = {}
     vip_of: dict[IPv4Address, str] = {}  # one virtual IP, one (reverse) exposure: SNAT is chosen per VIP
+    target_of: list[tuple[str, IPv4Address]] = []  # (field, target), checked against every virtual IP
 
     def add(
-        kind: Literal["exposure", "reverse"], e: Exposure | ReverseExposure, path: str, target: IPv4Address
+        kind: Literal["exposure", "reverse"],
+        e: Exposure | ReverseExposure,
+        path: str,
+        target: IPv4Address,
+        target_field: str,
     ) -> None:
         name = _str(e.name, f"{path}.name")
         if not name:
@@ -316,6 +321,7 @@ def validate(
         if vip in vip_of:
             raise NatConfigError(f"{path}.virtualIp: {vip} is already the virtual IP of {vip_of[vip]}")
         vip_of[vip] = path
+        target_of.append((target_field, target))
         if not e.ports:
             raise NatConfigError(f"{path}.ports: at least one port is required")
         mine: list[Service] = []
@@ -335,22 +341,29 @@ def validate(
     for i, e in enumerate(nat.exposures):
         path = f"nat.exposures[{i}]"
         if e.target_address is not None:
-            dest = target(e.target_address, f"{path}.targetAddress")
+            target_field = f"{path}.targetAddress"
+            dest = target(e.target_address, target_field)
         elif e.target_host is not None:
-            host = hostname(e.target_host, f"{path}.targetHost")
+            target_field = f"{path}.targetHost"
+            host = hostname(e.target_host, target_field)
             if host not in resolved:
-                raise NatConfigError(f"{path}.targetHost: {host} has not been resolved")
-            dest = target(str(resolved[host]), f"{path}.targetHost")
+                raise NatConfigError(f"{target_field}: {host} has not been resolved")
+            dest = target(str(resolved[host]), target_field)
         else:
             raise NatConfigError(f"{path}: targetAddress or targetHost is required")
-        add("exposure", e, path, dest)
+        add("exposure", e, path, dest, target_field)
     for i, r in enumerate(nat.reverse_exposures):
         path = f"nat.reverseExposures[{i}]"
         if source is None:
             raise NatConfigError(f"{path}: reverse exposures need nat.sourceAddress (the SNAT source)")
         if not internal:
             raise NatConfigError(f"{path}: reverse exposures need nat.internalSourceCidrs")
-        add("reverse", r, path, target(r.target_address, f"{path}.targetAddress"))
+        add("reverse", r, path, target(r.target_address, f"{path}.targetAddress"), f"{path}.targetAddress")
+    for target_field, dest in target_of:
+        if dest in vip_of:  # DNAT to a virtual IP: to its own, our filter drops it; to another, a loop
+            raise NatConfigError(
+                f"{target_field}: {dest} is the virtual IP of {vip_of[dest]}; a target must be a real address"
+            )
 
     admissions: list[Admission] = []
     marks: dict[int, str] = {}

@@ -441,3 +441,38 @@ def test_the_target_leads_the_admission_comment_so_truncation_cannot_cut_it() ->
         "198.18.0.10 --ctorigdstport 80 -m connmark --mark 0x0/MASK to=192.0.2.66 "
         "-j CONNMARK --set-xmark 0x10000/MASK"
     }
+
+
+@pytest.mark.parametrize(
+    ("change", "resolved", "message"),
+    [
+        pytest.param(
+            {"exposures": _web(target_address="198.18.0.10")},
+            RESOLVED,
+            r"exposures\[0\]\.targetAddress: 198\.18\.0\.10 is the virtual IP of nat\.exposures\[0\]",
+            id="own-vip",
+        ),
+        pytest.param(
+            {},
+            {"api.fabric.example": IPv4Address("198.18.0.20")},
+            r"exposures\[1\]\.targetHost: 198\.18\.0\.20 is the virtual IP of nat\.reverseExposures\[0\]",
+            id="resolved-to-a-later-vip",
+        ),
+        pytest.param(
+            {
+                "reverse_exposures": (
+                    dataclasses.replace(nat().reverse_exposures[0], target_address="198.18.0.11"),
+                )
+            },
+            RESOLVED,
+            r"reverseExposures\[0\]\.targetAddress: 198\.18\.0\.11 is the virtual IP of nat\.exposures\[1\]",
+            id="reverse-to-a-vip",
+        ),
+    ],
+)
+def test_a_target_cannot_be_a_virtual_ip(
+    change: dict[str, object], resolved: dict[str, IPv4Address], message: str
+) -> None:
+    """Traffic DNATed to a virtual IP is not what any exposure means (to its own: our filter drops it)."""
+    with pytest.raises(NatConfigError, match=message):
+        rules.validate(nat(**change), nic2_address=NIC2, resolved=resolved)
