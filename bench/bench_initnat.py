@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gwplan import Exposure, Grant, Nat, Port  # noqa: E402
-from initnat import rules  # noqa: E402
+from initnat import rules, tables  # noqa: E402
 from initnat.conntrack import NetlinkFlusher  # noqa: E402
 from initnat.iptables import Iptables  # noqa: E402
 
@@ -96,6 +96,20 @@ def bench_restore(rounds: int) -> None:
     ruleset = rules.render(policy)
     render_s = time.perf_counter() - t0
     print(f"1,000 exposures x 2 grants: validate+render {render_s * 1000:.1f} ms")
+    # What every apply also computes to find revocations: the previous policy against the new one, and
+    # the kernel's admission rules (parsed from a save) against the new rendering.
+    saved = tables.parse_save("*filter\n" + "\n".join(ruleset.tables[0].rules) + "\nCOMMIT\n")
+    memory, kernel = [], []
+    for _ in range(max(rounds, 5)):
+        t = time.perf_counter()
+        rules.flushes(policy, policy)
+        memory.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        tables.revoked_in_kernel(tables.admissions_in(saved), ruleset)
+        tables.tombstones_in(saved)
+        kernel.append(time.perf_counter() - t)
+    print(f"  revocation check, previous policy   {_stats(memory)}")
+    print(f"  revocation check, kernel's rules    {_stats(kernel)}")
     variants = [
         ("current", ruleset),
         ("before VPNGW-TARGETS", without_targets(ruleset)),
@@ -141,7 +155,7 @@ def bench_revocation(rounds: int) -> None:
     print("revoking one grant of 1,000 exposures x 2 grants (apply + flush of its mark + lift):")
     for variant in ("legacy", "nft"):
         ipt = Iptables(variant)
-        old, new = [], []
+        old, new, lift = [], [], []
         for r in range(rounds):
             for which in ("old", "new") if r % 2 == 0 else ("new", "old"):
                 _reset(variant)
@@ -154,11 +168,15 @@ def bench_revocation(rounds: int) -> None:
                 else:
                     ipt.apply(rules.render(after, tombstones=gone))
                     flusher.flush_mark(0x10000, MASK)
+                    lifting = time.perf_counter()
                     ipt.delete("filter", rules.tombstone_rules(gone))
-                    new.append(time.perf_counter() - t)
+                    done = time.perf_counter()
+                    new.append(done - t)
+                    lift.append(done - lifting)
                     assert not ipt.apply(rules.render(after)).changed
         print(f"  {variant:6s} withdraw, flush (before)          {_stats(old)}")
-        print(f"  {variant:6s} withdraw+tombstone, flush, lift  {_stats(new)}   (lift: a -D payload)")
+        print(f"  {variant:6s} withdraw+tombstone, flush, lift  {_stats(new)}")
+        print(f"  {variant:6s}   of which the lift alone        {_stats(lift)}   (a -D payload)")
         _reset(variant)
     flusher.close()
 
