@@ -11,7 +11,9 @@ and torn traffic. Ours are true counters per tunnel and per child config:
 * ``last``: the latest counts of every live CHILD_SA, keyed ``<epoch>/<uniqueid>``; ``epoch`` is charon's
   start time, because unique ids restart at 1 when charon restarts;
 * an SA's counts move to ``retired`` when it is *final*: a ``child-rekey`` event (its ``old`` SA), a down
-  event (``child-updown``/``ike-updown`` without ``up``), or when a listing no longer shows it;
+  event (``child-updown``/``ike-updown`` without ``up``), or when a listing no longer shows it (only
+  provisionally: a listing can miss an SA whose IKE_SA was rekeyed while charon enumerated, and if a
+  later one shows it again, its counts leave ``retired`` and it is live again);
 * ``final`` remembers what was already retired per SA for ``FINAL_HORIZON`` seconds, so a late event with
   higher counts adds only the difference and a rekeyed SA still listed during charon's 5 s
   ``delete_rekeyed_delay`` (frozen counters, state REKEYED/DELETED: LAB-FACTS) is not counted twice.
@@ -90,6 +92,9 @@ class Final:
     key: ChildKey
     counts: Counts
     at: float
+    omitted: bool = False
+    """Retired because a listing did not show it, not by an event: if a later listing shows it again it
+    was only missed (an IKE_SA rekey moving children while charon enumerated), and it comes back."""
 
 
 @dataclass(frozen=True)
@@ -179,15 +184,17 @@ def _retire(
     key: ChildKey,
     counts: Counts,
     now: float,
+    *,
+    omitted: bool = False,
 ) -> None:
     before = final.get(uid)
     if before is None:
         retired[key] = retired.get(key, ZERO) + counts
-        final[uid] = Final(key, counts, now)
+        final[uid] = Final(key, counts, now, omitted)
         return
     grown = counts.at_least(before.counts)
     retired[key] = retired.get(key, ZERO) + (grown - before.counts).clamp()
-    final[uid] = Final(key, grown, before.at)
+    final[uid] = Final(key, grown, before.at, before.omitted and omitted)
 
 
 def _children(ike: Section) -> Iterable[Section]:
@@ -316,10 +323,16 @@ class Listing:
                 if (at := stamps.get(sk)) is not None:
                     established[tunnel] = max(established.get(tunnel, at), at)
         for uid, key, counts, carrying, rekey in self._children:
-            if uid in final:  # retired already (REKEYED, frozen; or by an event): never counted twice
-                continue
-            prev = old_last.get(uid)
-            last[uid] = (key, counts if prev is None else counts.at_least(prev[1]))
+            seen = old_last.get(uid)
+            gone = final.get(uid)
+            if gone is not None:
+                if not gone.omitted:  # retired by an event (REKEYED, frozen): never counted twice
+                    continue
+                # Retired only because a listing missed it: it is live, take its retired counts back.
+                retired[gone.key] = (retired.get(gone.key, ZERO) - gone.counts).clamp()
+                del final[uid]
+                seen = (gone.key, gone.counts)
+            last[uid] = (key, counts if seen is None else counts.at_least(seen[1]))
             rk = uid + "/rekey"
             at = old_stamps.get(rk)
             if at is None and rekey is not None:
@@ -330,7 +343,7 @@ class Listing:
                     next_rekey[key[0]] = min(next_rekey.get(key[0], at), at)
         for uid, (key, counts) in old_last.items():
             if uid not in last and uid not in self._listed:
-                _retire(retired, final, uid, key, counts, now)
+                _retire(retired, final, uid, key, counts, now, omitted=True)
         final = {uid: f for uid, f in final.items() if now - f.at < FINAL_HORIZON}
         subnets = {**self._subnets, **carry.subnets} if self._subnets else carry.subnets
         new = Carry(retired=retired, last=last, final=final, stamps=stamps, subnets=subnets)

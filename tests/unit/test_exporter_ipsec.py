@@ -122,6 +122,18 @@ def run(steps: list[tuple[str, Any]], epoch: str = E1) -> list[int]:
             [300, 304],
             id="sa-never-listed-counted-from-its-event",
         ),
+        pytest.param(
+            [
+                ("list", listing(ike(1, child(1, nbytes=100)))),
+                ("list", listing()),  # missed (children moving to a rekeyed IKE_SA mid-enumeration)
+                ("list", listing(ike(2, child(1, nbytes=150)))),  # it was live all along
+                ("list", listing(ike(2, child(1, nbytes=1000)))),
+                ("child-rekey", rekey_event(child(1, nbytes=1010), child(2, nbytes=0))),
+                ("list", listing(ike(2, child(2, nbytes=5)))),
+            ],
+            [100, 100, 150, 1000, 1010, 1015],
+            id="sa-missed-by-one-listing-comes-back-without-double-counting",
+        ),
     ],
 )
 def test_totals_are_monotonic_and_exact(steps: list[tuple[str, Any]], expected: list[int]) -> None:
