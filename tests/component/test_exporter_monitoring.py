@@ -41,7 +41,8 @@ def emitted() -> set[str]:
 def test_promtool_checks_the_rules() -> None:
     res = promtool("check", "rules", "alerts.yml")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 7 rules found" in res.stdout
+    ours = sum(len(g["rules"]) for g in yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"])
+    assert ours >= 8 and f"SUCCESS: {ours} rules found" in res.stdout
 
 
 def test_promtool_unit_tests_the_rules() -> None:
