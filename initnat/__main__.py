@@ -33,7 +33,7 @@ from initnat import rules, tables
 from initnat.conntrack import ConntrackError, Flusher, NetlinkFlusher, flush_marks
 from initnat.iptables import Iptables, IptablesError, detect_variant
 from initnat.routing import Netlink, NicError, RoutingError, ensure, find_nic, open_netlink
-from initnat.rules import NatConfigError, Policy
+from initnat.rules import NatConfigError, Policy, ResolvedTargetError
 
 log = logging.getLogger("initnat")
 
@@ -116,7 +116,10 @@ class Gateway:
         # plan does not (after a restart they stand in for the unknown previous plan; in --watch they
         # catch a kernel that holds more than ``last``, e.g. after a failed rollback), tombstones left in
         # the kernel (a flush still owed), and flushes that failed before.
-        saved = self.iptables.saved()
+        try:
+            saved = self.iptables.saved()
+        except IptablesError as exc:  # nothing has been changed yet: the last good ruleset stands
+            raise IptablesError(f"{exc}; nothing changed", rolled_back=True) from exc
         wanted = rules.render(policy)
         gone = set(rules.flushes(self.last, policy))
         gone |= tables.revoked_in_kernel(tables.admissions_in(saved), wanted)
@@ -222,6 +225,14 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
                 next_sync = now + min(resync, 2.0)
                 if first_look:
                     log.error("initnat.rejected plan=%s digest=%s error=%s", path, digest, _describe(exc))
+            except ResolvedTargetError as exc:  # DNS may answer otherwise: look again at the resync
+                if first_look:
+                    log.error(
+                        "initnat.rejected plan=%s digest=%s error=%s kept=last-good retry=resync",
+                        path,
+                        digest,
+                        _describe(exc),
+                    )
             except BAD_INPUT as exc:
                 next_sync = float("inf")  # same bytes, same verdict: wait for a change
                 if first_look:

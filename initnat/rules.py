@@ -67,6 +67,11 @@ class NatConfigError(ValueError):
     """A plan value that would reach iptables or netlink is invalid; the message names the field."""
 
 
+class ResolvedTargetError(NatConfigError):
+    """A targetHost resolved to an address that cannot be a target. Unlike the plan's own values this
+    depends on DNS, not on the plan's bytes: the same plan may pass once DNS answers otherwise."""
+
+
 # --- validation helpers -----------------------------------------------------------------------------
 
 
@@ -112,6 +117,16 @@ def network(value: object, field: str) -> IPv4Network:
         raise NatConfigError(f"{field}: {_show(text)} is not an IPv4 address or CIDR") from None
     if not isinstance(net, IPv4Network):
         raise NatConfigError(f"{field}: {_show(text)} is IPv6; this gateway's rules are IPv4 only")
+    return net
+
+
+def source_network(value: object, field: str) -> IPv4Network:
+    """A CIDR traffic is admitted from: not 0.0.0.0/0, which admits every source (and which iptables-save
+    prints as no ``-s`` at all, so the admission rule could not be read back: init-nat would revoke and
+    flush it on every apply)."""
+    net = network(value, field)
+    if net.prefixlen == 0:
+        raise NatConfigError(f"{field}: {net} admits every source; name the networks that may connect")
     return net
 
 
@@ -293,7 +308,7 @@ def validate(
     if source is not None and cidr is not None and source not in cidr:
         raise NatConfigError(f"nat.sourceAddress: {source} is outside nat.serviceCidr {cidr}")
     internal = tuple(
-        network(c, f"nat.internalSourceCidrs[{i}]") for i, c in enumerate(nat.internal_source_cidrs)
+        source_network(c, f"nat.internalSourceCidrs[{i}]") for i, c in enumerate(nat.internal_source_cidrs)
     )
     services: list[Service] = []
     by_name: dict[tuple[str, str], list[Service]] = {}
@@ -348,7 +363,10 @@ def validate(
             host = hostname(e.target_host, target_field)
             if host not in resolved:
                 raise NatConfigError(f"{target_field}: {host} has not been resolved")
-            dest = target(str(resolved[host]), target_field)
+            try:
+                dest = target(str(resolved[host]), target_field)
+            except NatConfigError as exc:
+                raise ResolvedTargetError(f"{exc} (resolved from {host})") from None
         else:
             raise NatConfigError(f"{path}: targetAddress or targetHost is required")
         add("exposure", e, path, dest, target_field)
@@ -361,7 +379,8 @@ def validate(
         add("reverse", r, path, target(r.target_address, f"{path}.targetAddress"), f"{path}.targetAddress")
     for target_field, dest in target_of:
         if dest in vip_of:  # DNAT to a virtual IP: to its own, our filter drops it; to another, a loop
-            raise NatConfigError(
+            error = ResolvedTargetError if target_field.endswith("targetHost") else NatConfigError
+            raise error(
                 f"{target_field}: {dest} is the virtual IP of {vip_of[dest]}; a target must be a real address"
             )
 
@@ -385,7 +404,7 @@ def validate(
             what = "nat.exposures" if g.kind == "exposure" else "nat.reverseExposures"
             raise NatConfigError(f"{path}.exposure: {_show(g.exposure)} is not in {what}")
         for j, s in enumerate(g.sources):
-            src = network(s, f"{path}.sources[{j}]")
+            src = source_network(s, f"{path}.sources[{j}]")
             if g.kind == "reverse" and not any(src.subnet_of(c) for c in internal):
                 raise NatConfigError(f"{path}.sources[{j}]: {src} is not inside nat.internalSourceCidrs")
             admissions.extend(Admission(mark, src, svc) for svc in targets)
@@ -488,9 +507,12 @@ def _render(policy: Policy) -> Ruleset:
         for t in targets
     ]
     if policy.service_cidr is not None:  # traffic that is not for a virtual IP leaves our chain at once
+        # iptables-save prints a /32 conntrack address without its prefix: render it the same way, or
+        # the rule would never read back equal (a full re-apply every resync).
+        cidr = policy.service_cidr
+        dst = cidr.network_address if cidr.prefixlen == 32 else cidr
         filter_rules.append(
-            f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {policy.service_cidr} "
-            f"{_c('vpngw not for a virtual IP')} -j RETURN"
+            f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {dst} {_c('vpngw not for a virtual IP')} -j RETURN"
         )
     # Established flows of admitted grants: one rule, whatever the number of grants. A revoked grant's
     # flows are dropped by its tombstone until its conntrack entries are deleted; then they are

@@ -19,9 +19,9 @@ from pyroute2 import IPRoute
 
 from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps
 from initnat import rules
-from initnat.__main__ import EXIT_FAILED, EXIT_OK, Gateway, run_once, watch
+from initnat.__main__ import EXIT_FAILED, EXIT_OK, Gateway, outcome, run_once, watch
 from initnat.conntrack import ConntrackError, FakeFlusher
-from initnat.iptables import Completed, Iptables, run_process
+from initnat.iptables import Completed, Iptables, IptablesError, run_process
 from initnat.rules import NatConfigError
 from lab import netns
 
@@ -319,3 +319,46 @@ def test_a_restart_revokes_a_grant_whose_exposure_target_moved(
     again = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver)
     again.apply(plan(GA, host="api.fabric.example"))
     assert isinstance(again.flusher, Recorder) and again.flusher.flushed == [], "same target: nothing"
+
+
+def test_watch_looks_again_when_dns_resolved_a_target_to_a_virtual_ip(
+    gateway: tuple[Gateway, list[str]], ns: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The verdict on a resolved targetHost depends on DNS, not on the plan's bytes: a moment of DNS
+    answering a virtual IP must not stop init-nat until the plan file changes (it used to wait forever)."""
+    gw, _ = gateway
+    answers = [IPv4Address("198.18.0.10"), IPv4Address("192.0.2.70")]  # first the VIP, then a real host
+    gw.resolver = lambda host: answers[0] if len(answers) == 1 else answers.pop(0)
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(plan(GA, host="api.fabric.example")))
+    stop = threading.Event()
+    with caplog.at_level("INFO", logger="initnat"):
+        t = threading.Thread(target=watch, args=(gw, path, stop), kwargs={"poll": 0.05, "resync": 0.3})
+        t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while "to=192.0.2.70" not in our_chain(ns) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            t.join(10)
+    assert "to=192.0.2.70" in our_chain(ns), "applied at the resync once DNS answered a real address"
+    (rejected,) = [r.getMessage() for r in caplog.records if "initnat.rejected" in r.getMessage()]
+    assert "is the virtual IP of" in rejected and "retry=resync" in rejected, rejected
+
+
+def test_a_failed_save_before_any_change_is_reported_as_last_good_kept(
+    gateway: tuple[Gateway, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The apply reads the kernel's rules before changing anything: if that read fails, nothing changed,
+    and the failure line must say so (it said applied=unknown)."""
+    gw, events = gateway
+    gw.apply(plan(GA))
+
+    def broken() -> str:
+        raise IptablesError("iptables-nft-save failed: injected", rolled_back=False)
+
+    monkeypatch.setattr(gw.iptables, "saved", broken)
+    with pytest.raises(IptablesError) as info:
+        gw.apply(plan(GA, GB))
+    assert outcome(info.value) == "kept=last-good" and events == ["restore"]

@@ -235,3 +235,22 @@ def test_the_widest_mark_mask_accepted_round_trips_and_a_full_one_would_not(ns: 
     ipt.apply(full)
     saved = ipt.saved()
     assert not tables.in_sync(saved, full) and tables.tombstones_in(saved) == frozenset()
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_a_one_address_service_cidr_reads_back_in_sync(ns: str, variant: str) -> None:
+    """iptables-save prints a /32 conntrack address without its prefix (``--ctorigdst 198.18.0.10``):
+    rendered with ``/32`` the gate rule never read back equal, so every resync re-applied everything."""
+    ipt = Iptables(variant, in_ns(ns))  # type: ignore[arg-type]
+    one = rules.render(
+        rules.validate(
+            Nat(
+                service_cidr="198.18.0.10/32",
+                exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+                grants=(GA,),
+            ),
+            nic2_address=IPv4Address("192.0.2.2"),
+        )
+    )
+    assert ipt.apply(one).changed
+    assert tables.in_sync(ipt.saved(), one) and not ipt.apply(one).changed

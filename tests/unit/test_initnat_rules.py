@@ -206,6 +206,11 @@ def test_exposure_fields_are_checked_and_named(exposure: Exposure, message: str)
             Grant("p", "db", "reverse", ("192.0.2.0/24",), A), r"not inside nat.internal", id="rev-src"
         ),
         pytest.param(Grant("p", "web", "bogus", (), A), r"grants\[0\].kind", id="bad-kind"),  # type: ignore[arg-type]
+        pytest.param(
+            Grant("p", "web", "exposure", ("0.0.0.0/0",), A),
+            r"grants\[0\].sources\[0\]: 0.0.0.0/0 admits every source",
+            id="any-source",
+        ),
     ],
 )
 def test_grant_fields_are_checked_and_named(grant: Grant, message: str) -> None:
@@ -230,6 +235,13 @@ def test_a_virtual_ip_belongs_to_one_exposure() -> None:
     rev = (dataclasses.replace(nat().reverse_exposures[0], virtual_ip="198.18.0.11"),)
     with pytest.raises(NatConfigError, match=r"reverseExposures\[0\]\.virtualIp: .* nat\.exposures\[1\]"):
         policy(nat(reverse_exposures=rev))
+
+
+def test_internal_source_cidrs_must_name_networks() -> None:
+    """0.0.0.0/0 would admit every source, and iptables-save prints it as no -s at all: the rule would
+    never read back equal, so every apply would revoke and flush the grant."""
+    with pytest.raises(NatConfigError, match=r"internalSourceCidrs\[0\]: 0.0.0.0/0 admits every source"):
+        policy(nat(internal_source_cidrs=("0.0.0.0/0",)))
 
 
 def test_reverse_exposures_need_source_address_and_internal_cidrs() -> None:
