@@ -164,12 +164,6 @@ def settle_start(previous: float | None, observed: float | None) -> float | None
     return observed
 
 
-def restarted(previous: float | None, observed: float | None) -> bool:
-    """``observed`` moved by more than START_WOBBLE from ``previous``. Blind to wall-clock steps (an NTP
-    step moves ``since`` by the step): use ``restarted_between`` where our own clocks are at hand."""
-    return previous is not None and observed is not None and abs(observed - previous) > START_WOBBLE
-
-
 def start_time(stats: Mapping[str, Any]) -> float | None:
     """charon's start time from a ``stats`` reply (``uptime.since``); None if absent or unparsable."""
     uptime = stats.get("uptime")
@@ -280,7 +274,6 @@ __all__ = [
     "daemon_info_from",
     "list_sas",
     "merge",
-    "restarted",
     "restarted_between",
     "settle_start",
     "sighting",

@@ -1,15 +1,14 @@
 """charon's start time wobbles by a second between calls (``since`` = now - uptime in whole seconds,
-measured on a live 5.9.8); only a larger jump is a restart. Both the agent and the exporter rely on this."""
+measured on a live 5.9.8) and moves with wall-clock steps; restarted_between takes both out. Agent and
+exporter rely on this."""
 
 from __future__ import annotations
 
 import pytest
 
 from agent.vici.queries import (
-    START_WOBBLE,
     StartSighting,
     parse_since,
-    restarted,
     restarted_between,
     settle_start,
     sighting,
@@ -19,29 +18,25 @@ from agent.vici.queries import (
 
 
 @pytest.mark.parametrize(
-    ("previous", "observed", "settled", "is_restart"),
+    ("previous", "observed", "settled"),
     [
-        pytest.param(None, 1000.0, 1000.0, False, id="first-sight"),
-        pytest.param(1000.0, 1001.0, 1000.0, False, id="wobble-up"),
-        pytest.param(1001.0, 1000.0, 1001.0, False, id="wobble-down"),
-        pytest.param(1000.0, 1002.0, 1000.0, False, id="edge-of-wobble"),
-        pytest.param(1000.0, 1060.0, 1060.0, True, id="restart"),
-        pytest.param(1000.0, None, None, False, id="unparsable"),
+        pytest.param(None, 1000.0, 1000.0, id="first-sight"),
+        pytest.param(1000.0, 1001.0, 1000.0, id="wobble-up"),
+        pytest.param(1001.0, 1000.0, 1001.0, id="wobble-down"),
+        pytest.param(1000.0, 1002.0, 1000.0, id="edge-of-wobble"),
+        pytest.param(1000.0, 1060.0, 1060.0, id="restart"),
+        pytest.param(1000.0, None, None, id="unparsable"),
     ],
 )
-def test_settle_start(
-    previous: float | None, observed: float | None, settled: float | None, is_restart: bool
-) -> None:
+def test_settle_start(previous: float | None, observed: float | None, settled: float | None) -> None:
     assert settle_start(previous, observed) == settled
-    assert restarted(previous, observed) is is_restart
 
 
-def test_a_wobbling_series_never_looks_like_a_restart() -> None:
+def test_a_wobbling_series_settles_on_one_start_time() -> None:
     started: float | None = None
     for observed in [1000.0, 1001.0, 1000.0, 1001.0, 1001.0, 1000.0]:
-        assert not restarted(started, observed)
         started = settle_start(started, observed)
-    assert started == 1000.0
+        assert started == 1000.0
 
 
 # --- wall-clock steps: restarted_between takes the step out (our wall minus monotonic delta) -----------
@@ -69,8 +64,6 @@ def seen(since: float, wall: float, mono: float) -> StartSighting:
 def test_restarted_between_sees_restarts_not_clock_steps(after: StartSighting, is_restart: bool) -> None:
     before = seen(T0, T0 + 100, 100)  # charon started at T0, seen 100 s later
     assert restarted_between(before, after) is is_restart
-    # the old rule (kept for the exporter) reads every step of more than 2 s as a restart
-    assert restarted(before.since, after.since) is (abs(after.since - before.since) > START_WOBBLE)
 
 
 def test_unknown_start_is_not_a_restart() -> None:
