@@ -108,8 +108,12 @@ class Gateway:
                 "nic.mac: not in the plan, and neither --nic-mac nor --network-status gave one"
             )
         nic = find_nic(self.netlink, nic_cfg, mac)
+        tunnels = (("wireguard.interface", plan.wireguard.interface),) if plan.wireguard else ()
         policy = rules.validate(
-            plan.nat, nic2_address=nic.address.ip, resolved=resolve_targets(plan, self.resolver)
+            plan.nat,
+            nic2_address=nic.address.ip,
+            resolved=resolve_targets(plan, self.resolver),
+            tunnel_interfaces=tunnels,
         )
         # What to revoke, each mark with the mask it was SET under: what the previous plan admitted and
         # this one does not, and, whatever memory says, what the kernel's admission rules admit and this

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Literal
@@ -277,6 +277,9 @@ class Policy:
     exposure_snat: IPv4Address
     reverse_snat: IPv4Address | None
     service_cidr: IPv4Network | None = None
+    tunnel_interfaces: tuple[str, ...] = ()
+    """Devices whose peers choose their own destinations (WireGuard): a NEW connection coming in through
+    one of them is forwarded only if we DNATed it (an exposure's virtual IP)."""
 
     @property
     def marks(self) -> frozenset[int]:
@@ -288,11 +291,24 @@ class Policy:
         return frozenset(s.target for s in self.services if s.kind == "exposure")
 
 
+_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+
+
 def validate(
-    nat: Nat, *, nic2_address: IPv4Address, resolved: Mapping[str, IPv4Address] | None = None
+    nat: Nat,
+    *,
+    nic2_address: IPv4Address,
+    resolved: Mapping[str, IPv4Address] | None = None,
+    tunnel_interfaces: Sequence[tuple[str, str]] = (),
 ) -> Policy:
-    """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to addresses."""
+    """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to addresses;
+    ``tunnel_interfaces`` are (field, device name) of tunnels whose peers pick their destinations."""
     resolved = resolved or {}
+    for field_name, dev in tunnel_interfaces:
+        if not isinstance(dev, str) or not _IFNAME.fullmatch(dev):
+            raise NatConfigError(
+                f"{field_name}: {_show(dev)} is not a network device name (1-15 of A-Z a-z 0-9 _ . -)"
+            )
     mask = _int(nat.mark_mask, "nat.markMask", 1, 2**32 - 1)
     if mask == 0xFFFFFFFF:
         # libxt_connmark prints `--mark X/0xffffffff` as `--mark X`: the kernel's rules would never
@@ -416,6 +432,7 @@ def validate(
         exposure_snat=nic2_address,
         reverse_snat=source,
         service_cidr=cidr,
+        tunnel_interfaces=tuple(dev for _, dev in tunnel_interfaces),
     )
 
 
@@ -491,6 +508,15 @@ def _render(policy: Policy) -> Ruleset:
     m = _hex(policy.mask)
     filter_rules: list[str] = []
     grant_names = {g.mark: f"peer={comment(g.peer)} {g.kind}={comment(g.exposure)}" for g in policy.grants}
+    for dev in policy.tunnel_interfaces:
+        # A WireGuard peer picks its destinations (its AllowedIPs constrain only its source): from its
+        # tunnel only our virtual IPs are a way in. NEW and not DNATed by us: dropped, whatever the
+        # address (an exposure target's real one, NIC2's subnet, the cluster network behind eth0).
+        # Replies and DNATed connections pass; reverse exposures enter from the fabric side.
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -i {dev} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+            f"{_c('vpngw tunnel ingress only to virtual IPs')} -j DROP"
+        )
     targets = sorted(policy.exposure_targets)
     if targets:
         # An exposure target is reachable through its virtual IP only. A NEW forwarded connection that

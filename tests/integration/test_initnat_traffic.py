@@ -9,6 +9,7 @@ plan file is changed by atomic rename.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -22,7 +23,19 @@ import pytest
 from pyroute2 import IPRoute
 
 from agent.vici import ViciSession
-from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, ReverseExposure, dumps
+from gwplan import (
+    Exposure,
+    GatewayRef,
+    Grant,
+    Nat,
+    Nic,
+    Plan,
+    Port,
+    ReverseExposure,
+    SecretRef,
+    WireGuard,
+    dumps,
+)
 from initnat.__main__ import Gateway
 from initnat.conntrack import ConntrackError
 from initnat.iptables import Completed, Iptables, run_process
@@ -535,3 +548,59 @@ async def _flush_failure_scenario(
     await anyio.sleep(1.0)
     assert clients["c2"].poll() is None and procs.output("c2").count("ok ") >= oks + 5
     assert not one_shot(s1, s1.lan_host, WEB_VIP, 8080, tmp_path / "once.py"), "s1 stays revoked"
+
+
+def tunnel_ingress_drops(lab: Lab) -> int:
+    """Packets our rule for new, not-DNATed connections in from wg0 dropped so far."""
+    return sum(n for n, r in our_rules_with_counters(lab) if r.startswith("-A VPNGW-FORWARD -i wg0 "))
+
+
+async def test_a_wireguard_peer_gets_nowhere_but_our_virtual_ips(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """VPNGW-TARGETS covers exposure targets; a WireGuard peer can route ANY address into its tunnel (its
+    AllowedIPs constrain only its source): the fabric router, NIC2's neighbours, the cluster behind eth0.
+    With a WireGuard plan, a NEW connection coming in through wg0 that we did not DNAT is dropped. Live
+    wireguard-go on both ends, pod mode; the router routes the site's LAN back to the gateway, so only our
+    rule stops the ping (removing it by hand lets it through)."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    (tmp_path / "echo.py").write_text(ECHO_SERVER)
+    (tmp_path / "once.py").write_text(ONE_SHOT)
+    procs.start(lab.svc, PY, str(tmp_path / "echo.py"), SVC_ADDR, "8080", name="echo8080")
+    wait_for(lambda: "listening" in procs.output("echo8080"), 10, "echo server :8080")
+    wg_plan = dataclasses.replace(
+        plan(lab, (Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),)),
+        type="wireguard",
+        wireguard=WireGuard("wg0", 51820, "10.99.0.1/24", SecretRef("gw-wg", "privateKey")),
+    )
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, wg_plan)
+    for changed in ("changed=True", "changed=False"):  # the device rule reads back as rendered
+        res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), "--iptables", "nft", check=False)
+        assert res.returncode == 0 and changed in res.stderr.decode(), res.stderr.decode()
+    keys = wireguard_pair(lab, s1, tmp_path)
+    lab.gw.wireguard["wg0"].wg(
+        "set", "wg0", "peer", keys[s1.role][1], "allowed-ips", f"10.99.0.2/32,{s1.lans[0]}"
+    )
+    s1.wireguard["wg0"].wg(
+        "set", "wg0", "peer", keys["gw"][1], "allowed-ips", f"10.99.0.1/32,{SERVICE_CIDR},{RTR_NIC2_ADDR}/32"
+    )
+    netns.route(lab.gw.ns, s1.lans[0], "dev", "wg0")
+    for dst in (SERVICE_CIDR, f"{RTR_NIC2_ADDR}/32"):
+        netns.route(s1.ns, dst, "dev", "wg0")
+    netns.route(lab.rtr.ns, s1.lans[0], "via", GW_NIC2_ADDR)
+
+    s1_ip = s1.lan_host
+    assert one_shot(s1, s1_ip, WEB_VIP, 8080, tmp_path / "once.py"), "the virtual IP is a way in"
+
+    def ping() -> bool:
+        return s1.run("ping", "-c", "2", "-W", "1", "-I", s1_ip, RTR_NIC2_ADDR, check=False).returncode == 0
+
+    before = tunnel_ingress_drops(lab)
+    assert not ping(), "the fabric router is not reachable from the tunnel"
+    assert tunnel_ingress_drops(lab) > before, "dropped by the tunnel-ingress rule"
+    rules = lab.gw.run("iptables-nft", "-S", "VPNGW-FORWARD").stdout.decode().splitlines()
+    (number,) = [i for i, r in enumerate(rules) if r.startswith("-A VPNGW-FORWARD -i wg0 ")]
+    lab.gw.run("iptables-nft", "-D", "VPNGW-FORWARD", str(number))  # -S lists the -N line first
+    assert ping(), "without the rule the router answers: nothing else stopped it"

@@ -488,3 +488,23 @@ def test_a_target_cannot_be_a_virtual_ip(
     """Traffic DNATed to a virtual IP is not what any exposure means (to its own: our filter drops it)."""
     with pytest.raises(NatConfigError, match=message):
         rules.validate(nat(**change), nic2_address=NIC2, resolved=resolved)
+
+
+def test_a_wireguard_device_admits_only_dnated_new_connections() -> None:
+    p = rules.validate(
+        nat(), nic2_address=NIC2, resolved=RESOLVED, tunnel_interfaces=(("wireguard.interface", "wg0"),)
+    )
+    lines = [r for t in rules.render(p).tables for r in t.rules]
+    drop = "-A VPNGW-FORWARD -i wg0 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT"
+    (at,) = [i for i, r in enumerate(lines) if r.startswith(drop)]
+    gate = [i for i, r in enumerate(lines) if "! --ctorigdst" in r]
+    assert lines[at].endswith("-j DROP") and at < gate[0], "before traffic not for a VIP leaves the chain"
+    assert not any(" -i " in r for t in rules.render(policy()).tables for r in t.rules), "IPsec: no rule"
+
+
+@pytest.mark.parametrize("dev", ["", "wg0;reboot", "a" * 16, "wg 0"])
+def test_a_bad_wireguard_device_name_is_named(dev: str) -> None:
+    with pytest.raises(NatConfigError, match=r"wireguard\.interface: .* is not a network device name"):
+        rules.validate(
+            nat(), nic2_address=NIC2, resolved=RESOLVED, tunnel_interfaces=(("wireguard.interface", dev),)
+        )
