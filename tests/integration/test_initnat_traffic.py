@@ -378,6 +378,23 @@ async def test_reverse_exposure_admits_only_internal_sources_snated_into_the_tun
     assert procs.output("echo7070").count("from ") == 1
 
 
+def peer_routing_into_its_tunnel(lab: Lab, site: Host, tmp_path: Path, extra: str) -> None:
+    """A WireGuard tunnel gateway <-> ``site`` whose peer also routes ``extra`` into it (a peer's own
+    AllowedIPs and routes are the tenant's to choose); the fabric router routes the site's LAN back to
+    the gateway (what missing Neutron port security amounts to), so only our rules stop such traffic."""
+    keys = wireguard_pair(lab, site, tmp_path)
+    lab.gw.wireguard["wg0"].wg(
+        "set", "wg0", "peer", keys[site.role][1], "allowed-ips", f"10.99.0.2/32,{site.lans[0]}"
+    )
+    site.wireguard["wg0"].wg(
+        "set", "wg0", "peer", keys["gw"][1], "allowed-ips", f"10.99.0.1/32,{SERVICE_CIDR},{extra}"
+    )
+    netns.route(lab.gw.ns, site.lans[0], "dev", "wg0")
+    for dst in (SERVICE_CIDR, extra):
+        netns.route(site.ns, dst, "dev", "wg0")
+    netns.route(lab.rtr.ns, site.lans[0], "via", GW_NIC2_ADDR)
+
+
 def target_drops(lab: Lab) -> int:
     """Packets our VPNGW-TARGETS rule for the web target dropped so far."""
     return sum(
@@ -413,18 +430,8 @@ async def test_a_wireguard_peer_reaches_a_target_only_through_its_virtual_ip(
         return res.stderr.decode()
 
     apply()  # before the handshake: the gateway's replies to the peer leave through NIC2 by policy
-    keys = wireguard_pair(lab, s1, tmp_path)
-    lab.gw.wireguard["wg0"].wg(
-        "set", "wg0", "peer", keys[s1.role][1], "allowed-ips", f"10.99.0.2/32,{s1.lans[0]}"
-    )
-    # The peer's side, under the tenant's control: the target's real address goes into the tunnel too.
-    s1.wireguard["wg0"].wg(
-        "set", "wg0", "peer", keys["gw"][1], "allowed-ips", f"10.99.0.1/32,{SERVICE_CIDR},{SVC_ADDR}/32"
-    )
-    netns.route(lab.gw.ns, s1.lans[0], "dev", "wg0")
-    for dst in (SERVICE_CIDR, f"{SVC_ADDR}/32"):
-        netns.route(s1.ns, dst, "dev", "wg0")
-    netns.route(lab.rtr.ns, s1.lans[0], "via", GW_NIC2_ADDR)
+    # The peer's side is under the tenant's control: the target's real address goes into the tunnel too.
+    peer_routing_into_its_tunnel(lab, s1, tmp_path, f"{SVC_ADDR}/32")
 
     s1_ip = s1.lan_host
     assert one_shot(s1, s1_ip, WEB_VIP, 8080, once), "the granted peer reaches the target via its virtual IP"
@@ -579,17 +586,7 @@ async def test_a_wireguard_peer_gets_nowhere_but_our_virtual_ips(
     for changed in ("changed=True", "changed=False"):  # the device rule reads back as rendered
         res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), "--iptables", "nft", check=False)
         assert res.returncode == 0 and changed in res.stderr.decode(), res.stderr.decode()
-    keys = wireguard_pair(lab, s1, tmp_path)
-    lab.gw.wireguard["wg0"].wg(
-        "set", "wg0", "peer", keys[s1.role][1], "allowed-ips", f"10.99.0.2/32,{s1.lans[0]}"
-    )
-    s1.wireguard["wg0"].wg(
-        "set", "wg0", "peer", keys["gw"][1], "allowed-ips", f"10.99.0.1/32,{SERVICE_CIDR},{RTR_NIC2_ADDR}/32"
-    )
-    netns.route(lab.gw.ns, s1.lans[0], "dev", "wg0")
-    for dst in (SERVICE_CIDR, f"{RTR_NIC2_ADDR}/32"):
-        netns.route(s1.ns, dst, "dev", "wg0")
-    netns.route(lab.rtr.ns, s1.lans[0], "via", GW_NIC2_ADDR)
+    peer_routing_into_its_tunnel(lab, s1, tmp_path, f"{RTR_NIC2_ADDR}/32")
 
     s1_ip = s1.lan_host
     assert one_shot(s1, s1_ip, WEB_VIP, 8080, tmp_path / "once.py"), "the virtual IP is a way in"
