@@ -279,6 +279,20 @@ def test_a_failed_lift_says_applied_and_flushed(
     assert "0x10000" not in our_chain(ns)
 
 
+def watch_until(gw: Gateway, path: Path, done: Callable[[], bool], **options: float) -> None:
+    """Run init-nat's --watch loop on ``path`` in a thread until ``done()`` (at most 10 s), then stop it."""
+    stop = threading.Event()
+    t = threading.Thread(target=watch, args=(gw, path, stop), kwargs={"poll": 0.05, **options})
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join(10)
+
+
 def test_watch_reports_a_failed_flush_as_applied(
     gateway: tuple[Gateway, list[str]], ns: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -289,17 +303,8 @@ def test_watch_reports_a_failed_flush_as_applied(
     gw.apply(plan(GA, GB))
     gw.flusher.fail = ConntrackError("ctnetlink unavailable")
     path.write_bytes(dumps(plan(GB)))
-    stop = threading.Event()
     with caplog.at_level("INFO", logger="initnat"):
-        t = threading.Thread(target=watch, args=(gw, path, stop), kwargs={"poll": 0.05})
-        t.start()
-        try:
-            deadline = time.monotonic() + 10
-            while "initnat.failed" not in caplog.text and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            t.join(10)
+        watch_until(gw, path, lambda: "initnat.failed" in caplog.text)
     (line, *_) = [r.getMessage() for r in caplog.records if "initnat.failed" in r.getMessage()]
     assert "applied=new flush=failed" in line and "kept=last-good" not in line, line
 
@@ -331,17 +336,8 @@ def test_watch_looks_again_when_dns_resolved_a_target_to_a_virtual_ip(
     gw.resolver = lambda host: answers[0] if len(answers) == 1 else answers.pop(0)
     path = tmp_path / "plan.json"
     path.write_bytes(dumps(plan(GA, host="api.fabric.example")))
-    stop = threading.Event()
     with caplog.at_level("INFO", logger="initnat"):
-        t = threading.Thread(target=watch, args=(gw, path, stop), kwargs={"poll": 0.05, "resync": 0.3})
-        t.start()
-        try:
-            deadline = time.monotonic() + 10
-            while "to=192.0.2.70" not in our_chain(ns) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            t.join(10)
+        watch_until(gw, path, lambda: "to=192.0.2.70" in our_chain(ns), resync=0.3)
     assert "to=192.0.2.70" in our_chain(ns), "applied at the resync once DNS answered a real address"
     (rejected,) = [r.getMessage() for r in caplog.records if "initnat.rejected" in r.getMessage()]
     assert "is the virtual IP of" in rejected and "retry=resync" in rejected, rejected
