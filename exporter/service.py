@@ -134,12 +134,17 @@ class Exporter:
             flight.done.set()
         return flight.result
 
+    def _interfaces(self, names: PlanNames) -> set[str]:
+        """The WireGuard interfaces to read: the command line's and the plan's."""
+        interfaces = set(self.interfaces)
+        if names.wireguard_interface:
+            interfaces.add(names.wireguard_interface)
+        return interfaces
+
     def _down(self) -> Snapshot:
         """Every watched daemon reported down (``*_up 0``, which alerts), for a query that crashed."""
         ss = StrongswanSnapshot(up=False, duration=0.0) if self.strongswan is not None else None
-        interfaces = set(self.interfaces)
-        if self.plan.names.wireguard_interface:
-            interfaces.add(self.plan.names.wireguard_interface)
+        interfaces = self._interfaces(self.plan.names)
         wg = None
         if self.wireguard is not None and interfaces:
             wg = WireGuardSnapshot(0.0, tuple(InterfaceView(i, False) for i in sorted(interfaces)))
@@ -150,9 +155,7 @@ class Exporter:
         names = self.plan.current()
         ss: StrongswanSnapshot | None = None
         wg: WireGuardSnapshot | None = None
-        interfaces = set(self.interfaces)
-        if names.wireguard_interface:
-            interfaces.add(names.wireguard_interface)
+        interfaces = self._interfaces(names)
         peer_names = {names.wireguard_interface: dict(names.peers)} if names.wireguard_interface else {}
 
         # A bug or an unexpected reply in one source must not take the others (or the scrape) down:
