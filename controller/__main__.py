@@ -35,7 +35,6 @@ log = logging.getLogger("controller")
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 INTERNAL_CIDRS_ENV = "IPSEC_INTERNAL_SOURCE_CIDRS"
 MAC = r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}"
-IFNAME = r"[A-Za-z0-9_-]{1,15}"
 
 
 class UsageError(Exception):
@@ -143,15 +142,14 @@ def _options(args: argparse.Namespace) -> RenderOptions:
         ("--nic-mac", args.nic_mac, MAC, "is not a MAC address (six hex pairs separated by ':')"),
         ("--nic-address", args.nic_address, CIDR, "is not an IPv4 address with prefix (ADDR/PREFIX)"),
         ("--nic-gateway", args.nic_gateway, IPV4, "is not an IPv4 address"),
-        (
-            "--wireguard-interface",
-            args.wireguard_interface,
-            IFNAME,
-            "is not an interface name ([A-Za-z0-9_-]{1,15})",
-        ),
     ):
         if value is not None and re.fullmatch(pattern, value) is None:
             raise UsageError(f"{flag}: {show(value)} {rule}")
+    if args.wireguard_interface is not None and not gwplan.is_device_name(args.wireguard_interface):
+        raise UsageError(
+            f"--wireguard-interface: {show(args.wireguard_interface)} is not an interface name "
+            f"({gwplan.DEVICE_NAME_RULE})"
+        )
     nic = gwplan.Nic(mac=args.nic_mac, address=args.nic_address, gateway=args.nic_gateway)
     return RenderOptions(
         internal_source_cidrs=cidrs, previous=previous, nic=nic, wireguard_interface=args.wireguard_interface

@@ -20,7 +20,7 @@ from exporter.app import MetricsApp
 from exporter.http import serve
 from exporter.service import Exporter, PlanFile
 from exporter.sources import StrongswanSource, WireGuardSource, follow_events
-from gwplan.model import PlanError
+from gwplan.model import DEVICE_NAME_RULE, PlanError, is_device_name
 
 log = logging.getLogger("exporter")
 
@@ -37,6 +37,14 @@ def _listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"--listen: expected HOST:PORT with a port 0-65535, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _interface(value: str) -> str:
+    if not is_device_name(value):  # it also names the UAPI socket file: no path may sneak in
+        raise argparse.ArgumentTypeError(
+            f"--wireguard-interface: {value!r} is not an interface name ({DEVICE_NAME_RULE})"
+        )
+    return value
 
 
 def _timeout(value: str) -> float:
@@ -62,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vici-socket", type=Path, metavar="PATH", help="charon's VICI socket (IPsec metrics)")
     p.add_argument(
         "--wireguard-interface",
+        type=_interface,
         action="append",
         default=[],
         metavar="IF",

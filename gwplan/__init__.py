@@ -1,6 +1,7 @@
 """The controller -> gateway-pod plan contract (pure: dataclasses and a JSON codec)."""
 
 from gwplan.model import (
+    DEVICE_NAME_RULE,
     PLAN_VERSION,
     Child,
     Exposure,
@@ -22,12 +23,14 @@ from gwplan.model import (
     WireGuard,
     dumps,
     from_dict,
+    is_device_name,
     loads,
     plan_hash,
     to_dict,
 )
 
 __all__ = [
+    "DEVICE_NAME_RULE",
     "PLAN_VERSION",
     "Child",
     "Exposure",
@@ -49,6 +52,7 @@ __all__ = [
     "WireGuard",
     "dumps",
     "from_dict",
+    "is_device_name",
     "loads",
     "plan_hash",
     "to_dict",

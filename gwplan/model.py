@@ -25,12 +25,25 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 PLAN_VERSION = "plan.vpn.bnerd.net/v1"
+
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")
+DEVICE_NAME_RULE = "1-15 characters of A-Z a-z 0-9 _ . -, the first not . or -"
+"""The one rule for a network device name, wherever one enters (plan, controller and exporter flags). A
+subset of the kernel's (dev_valid_name: up to 15 bytes, no ``/``, ``:`` or white space, not ``.``/``..``)
+that is also safe as an iptables argument (no leading ``-``) and as a file name (wireguard-go's
+``<name>.sock``)."""
+
+
+def is_device_name(name: object) -> bool:
+    return isinstance(name, str) and _DEVICE_NAME.fullmatch(name) is not None
+
 
 GatewayType: TypeAlias = Literal["ipsec", "wireguard"]
 Protocol_: TypeAlias = Literal["TCP", "UDP"]
@@ -397,8 +410,13 @@ def from_dict(doc: Any) -> Plan:
     wireguard = None
     if "wireguard" in r.doc:
         w = r.sub("wireguard")
+        interface = w.str_("interface")
+        if not is_device_name(interface):
+            raise PlanError(
+                f"{w._p('interface')}: {interface!r} is not a network device name ({DEVICE_NAME_RULE})"
+            )
         wireguard = WireGuard(
-            interface=w.str_("interface"),
+            interface=interface,
             listen_port=w.get("listenPort", int),
             address=w.str_("address"),
             private_key_ref=w.ref("privateKeyRef"),

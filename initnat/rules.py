@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Literal
 
-from gwplan import Exposure, Grant, Nat, Nic, ReverseExposure
+from gwplan import DEVICE_NAME_RULE, Exposure, Grant, Nat, Nic, ReverseExposure, is_device_name
 
 FILTER_CHAIN = "VPNGW-FORWARD"
 TARGET_CHAIN = "VPNGW-TARGETS"
@@ -291,9 +291,6 @@ class Policy:
         return frozenset(s.target for s in self.services if s.kind == "exposure")
 
 
-_IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
-
-
 def validate(
     nat: Nat,
     *,
@@ -305,9 +302,9 @@ def validate(
     ``tunnel_interfaces`` are (field, device name) of tunnels whose peers pick their destinations."""
     resolved = resolved or {}
     for field_name, dev in tunnel_interfaces:
-        if not isinstance(dev, str) or not _IFNAME.fullmatch(dev):
+        if not is_device_name(dev):
             raise NatConfigError(
-                f"{field_name}: {_show(dev)} is not a network device name (1-15 of A-Z a-z 0-9 _ . -)"
+                f"{field_name}: {_show(dev)} is not a network device name ({DEVICE_NAME_RULE})"
             )
     mask = _int(nat.mark_mask, "nat.markMask", 1, 2**32 - 1)
     if mask == 0xFFFFFFFF:

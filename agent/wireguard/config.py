@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agent.wireguard.model import DesiredDevice, DesiredPeer, KeyError_, key_from_b64
-from gwplan import SecretRef, WireGuard
+from gwplan import DEVICE_NAME_RULE, SecretRef, WireGuard, is_device_name
 
 MAX_PEERS = 10_000
 
@@ -74,9 +74,9 @@ def validate(wg: WireGuard) -> None:
     """Plan-only checks (no secrets needed)."""
     if not 0 < wg.listen_port < 65536:
         raise ConfigError(f"wireguard.listenPort: {wg.listen_port} must be 1-65535")
-    if not wg.interface or len(wg.interface) > 15 or "/" in wg.interface or wg.interface in (".", ".."):
+    if not is_device_name(wg.interface):
         raise ConfigError(
-            f"wireguard.interface: {wg.interface!r} must be a Linux interface name (1-15 chars)"
+            f"wireguard.interface: {wg.interface!r} must be an interface name ({DEVICE_NAME_RULE})"
         )
     try:
         ipaddress.ip_interface(wg.address)

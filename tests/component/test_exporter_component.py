@@ -221,6 +221,12 @@ REPO = Path(__file__).resolve().parents[2]
             b"< 10",
             id="timeout",
         ),
+        pytest.param(
+            ["--listen", "127.0.0.1:0", "--wireguard-interface", "../../tmp/x"],
+            2,
+            b"--wireguard-interface: '../../tmp/x' is not an interface name",
+            id="interface-is-a-path",
+        ),
     ],
 )
 async def test_command_line_usage_errors_exit_2(args: list[str], code: int, needle: bytes) -> None:

@@ -66,3 +66,33 @@ def test_errors_name_the_field(mutate: Callable[[dict[str, Any]], object], messa
     mutate(doc)
     with pytest.raises(g.PlanError, match=message.replace("[", r"\[").replace("]", r"\]")):
         g.from_dict(doc)
+
+
+WG_PLAN = g.Plan(
+    gateway=g.GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-acme", "acme"),
+    type="wireguard",
+    wireguard=g.WireGuard("wg0", 51820, "10.99.0.1/24", g.SecretRef("acme-wg", "privateKey")),
+)
+
+
+@pytest.mark.parametrize(
+    "name", ["", "a" * 16, "../etc", "wg0/x", "wg 0", "-i", ".", "..", ".hidden", "wg0;reboot"]
+)
+def test_a_plan_whose_device_name_breaks_the_one_rule_is_refused(name: str) -> None:
+    """One rule for every component that takes the name (init-nat's iptables -i, the agent's ip link,
+    the exporter's <name>.sock), applied where the plan is read."""
+    doc = json.loads(g.dumps(WG_PLAN))
+    del doc["hash"]
+    doc["wireguard"]["interface"] = name
+    with pytest.raises(g.PlanError, match=r"wireguard\.interface: .* is not a network device name"):
+        g.from_dict(doc)
+
+
+@pytest.mark.parametrize("name", ["wg0", "a" * 15, "wg-acme.1", "_x", "0"])
+def test_device_names_the_rule_admits_round_trip(name: str) -> None:
+    plan = g.Plan(
+        WG_PLAN.gateway,
+        "wireguard",
+        wireguard=g.WireGuard(name, 51820, "10.99.0.1/24", g.SecretRef("k", "k")),
+    )
+    assert g.loads(g.dumps(plan)).wireguard == plan.wireguard
