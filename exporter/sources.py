@@ -30,7 +30,7 @@ from agent.vici.queries import (
     counters,
     daemon_info,
     daemon_info_from,
-    list_sas,
+    missing_sas,
     restarted_between,
     sighting,
 )
@@ -213,27 +213,21 @@ class StrongswanSource:
         self, session: ViciSession, info: DaemonInfo, plan: list[ipsec.PlanTunnel], timeout: float
     ) -> ipsec.Listing:
         """Every IKE_SA, folded into a ``Listing`` as charon streams them (the work per SA overlaps
-        charon's). If fewer arrive than ``stats`` counted (charon silently drops an IKE_SA whose event
-        exceeds 512 KiB), the listing is redone with ``list_sas``, which fetches those piece by piece."""
+        charon's). Those that do not arrive (charon silently drops an IKE_SA whose event exceeds
+        512 KiB) are fetched piece by piece by ``missing_sas`` and folded in after."""
         start = self._clock()
-
-        def new_listing() -> ipsec.Listing:
-            return ipsec.Listing(epoch=self.epoch, now=self._wall(), plan=plan, subnets=self.carry.subnets)
-
-        listing, got = new_listing(), set()
+        listing = ipsec.Listing(epoch=self.epoch, now=self._wall(), plan=plan, subnets=self.carry.subnets)
+        got: set[str] = set()
 
         def take(event: wire.Section) -> None:
             for name, sa in event.items():
                 if isinstance(sa, dict):
-                    got.add(sa.get("uniqueid"))
+                    got.add(str(sa.get("uniqueid", "")))
                     listing.add(name, sa)
 
         await session.stream("list-sas", {}, "list-sa", timeout=timeout, on_event=take)
-        if len(got) >= info.ikesas_total:
-            return listing
-        listing = new_listing()
         left = max(0.001, start + timeout - self._clock())
-        for sa in (await list_sas(session, timeout=left)).values():
+        for sa in (await missing_sas(session, got, info.ikesas_total, timeout=left)).values():
             listing.add(str(sa.get("name", "")), sa)
         return listing
 

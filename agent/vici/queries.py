@@ -30,7 +30,7 @@ from __future__ import annotations
 import calendar
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,15 +92,28 @@ async def list_sas(session: ViciSession, *, timeout: float = DEFAULT_TIMEOUT) ->
     stats = await session.call("stats", timeout=dl.left("stats"))
     expected = int(stats.get("ikesas", {}).get("total", 0))
     sas = merge(await _list(session, {}, dl))
-    if len(sas) >= expected:
-        return sas
+    sas.update(await _missing(session, sas.keys(), expected, dl))
+    return sas
+
+
+async def missing_sas(
+    session: ViciSession, have: Collection[str], expected: int, *, timeout: float = DEFAULT_TIMEOUT
+) -> IkeSas:
+    """The IKE_SAs a full ``list-sas`` did not deliver: ``have`` are the unique ids it did, ``expected``
+    the total ``stats`` counted before it. Empty when nothing is missing (no query is sent)."""
+    return await _missing(session, have, expected, _Deadline(timeout))
+
+
+async def _missing(session: ViciSession, have: Collection[str], expected: int, dl: _Deadline) -> IkeSas:
+    if len(have) >= expected:
+        return {}
     # Some IKE_SAs did not arrive (too big) or went away meanwhile: the skeleton says which exist.
     skeleton = merge(await _list(session, {"child": _NO_CHILD}, dl))
-    missing = [uid for uid in skeleton if uid not in sas]
-    for uid in missing:
+    found: IkeSas = {}
+    for uid in (uid for uid in skeleton if uid not in have):
         alone = merge(await _list(session, {"ike-id": uid}, dl))
         if uid in alone:
-            sas[uid] = alone[uid]
+            found[uid] = alone[uid]
             continue
         sa = skeleton[uid]
         children = await _conn_children(session, sa["name"], dl)
@@ -110,7 +123,7 @@ async def list_sas(session: ViciSession, *, timeout: float = DEFAULT_TIMEOUT) ->
         joined = merge(parts)[uid]
         if not children:
             joined["children-incomplete"] = "yes"
-        sas[uid] = joined
+        found[uid] = joined
         log.info(
             "vici.list_sas.split ike=%s uniqueid=%s children=%d queries=%d",
             sa["name"],
@@ -118,7 +131,7 @@ async def list_sas(session: ViciSession, *, timeout: float = DEFAULT_TIMEOUT) ->
             len(joined["child-sas"]),
             len(children),
         )
-    return sas
+    return found
 
 
 @dataclass(frozen=True)
