@@ -124,10 +124,13 @@ class Gateway:
             saved = self.iptables.saved()
         except IptablesError as exc:  # nothing has been changed yet: the last good ruleset stands
             raise IptablesError(f"{exc}; nothing changed", rolled_back=True) from exc
+        # Our chains read as rendered while they hold exactly the kernel's print of what we last restored:
+        # a newer iptables printing our rules differently must not make them look revoked (tables.Printed).
+        view = tables.as_rendered(saved, self.iptables.printed)
         wanted = rules.render(policy)
         gone = set(rules.flushes(self.last, policy))
-        gone |= tables.revoked_in_kernel(tables.admissions_in(saved), wanted)
-        gone |= tables.tombstones_in(saved)
+        gone |= tables.revoked_in_kernel(tables.admissions_in(view), wanted)
+        gone |= tables.tombstones_in(view)
         gone |= self.pending_flush
         # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).
         routed = ensure(self.netlink, nic, nic_cfg, policy.exposure_targets)

@@ -9,6 +9,8 @@ chains and report. ``iptables-restore`` commits table by table (tables.py), so t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import subprocess
 import time
@@ -101,10 +103,18 @@ def detect_variant(run: Runner = run_process) -> Variant:
     return chosen
 
 
+_REPORTED_MAX = 64
+
+
 @dataclass
 class Iptables:
     variant: Variant
     run: Runner = run_process
+    printed: tables.Printed | None = None
+    """How the kernel printed the rules of the ruleset we last restored, where not as we rendered them
+    (tables.Printed): those lines of the kernel's are read as ours (in sync, nothing revoked)."""
+    reported: set[str] = field(default_factory=set)
+    """Digests of the print mismatches already logged (one error line per distinct mismatch)."""
 
     def _save(self) -> str:
         res = self.run([f"iptables-{self.variant}-save"])
@@ -124,8 +134,9 @@ class Iptables:
     def apply(self, ruleset: Ruleset, saved: dict[str, tables.SavedTable] | None = None) -> Applied:
         """``saved``: an ``iptables-save`` the caller just read (:meth:`saved`), to not read it twice."""
         saved = self.saved() if saved is None else saved
-        before = tables.admissions_in(saved)
-        if tables.in_sync(saved, ruleset):
+        view = tables.as_rendered(saved, self.printed)
+        before = tables.admissions_in(view)
+        if tables.in_sync(view, ruleset):
             return Applied(False, ruleset.rule_count, 0.0, before)
         text = tables.payload(ruleset, saved)
         res = self._restore(text, test=True)
@@ -143,7 +154,40 @@ class Iptables:
                     rolled_back=False,
                 )
             raise IptablesError(f"apply failed, previous rules restored: {cause}")
+        self._read_back(ruleset)
         return Applied(True, ruleset.rule_count, seconds, before)
+
+    def _read_back(self, ruleset: Ruleset) -> None:
+        """Right after our restore of ``ruleset``: does the kernel print it as rendered? If not (another
+        iptables version), say so once per distinct mismatch and remember its print (tables.Printed). A
+        failed read only forgets: the next apply compares byte for byte, as without this check."""
+        self.printed = None
+        try:
+            after = self.saved()
+        except IptablesError as exc:
+            log.warning("initnat.readback_failed error=%s", " ".join(str(exc).split()))
+            return
+        if tables.in_sync(after, ruleset):
+            return
+        self.printed = tables.printed(after, ruleset)
+        only_rendered, only_kernel = tables.mismatch(after, ruleset)
+        digest = hashlib.sha256(repr((only_rendered, only_kernel)).encode()).hexdigest()[:16]
+        if digest in self.reported:
+            return
+        if len(self.reported) >= _REPORTED_MAX:
+            self.reported.clear()
+        self.reported.add(digest)
+        log.error(
+            "initnat.roundtrip_mismatch variant=%s digest=%s rendered_only=%d kernel_only=%d learned=%s "
+            "rendered=%s kernel=%s",
+            self.variant,
+            digest,
+            len(only_rendered),
+            len(only_kernel),
+            "yes" if self.printed else "no",
+            json.dumps(list(only_rendered[:2])),
+            json.dumps(list(only_kernel[:2])),
+        )
 
     def delete(self, table: Table, lines: Sequence[str]) -> float:
         """Delete exactly these ``-A`` rules of ours (a small ``--noflush`` payload of ``-D`` lines: the

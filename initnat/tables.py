@@ -85,18 +85,105 @@ def jump_fixes(saved: dict[str, SavedTable], table: Table) -> list[str]:
     return lines
 
 
+OwnRules = tuple[tuple[str, str, tuple[str, ...]], ...]
+"""(table, chain, its ``-A`` lines) for each chain of a ruleset: tables in the ruleset's order, chains
+sorted."""
+
+
+def _chain(rule: str) -> str:
+    return rule.split(" ", 2)[1]
+
+
+def rendered_rules(ruleset: Ruleset) -> OwnRules:
+    return tuple(
+        (t.table, c, tuple(r for r in t.rules if _chain(r) == c))
+        for t in ruleset.tables
+        for c in sorted(t.chains)
+    )
+
+
+def kernel_rules(saved: dict[str, SavedTable], ruleset: Ruleset) -> OwnRules | None:
+    """What the kernel holds in the chains of ``ruleset`` (None when one of them does not exist)."""
+    out = []
+    for t in ruleset.tables:
+        have = saved.get(t.table, SavedTable())
+        for c in sorted(t.chains):
+            if c not in have.chains:
+                return None
+            out.append((t.table, c, tuple(have.rules.get(c, []))))
+    return tuple(out)
+
+
 def in_sync(saved: dict[str, SavedTable], ruleset: Ruleset) -> bool:
     """The kernel already has exactly ``ruleset`` in our chains, and our jumps in place."""
-    have = own_state(saved)
-    for t in ruleset.tables:
-        chains, rules = have.get(t.table, ((), ()))
-        if set(t.chains) - set(chains):
-            return False
-        mine = tuple(r for c in sorted(t.chains) for r in rules if r.split(" ", 2)[1] == c)
-        want = tuple(r for c in sorted(t.chains) for r in t.rules if r.split(" ", 2)[1] == c)
-        if mine != want or jump_fixes(saved, t.table):
-            return False
-    return True
+    return kernel_rules(saved, ruleset) == rendered_rules(ruleset) and not any(
+        jump_fixes(saved, t.table) for t in ruleset.tables
+    )
+
+
+@dataclass(frozen=True)
+class Printed:
+    """How the kernel prints rules we applied, where that is not how we rendered them, learned from the
+    save read back right after our own restore. Every decision here assumes iptables-save prints our
+    rules byte for byte as rendered; a newer iptables that orders options differently or omits a default
+    would otherwise make every resync a full restore and, worse, make every affected grant look revoked
+    (flushed and tombstoned at every resync). See :func:`as_rendered`."""
+
+    lines: frozenset[tuple[str, str, str]]
+    """(table, the kernel's line, our line) for each rule of ours the kernel prints otherwise."""
+
+
+def printed(saved: dict[str, SavedTable], ruleset: Ruleset) -> Printed | None:
+    """The save read right after our own restore of ``ruleset``: how the kernel prints the rules it now
+    holds, paired with ours by position (iptables keeps the order), in each chain that holds as many rules
+    as rendered (a print that split or merged rules could not be paired: those chains are not learned).
+    A kernel line that would stand for two different lines of ours is not learned either. None when
+    nothing is learned (in particular when the kernel prints everything as rendered)."""
+    have = kernel_rules(saved, ruleset)
+    if have is None:
+        return None
+    pairs: dict[tuple[str, str], set[str]] = {}
+    for (table, _, kernel), (_, _, ours) in zip(have, rendered_rules(ruleset), strict=True):
+        if len(kernel) == len(ours):
+            for k, r in zip(kernel, ours, strict=True):
+                if k != r:
+                    pairs.setdefault((table, k), set()).add(r)
+    lines = frozenset((table, k, rs.pop()) for (table, k), rs in pairs.items() if len(rs) == 1)
+    return Printed(lines) if lines else None
+
+
+def as_rendered(saved: dict[str, SavedTable], memo: Printed | None) -> dict[str, SavedTable]:
+    """``saved`` with each line of our chains that is the kernel's print of a line of ours (``memo``) read
+    as that line of ours: the kernel printing a rule is not the rule being gone, so it is in sync and
+    revokes nothing. The kernel's rule IS that rule: iptables-save prints a rule so that restoring the
+    print re-creates it. Lines not learned (drift, a new rule, a restart with no memo) stay as they are
+    and are compared byte for byte, as before."""
+    if memo is None:
+        return saved
+    ours: dict[str, dict[str, str]] = {}
+    for table, kernel, rendered in memo.lines:
+        ours.setdefault(table, {})[kernel] = rendered
+    out = dict(saved)
+    for name, known in ours.items():
+        t = saved.get(name)
+        if t is None:
+            continue
+        rules = {
+            c: [known.get(r, r) for r in lines] if c.startswith(OWN_PREFIX) else lines
+            for c, lines in t.rules.items()
+        }
+        out[name] = SavedTable(list(t.chains), rules)
+    return out
+
+
+def mismatch(saved: dict[str, SavedTable], ruleset: Ruleset) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Our rules only in the rendering and only in the kernel, in order (jumps as the fixes they need)."""
+    want = [r for _, _, rs in rendered_rules(ruleset) for r in rs]
+    have = [r for _, _, rs in kernel_rules(saved, ruleset) or () for r in rs]
+    in_kernel, in_rendering = set(have), set(want)
+    only_rendered = [r for r in want if r not in in_kernel]
+    only_rendered += [fix for t in ruleset.tables for fix in jump_fixes(saved, t.table)]
+    return tuple(only_rendered), tuple(r for r in have if r not in in_rendering)
 
 
 def payload(ruleset: Ruleset, saved: dict[str, SavedTable]) -> str:

@@ -55,6 +55,7 @@ def test_apply_tests_first_then_commits_with_noflush_and_wait() -> None:
         ("iptables-legacy-save",),
         ("iptables-legacy-restore", "--noflush", "--wait", "--test"),
         ("iptables-legacy-restore", "--noflush", "--wait"),
+        ("iptables-legacy-save",),  # read back: does the kernel print it as rendered?
     ]
     assert r.calls[1][1] == r.calls[2][1] == tables.payload(RULESET, tables.parse_save(OLD))
 
@@ -142,3 +143,58 @@ def test_delete_sends_only_minus_d_lines_of_the_given_rules_and_reports_a_refusa
     refused = FakeRunner({"iptables-nft-restore": [Completed(1, "", "iptables-nft-restore: line 2 failed")]})
     with pytest.raises(IptablesError, match="nothing changed: iptables-nft-restore: line 2 failed"):
         Iptables("nft", refused).delete("filter", stones)
+
+
+def _reprinted(line: str) -> str:
+    return line.replace("-s 203.0.113.0/28 -p tcp", "-p tcp -s 203.0.113.0/28")
+
+
+def test_a_print_mismatch_is_logged_once_and_the_kernels_print_then_counts_as_in_sync(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The save read back after the restore prints the admission rule otherwise (as a newer iptables
+    might): one error line; the next applies find the kernel in sync (no --test, no restore) and see
+    the grant as admitted, not as revoked."""
+    other = "\n".join(_reprinted(line) for line in in_sync_save().splitlines()) + "\n"
+    assert other != in_sync_save()
+    r = FakeRunner({"iptables-nft-save": [Completed(0, OLD, ""), Completed(0, other, "")]})
+    ipt = Iptables("nft", r)
+    with caplog.at_level("INFO", logger="initnat"):
+        assert ipt.apply(RULESET).changed
+        again = ipt.apply(RULESET)
+        assert not ipt.apply(RULESET).changed
+    assert not again.changed and set(again.admissions_before) == {Flush(0x10000, 0xFFF0000)}
+    assert tables.revoked_in_kernel(again.admissions_before, RULESET) == frozenset()
+    assert [c[0][0] for c in r.calls].count("iptables-nft-restore") == 2, "--test and the commit, once"
+    (line,) = [m for m in caplog.messages if "initnat.roundtrip_mismatch" in m]
+    assert "variant=nft" in line and "rendered_only=1 kernel_only=1 learned=yes" in line
+    assert "-p tcp -s 203.0.113.0/28" in line and "-s 203.0.113.0/28 -p tcp" in line
+
+
+def test_the_same_mismatch_after_a_drift_repair_is_not_logged_again(caplog: pytest.LogCaptureFixture) -> None:
+    other = "\n".join(_reprinted(line) for line in in_sync_save().splitlines()) + "\n"
+    drifted = other.replace("-j VPNGW-TARGETS", "-j ACCEPT")
+    r = FakeRunner(
+        {
+            "iptables-nft-save": [
+                Completed(0, OLD, ""),
+                Completed(0, other, ""),
+                Completed(0, drifted, ""),
+                Completed(0, other, ""),
+            ]
+        }
+    )
+    ipt = Iptables("nft", r)
+    with caplog.at_level("INFO", logger="initnat"):
+        assert ipt.apply(RULESET).changed and ipt.apply(RULESET).changed
+    assert len([m for m in caplog.messages if "initnat.roundtrip_mismatch" in m]) == 1
+
+
+def test_a_failed_read_back_is_not_a_failed_apply(caplog: pytest.LogCaptureFixture) -> None:
+    """The restore went through: failing the apply now would skip the flush. It only forgets the print
+    (the next apply compares byte for byte, as without the check)."""
+    r = FakeRunner({"iptables-nft-save": [Completed(0, OLD, ""), Completed(4, "", "boom")]})
+    ipt = Iptables("nft", r)
+    with caplog.at_level("INFO", logger="initnat"):
+        assert ipt.apply(RULESET).changed
+    assert ipt.printed is None and "initnat.readback_failed" in caplog.text and "boom" in caplog.text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from ipaddress import IPv4Address
 
 import pytest
@@ -203,3 +205,98 @@ NFT_WITH_RULES = "*filter\n:FORWARD ACCEPT [0:0]\n" + "".join(
 )
 def test_choose_variant_like_kube_proxy(legacy: str, nft: str, variant: str) -> None:
     assert tables.choose_variant(legacy, nft) == variant
+
+
+# iptables-save printing our rules otherwise than we render them (a newer iptables): the readback after
+# our own restore teaches how, and those kernel lines are then read as ours.
+def _other_print(line: str) -> str:
+    """Another iptables version's print: the protocol before the source."""
+    return re.sub(r"^(-A \S+) (-s \S+) (-p \S+) ", r"\1 \3 \2 ", line)
+
+
+GRANTS = Nat(
+    service_cidr="198.18.0.0/24",
+    exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+    grants=(
+        Grant("s1", "web", "exposure", ("203.0.113.0/28", "203.0.113.32/28"), 0x10000),
+        Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000),
+    ),
+)
+
+
+def _rendered(nat: Nat = GRANTS) -> Ruleset:
+    return rules.render(rules.validate(nat, nic2_address=IPv4Address("192.0.2.2")))
+
+
+def _save(rs: Ruleset, reprint: Callable[[str], str] = _other_print, foreign: str = "") -> str:
+    out = []
+    for t in rs.tables:
+        out += [f"*{t.table}", *(f":{c} - [0:0]" for c in t.chains)]
+        out += [f"-A {b} -j {o}" for tbl, b, o in rules.JUMPS if tbl == t.table]
+        out += [reprint(r) for r in t.rules] + ([foreign] if foreign and t.table == "filter" else [])
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def test_the_kernels_print_is_learned_line_by_line_and_read_as_ours() -> None:
+    rs = _rendered()
+    kernel = tables.parse_save(_save(rs))
+    assert tables.printed(tables.parse_save(_save(rs, str)), rs) is None, "printed as rendered: no memo"
+    memo = tables.printed(kernel, rs)
+    assert memo is not None and len(memo.lines) == 3, "the three source lines"
+    assert all(k == _other_print(r) and k != r for _, k, r in memo.lines)
+    assert not tables.in_sync(kernel, rs), "byte for byte it differs"
+    view = tables.as_rendered(kernel, memo)
+    assert tables.in_sync(view, rs) and tables.tombstones_in(view) == frozenset()
+    assert tables.revoked_in_kernel(tables.admissions_in(view), rs) == frozenset()
+    assert tables.revoked_in_kernel(tables.admissions_in(kernel), rs) == {
+        Flush(0x10000, 0xFFF0000),
+        Flush(0x20000, 0xFFF0000),
+    }, "without the memo every grant whose rules print otherwise looks revoked"
+    assert tables.as_rendered(kernel, None) is kernel
+
+
+def test_a_learned_print_does_not_hide_a_real_revocation_or_drift() -> None:
+    rs = _rendered()
+    memo = tables.printed(tables.parse_save(_save(rs)), rs)
+    narrowed = _rendered(
+        Nat(
+            service_cidr=GRANTS.service_cidr,
+            exposures=GRANTS.exposures,
+            grants=(Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000), GRANTS.grants[1]),
+        )
+    )
+    view = tables.as_rendered(tables.parse_save(_save(rs)), memo)
+    assert tables.revoked_in_kernel(tables.admissions_in(view), narrowed) == {Flush(0x10000, 0xFFF0000)}
+    # a rule nobody rendered in our chain: not read as ours, so not in sync (and its mark counts)
+    extra = "-A VPNGW-FORWARD -p tcp -s 10.9.0.0/16 -j CONNMARK --set-xmark 0x30000/0xfff0000"
+    drifted = tables.as_rendered(tables.parse_save(_save(rs, foreign=extra)), memo)
+    assert not tables.in_sync(drifted, rs)
+    assert Flush(0x30000, 0xFFF0000) in tables.revoked_in_kernel(tables.admissions_in(drifted), rs)
+    # foreign chains are never rewritten, even with a line that looks like one we learned
+    k = next(k for _, k, _ in (memo.lines if memo else ()))
+    foreign = tables.SavedTable(["CNI-FORWARD"], {"CNI-FORWARD": [k]})
+    assert tables.as_rendered({"filter": foreign}, memo)["filter"].rules["CNI-FORWARD"] == [k]
+
+
+def test_only_lines_that_pair_unambiguously_are_learned() -> None:
+    rs = _ruleset(ADMIT_A, ADMIT_A2)
+    # a chain holding another number of rules than rendered: its lines cannot be paired
+    short = tables.parse_save("*filter\n:VPNGW-FORWARD - [0:0]\n-A VPNGW-FORWARD -j ACCEPT\nCOMMIT\n")
+    assert tables.printed(short, rs) is None
+    assert tables.printed({}, rs) is None, "our chain missing"
+    # two lines of ours printed alike by the kernel: that print stands for neither
+    same = "-A VPNGW-FORWARD -j ACCEPT"
+    both = tables.parse_save(f"*filter\n:VPNGW-FORWARD - [0:0]\n{same}\n{same}\nCOMMIT\n")
+    assert tables.printed(both, rs) is None
+
+
+def test_mismatch_names_the_differing_lines_and_jumps() -> None:
+    rs = _rendered()
+    kernel = tables.parse_save(_save(rs))
+    only_rendered, only_kernel = tables.mismatch(kernel, rs)
+    assert len(only_rendered) == len(only_kernel) == 3
+    assert only_kernel == tuple(_other_print(r) for r in only_rendered)
+    assert tables.mismatch(tables.parse_save(_save(rs, str)), rs) == ((), ())
+    no_jumps = _save(rs, str).replace("-A FORWARD -j VPNGW-FORWARD\n", "")
+    assert tables.mismatch(tables.parse_save(no_jumps), rs) == (("-I FORWARD 1 -j VPNGW-FORWARD",), ())

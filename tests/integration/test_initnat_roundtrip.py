@@ -1,0 +1,220 @@
+"""init-nat when iptables-save prints our rules differently than we render them (a newer iptables in a
+rebuilt image: another option order, an omitted default). Real iptables (legacy and nft), real netlink,
+real conntrack entries flushed by the real ctnetlink flusher, all in a throwaway namespace. The only
+stand-in is the print itself: a Runner wrapper rewrites the save output the way another iptables version
+might (``-s SRC -p tcp`` printed as ``-p tcp -s SRC``, likewise ``-d``); everything else, including the
+restores and the lines we read back, goes through the real tools."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+from pyroute2 import Conntrack, IPRoute
+
+from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port
+from initnat import rules
+from initnat.__main__ import Gateway
+from initnat.conntrack import NetlinkFlusher
+from initnat.iptables import Completed, Iptables, Runner, run_process
+from lab import netns
+
+pytestmark = [pytest.mark.lab]
+
+MAC = "fa:16:3e:aa:bb:07"
+GA = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000)
+GB = Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000)
+MASK = 0x0FFF0000
+# Our admission rules and the DNAT rule start with an address then the protocol; this "other version"
+# prints the protocol first. Same rule, same kernel object, other bytes.
+_ADDRESS_THEN_PROTOCOL = re.compile(r"^(-A VPNGW-\S+) (-[sd] \S+) (-p \S+) ", re.MULTILINE)
+
+
+def plan(*grants: Grant) -> Plan:
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
+        type="ipsec",
+        nic=Nic(mac=MAC, gateway="192.0.2.1"),
+        nat=Nat(
+            service_cidr="198.18.0.0/24",
+            exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+            grants=grants,
+        ),
+    )
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-rtp"
+    netns.add_ns(name)
+    try:
+        netns.run(
+            ["ip", "-n", name, "link", "add", "n2", "address", MAC, "type", "veth", "peer", "name", "p2"]
+        )
+        for dev in ("n2", "p2"):
+            netns.run(["ip", "-n", name, "link", "set", dev, "up"])
+        netns.addr(name, "n2", "192.0.2.2/26")
+        yield name
+    finally:
+        netns.destroy_ns(name)
+
+
+@dataclass
+class OtherPrint:
+    """The real iptables in ``ns``, except that iptables-save prints address-then-protocol rules of ours
+    the other way round. Counts the real (not ``--test``) restores."""
+
+    ns: str
+    restores: int = 0
+
+    def __call__(self, argv: Sequence[str], input: str | None = None) -> Completed:
+        if argv[0].endswith("-restore") and "--test" not in argv:
+            self.restores += 1
+        res = run_process(netns.ns_exec(self.ns, *argv), input)
+        if argv[0].endswith("-save"):
+            return Completed(res.returncode, _ADDRESS_THEN_PROTOCOL.sub(r"\1 \3 \2 ", res.stdout), res.stderr)
+        return res
+
+
+_conforms: Runner = OtherPrint("")
+
+
+@dataclass
+class CountingFlusher(NetlinkFlusher):
+    """The real ctnetlink flusher with its socket in ``ns`` (never this process's namespace, also after
+    an error closed it); records every flush it is asked for."""
+
+    ns: str = ""
+    flushed: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def flush_mark(self, mark: int, mask: int) -> None:
+        self.flushed.append((mark, mask))
+        if self._ct is None:
+            self._ct = Conntrack(netns=self.ns)
+        super().flush_mark(mark, mask)
+
+
+def _ct(ns: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return netns.run(netns.ns_exec(ns, "conntrack", *args), check=False)
+
+
+def add_flows(ns: str, mark: int, first: int, count: int = 3) -> None:
+    for i in range(first, first + count):
+        res = _ct(
+            ns, "-I", "-s", f"203.0.113.{i}", "-d", "198.18.0.10", "-p", "tcp", "--sport", str(4000 + i),
+            "--dport", "80", "--state", "ESTABLISHED", "-t", "300", "-u", "ASSURED", "-m", str(mark),
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+
+
+def flows(ns: str, mark: int) -> int:
+    return len(_ct(ns, "-L", "-m", f"{mark:#x}/{MASK:#x}").stdout.splitlines())
+
+
+@pytest.fixture
+def gateway(ns: str) -> Iterator[tuple[Gateway, OtherPrint, CountingFlusher]]:
+    printer, flusher = OtherPrint(ns), CountingFlusher(ns=ns)
+    try:
+        with IPRoute(netns=ns, flags=0) as ipr:
+            yield Gateway(Iptables("nft", printer), ipr, flusher), printer, flusher
+    finally:
+        flusher.close()
+
+
+def mismatch_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "initnat.roundtrip_mismatch" in r.getMessage()]
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_a_kernel_that_prints_our_rules_differently_is_in_sync_and_revokes_nothing(
+    gateway: tuple[Gateway, OtherPrint, CountingFlusher],
+    ns: str,
+    variant: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw, printer, flusher = gateway
+    gw.iptables.variant = variant  # type: ignore[assignment]
+    with caplog.at_level("INFO", logger="initnat"):
+        gw.apply(plan(GA, GB))
+    assert printer.restores == 1 and flusher.flushed == []
+    (line,) = mismatch_lines(caplog)
+    assert f"variant={variant}" in line and "learned=yes" in line, line
+    assert "-A VPNGW-FORWARD -p tcp -s 203.0.113.0/28 " in line, "the kernel's print, to compare by eye"
+    assert "-A VPNGW-FORWARD -s 203.0.113.0/28 -p tcp " in line, "and ours"
+    add_flows(ns, GA.mark, 1)
+    add_flows(ns, GB.mark, 17)
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="initnat"):
+        gw.apply(plan(GA, GB))  # a resync of the same plan
+        gw.apply(plan(GA, GB))
+    assert printer.restores == 1, "the kernel holds what it held right after our restore: in sync"
+    assert flusher.flushed == [], "no grant looks revoked because of how its rules are printed"
+    assert flows(ns, GA.mark) == 3 and flows(ns, GB.mark) == 3, "tenant flows untouched"
+    assert mismatch_lines(caplog) == [] and "changed=False" in caplog.text
+
+    # A grant genuinely revoked is still flushed (with its tombstone lifted afterwards), the other kept.
+    with caplog.at_level("INFO", logger="initnat"):
+        gw.apply(plan(GB))
+    assert flusher.flushed == [(GA.mark, MASK)] and printer.restores == 3, "the swap, then the -D lift"
+    assert flows(ns, GA.mark) == 0 and flows(ns, GB.mark) == 3
+    save = gw.iptables.run([f"iptables-{variant}-save"]).stdout
+    assert "0x10000" not in save, "GA's admission withdrawn and its tombstone lifted"
+    assert "-A VPNGW-FORWARD -p tcp -s 203.0.113.16/28 " in save, "GB's admission, in the kernel's print"
+    gw.apply(plan(GB))
+    assert printer.restores == 3 and flusher.flushed == [(GA.mark, MASK)], "and stable again"
+    assert flows(ns, GB.mark) == 3
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_drift_is_still_repaired_and_a_narrowed_grant_still_flushed(
+    gateway: tuple[Gateway, OtherPrint, CountingFlusher], ns: str, variant: str
+) -> None:
+    """The memory of the kernel's print covers exactly what the kernel held after our restore: a rule
+    deleted by hand is drift (restored), and a grant narrowed by the plan is revoked as before."""
+    gw, printer, flusher = gateway
+    gw.iptables.variant = variant  # type: ignore[assignment]
+    wide = Grant("s1", "web", "exposure", ("203.0.113.0/28", "203.0.113.32/28"), 0x10000)
+    gw.apply(plan(wide, GB))
+    res = run_process(netns.ns_exec(ns, f"iptables-{variant}", "-D", "VPNGW-TARGETS", "1"))
+    assert res.returncode == 0, res.stderr
+    gw.apply(plan(wide, GB))
+    assert printer.restores == 2, "drift repaired"
+    assert flusher.flushed == []
+    add_flows(ns, GA.mark, 1)
+    gw.apply(plan(GA, GB))  # wide narrowed to 203.0.113.0/28: its flows are flushed (some came from .32/28)
+    assert flusher.flushed == [(GA.mark, MASK)] and flows(ns, GA.mark) == 0
+    assert gw.last is not None and rules.render(gw.last).rule_count > 0
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_after_a_restart_a_print_mismatch_revokes_once(
+    gateway: tuple[Gateway, OtherPrint, CountingFlusher], ns: str, variant: str
+) -> None:
+    """No memory after a restart: the kernel's admissions are compared byte for byte with the rendering,
+    so a grant whose rules print differently is revoked ONCE (its flows flushed); the readback after
+    that apply's restore teaches the print, and from then on nothing is revoked."""
+    gw, printer, _ = gateway
+    gw.iptables.variant = variant  # type: ignore[assignment]
+    gw.apply(plan(GA, GB))
+    add_flows(ns, GB.mark, 17)
+    flusher = CountingFlusher(ns=ns)
+    try:
+        fresh = Gateway(Iptables(variant, printer), gw.netlink, flusher)  # type: ignore[arg-type]
+        fresh.apply(plan(GA, GB))
+        assert sorted(flusher.flushed) == [(GA.mark, MASK), (GB.mark, MASK)], "revoked once"
+        assert flows(ns, GB.mark) == 0
+        add_flows(ns, GB.mark, 17)
+        restores = printer.restores
+        fresh.apply(plan(GA, GB))
+        assert printer.restores == restores and len(flusher.flushed) == 2 and flows(ns, GB.mark) == 3
+    finally:
+        flusher.close()
