@@ -128,8 +128,14 @@ class Gateway:
         # a newer iptables printing our rules differently must not make them look revoked (tables.Printed).
         view = tables.as_rendered(saved, self.iptables.printed)
         wanted = rules.render(policy)
-        gone = set(rules.flushes(self.last, policy))
-        gone |= tables.revoked_in_kernel(tables.admissions_in(view), wanted)
+        in_kernel = tables.revoked_in_kernel(tables.admissions_in(view), wanted)
+        if in_kernel and self.last is None and self.iptables.printed is None:
+            # A restart (nothing restored by this process yet): learn how the kernel prints this ruleset
+            # before taking the kernel's lines that differ for revoked (a copy in unjumped chains).
+            self.iptables.learn_print(wanted)
+            view = tables.as_rendered(saved, self.iptables.printed)
+            in_kernel = tables.revoked_in_kernel(tables.admissions_in(view), wanted)
+        gone = set(rules.flushes(self.last, policy)) | in_kernel
         gone |= tables.tombstones_in(view)
         gone |= self.pending_flush
         # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).

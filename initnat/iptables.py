@@ -170,17 +170,21 @@ class Iptables:
         if tables.in_sync(after, ruleset):
             return
         self.printed = tables.printed(after, ruleset)
-        only_rendered, only_kernel = tables.mismatch(after, ruleset)
-        digest = hashlib.sha256(repr((only_rendered, only_kernel)).encode()).hexdigest()[:16]
+        self._report("readback", *tables.mismatch(after, ruleset))
+
+    def _report(self, source: str, only_rendered: Sequence[str], only_kernel: Sequence[str]) -> None:
+        """One error line per distinct mismatch (a few of its lines; iptables rules hold no secrets)."""
+        digest = hashlib.sha256(repr((tuple(only_rendered), tuple(only_kernel))).encode()).hexdigest()[:16]
         if digest in self.reported:
             return
         if len(self.reported) >= _REPORTED_MAX:
             self.reported.clear()
         self.reported.add(digest)
         log.error(
-            "initnat.roundtrip_mismatch variant=%s digest=%s rendered_only=%d kernel_only=%d learned=%s "
-            "rendered=%s kernel=%s",
+            "initnat.roundtrip_mismatch variant=%s source=%s digest=%s rendered_only=%d kernel_only=%d "
+            "learned=%s rendered=%s kernel=%s",
             self.variant,
+            source,
             digest,
             len(only_rendered),
             len(only_kernel),
@@ -188,6 +192,30 @@ class Iptables:
             json.dumps(list(only_rendered[:2])),
             json.dumps(list(only_kernel[:2])),
         )
+
+    def learn_print(self, ruleset: Ruleset) -> None:
+        """How does the kernel print ``ruleset``? For a restarted init-nat, which has not restored anything
+        yet and would otherwise take each rule the kernel prints otherwise for a revoked one: write a copy
+        of ``ruleset`` to chains nothing jumps to (tables.PROBE_PREFIX: they match no packet), read it
+        back, delete them. What it teaches is kept in :attr:`printed`. A failure only means not knowing
+        (logged): the apply goes on comparing byte for byte."""
+        try:
+            try:
+                res = self._restore(tables.probe_payload(ruleset))
+                if res.returncode != 0:
+                    raise IptablesError(f"writing the probe chains failed: {_err(res)}")
+                seen = tables.probed(self.saved(), ruleset)
+            finally:  # also after a failed write: a table may have committed before another failed
+                gone = self._restore(tables.probe_cleanup_payload(ruleset))
+                if gone.returncode != 0:
+                    log.warning("initnat.probe_cleanup_failed error=%s", _err(gone))
+        except (IptablesError, OSError) as exc:
+            log.warning("initnat.probe_failed error=%s", " ".join(str(exc).split()))
+            return
+        if tables.kernel_rules(seen, ruleset) == tables.rendered_rules(ruleset):
+            return
+        self.printed = tables.printed(seen, ruleset)
+        self._report("probe", *tables.mismatch(seen, ruleset, jumps=False))
 
     def delete(self, table: Table, lines: Sequence[str]) -> float:
         """Delete exactly these ``-A`` rules of ours (a small ``--noflush`` payload of ``-D`` lines: the

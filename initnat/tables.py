@@ -176,13 +176,71 @@ def as_rendered(saved: dict[str, SavedTable], memo: Printed | None) -> dict[str,
     return out
 
 
-def mismatch(saved: dict[str, SavedTable], ruleset: Ruleset) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Our rules only in the rendering and only in the kernel, in order (jumps as the fixes they need)."""
+PROBE_PREFIX = "VPNGWPROBE-"
+"""Chains a restarted init-nat writes a copy of its ruleset to, to see how the kernel prints it: never
+jumped to, so they match no packet; deleted right after. Not ours by OWN_PREFIX (never compared)."""
+_OUR_CHAIN = re.compile(rf"^-A {OWN_PREFIX}| -j {OWN_PREFIX}")
+_PROBE_CHAIN = re.compile(rf"^-A {PROBE_PREFIX}| -j {PROBE_PREFIX}")
+
+
+def _to_probe(line: str) -> str:
+    # " -j VPNGW-" is only ever a jump: the names inside comments have no spaces.
+    return _OUR_CHAIN.sub(lambda m: m.group(0).replace(OWN_PREFIX, PROBE_PREFIX), line)
+
+
+def _from_probe(line: str) -> str:
+    return _PROBE_CHAIN.sub(lambda m: m.group(0).replace(PROBE_PREFIX, OWN_PREFIX), line)
+
+
+def _probe_chain(chain: str) -> str:
+    return PROBE_PREFIX + chain.removeprefix(OWN_PREFIX)
+
+
+def probe_payload(ruleset: Ruleset) -> str:
+    """``ruleset`` in the probe chains (each declared, so emptied first), no jumps to them."""
+    out: list[str] = []
+    for t in ruleset.tables:
+        out.append(f"*{t.table}")
+        out.extend(f":{_probe_chain(c)} - [0:0]" for c in t.chains)
+        out.extend(_to_probe(r) for r in t.rules)
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def probe_cleanup_payload(ruleset: Ruleset) -> str:
+    """Empty the probe chains (they jump to each other), then delete them."""
+    out: list[str] = []
+    for t in ruleset.tables:
+        out.append(f"*{t.table}")
+        out.extend(f":{_probe_chain(c)} - [0:0]" for c in t.chains)
+        out.extend(f"-X {_probe_chain(c)}" for c in t.chains)
+        out.append("COMMIT")
+    return "\n".join(out) + "\n"
+
+
+def probed(saved: dict[str, SavedTable], ruleset: Ruleset) -> dict[str, SavedTable]:
+    """The probe chains of ``saved`` as if they were our chains (names put back), and only them: read
+    with :func:`printed` and :func:`mismatch` as a readback of ``ruleset``."""
+    out: dict[str, SavedTable] = {}
+    for t in ruleset.tables:
+        have = saved.get(t.table, SavedTable())
+        chains = [c for c in t.chains if _probe_chain(c) in have.chains]
+        rules = {c: [_from_probe(r) for r in have.rules.get(_probe_chain(c), [])] for c in chains}
+        out[t.table] = SavedTable(chains, rules)
+    return out
+
+
+def mismatch(
+    saved: dict[str, SavedTable], ruleset: Ruleset, *, jumps: bool = True
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Our rules only in the rendering and only in the kernel, in order (with ``jumps``, our jumps' fixes
+    count as rendered-only lines)."""
     want = [r for _, _, rs in rendered_rules(ruleset) for r in rs]
     have = [r for _, _, rs in kernel_rules(saved, ruleset) or () for r in rs]
     in_kernel, in_rendering = set(have), set(want)
     only_rendered = [r for r in want if r not in in_kernel]
-    only_rendered += [fix for t in ruleset.tables for fix in jump_fixes(saved, t.table)]
+    if jumps:
+        only_rendered += [fix for t in ruleset.tables for fix in jump_fixes(saved, t.table)]
     return tuple(only_rendered), tuple(r for r in have if r not in in_rendering)
 
 
@@ -241,7 +299,8 @@ def admissions_in(saved: dict[str, SavedTable]) -> dict[Flush, frozenset[str]]:
     return admissions(saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, []))
 
 
-_TOMBSTONE = re.compile(rf"^-A {FILTER_CHAIN} -m connmark --mark (0x[0-9a-f]+)/(0x[0-9a-f]+) .*-j DROP$")
+_TOMBSTONE_COMMENT = '"vpngw revoked until its conntrack flush"'  # rules.tombstone_rules
+_CONNMARK = re.compile(r" -m connmark --mark (0x[0-9a-f]+)/(0x[0-9a-f]+)( |$)")
 
 
 def tombstones_in(saved: dict[str, SavedTable]) -> frozenset[Flush]:
@@ -249,7 +308,8 @@ def tombstones_in(saved: dict[str, SavedTable]) -> frozenset[Flush]:
     succeeded when the process that wrote them stopped, so a restarted init-nat owes it."""
     out = set()
     for r in saved.get("filter", SavedTable()).rules.get(FILTER_CHAIN, []):
-        if m := _TOMBSTONE.match(r):
+        # By its comment, wherever the print puts the options (the flush is owed whatever the version).
+        if _TOMBSTONE_COMMENT in r and r.endswith(" -j DROP") and (m := _CONNMARK.search(r)):
             out.add(Flush(int(m.group(1), 16), int(m.group(2), 16)))
     return frozenset(out)
 

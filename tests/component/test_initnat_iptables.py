@@ -198,3 +198,14 @@ def test_a_failed_read_back_is_not_a_failed_apply(caplog: pytest.LogCaptureFixtu
     with caplog.at_level("INFO", logger="initnat"):
         assert ipt.apply(RULESET).changed
     assert ipt.printed is None and "initnat.readback_failed" in caplog.text and "boom" in caplog.text
+
+
+def test_a_refused_probe_is_cleaned_up_and_only_means_not_knowing(caplog: pytest.LogCaptureFixture) -> None:
+    """learn_print (a restart): the probe's write refused (a table may have committed already) -> its
+    chains are deleted anyway, nothing is learned, a warning, no exception."""
+    r = FakeRunner({"iptables-nft-restore": [Completed(1, "", "nat: boom"), Completed(0, "", "")]})
+    ipt = Iptables("nft", r)
+    with caplog.at_level("INFO", logger="initnat"):
+        ipt.learn_print(RULESET)
+    assert ipt.printed is None and "initnat.probe_failed" in caplog.text and "nat: boom" in caplog.text
+    assert [c[1] for c in r.calls] == [tables.probe_payload(RULESET), tables.probe_cleanup_payload(RULESET)]

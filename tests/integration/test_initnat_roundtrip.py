@@ -31,8 +31,8 @@ GA = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000)
 GB = Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000)
 MASK = 0x0FFF0000
 # Our admission rules and the DNAT rule start with an address then the protocol; this "other version"
-# prints the protocol first. Same rule, same kernel object, other bytes.
-_ADDRESS_THEN_PROTOCOL = re.compile(r"^(-A VPNGW-\S+) (-[sd] \S+) (-p \S+) ", re.MULTILINE)
+# prints the protocol first, in every chain. Same rule, same kernel object, other bytes.
+_ADDRESS_THEN_PROTOCOL = re.compile(r"^(-A \S+) (-[sd] \S+) (-p \S+) ", re.MULTILINE)
 
 
 def plan(*grants: Grant) -> Plan:
@@ -196,25 +196,48 @@ def test_drift_is_still_repaired_and_a_narrowed_grant_still_flushed(
 
 
 @pytest.mark.parametrize("variant", ["legacy", "nft"])
-def test_after_a_restart_a_print_mismatch_revokes_once(
-    gateway: tuple[Gateway, OtherPrint, CountingFlusher], ns: str, variant: str
+def test_a_restart_learns_the_print_first_and_still_revokes_what_was_really_narrowed(
+    gateway: tuple[Gateway, OtherPrint, CountingFlusher],
+    ns: str,
+    variant: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """No memory after a restart: the kernel's admissions are compared byte for byte with the rendering,
-    so a grant whose rules print differently is revoked ONCE (its flows flushed); the readback after
-    that apply's restore teaches the print, and from then on nothing is revoked."""
+    """No memory after a restart: before taking the kernel's admission lines that differ from the
+    rendering for revoked ones, init-nat writes a copy of the ruleset to chains nothing jumps to, reads
+    back how the kernel prints it, and deletes them. A grant that only prints otherwise keeps its flows
+    (and the kernel its rules: no restore); a grant narrowed while init-nat was down is still flushed."""
     gw, printer, _ = gateway
     gw.iptables.variant = variant  # type: ignore[assignment]
-    gw.apply(plan(GA, GB))
+    wide = Grant("s1", "web", "exposure", ("203.0.113.0/28", "203.0.113.32/28"), 0x10000)
+    gw.apply(plan(wide, GB))
+    add_flows(ns, GA.mark, 1)
     add_flows(ns, GB.mark, 17)
-    flusher = CountingFlusher(ns=ns)
+    before = printer.restores
+
+    def restart() -> tuple[Gateway, CountingFlusher]:
+        flusher = CountingFlusher(ns=ns)
+        return Gateway(Iptables(variant, printer), gw.netlink, flusher), flusher  # type: ignore[arg-type]
+
+    fresh, flusher = restart()
+    caplog.clear()
     try:
-        fresh = Gateway(Iptables(variant, printer), gw.netlink, flusher)  # type: ignore[arg-type]
+        with caplog.at_level("INFO", logger="initnat"):
+            fresh.apply(plan(wide, GB))
+        assert flusher.flushed == [], "nothing revoked: the kernel's lines are its print of ours"
+        assert flows(ns, GA.mark) == 3 and flows(ns, GB.mark) == 3
+        assert printer.restores == before + 2, "the probe's write and delete, no restore of our chains"
+        assert "VPNGWPROBE" not in gw.iptables.run([f"iptables-{variant}-save"]).stdout, "probe chains gone"
+        (line,) = mismatch_lines(caplog)
+        assert "source=probe" in line and "learned=yes" in line, line
+        fresh.apply(plan(wide, GB))
+        assert printer.restores == before + 2 and flusher.flushed == [], "in sync from then on"
+    finally:
+        flusher.close()
+
+    fresh, flusher = restart()  # restarted onto a plan that narrowed wide to 203.0.113.0/28
+    try:
         fresh.apply(plan(GA, GB))
-        assert sorted(flusher.flushed) == [(GA.mark, MASK), (GB.mark, MASK)], "revoked once"
-        assert flows(ns, GB.mark) == 0
-        add_flows(ns, GB.mark, 17)
-        restores = printer.restores
-        fresh.apply(plan(GA, GB))
-        assert printer.restores == restores and len(flusher.flushed) == 2 and flows(ns, GB.mark) == 3
+        assert flusher.flushed == [(GA.mark, MASK)], "the narrowed grant, and only it"
+        assert flows(ns, GA.mark) == 0 and flows(ns, GB.mark) == 3
     finally:
         flusher.close()

@@ -300,3 +300,37 @@ def test_mismatch_names_the_differing_lines_and_jumps() -> None:
     assert tables.mismatch(tables.parse_save(_save(rs, str)), rs) == ((), ())
     no_jumps = _save(rs, str).replace("-A FORWARD -j VPNGW-FORWARD\n", "")
     assert tables.mismatch(tables.parse_save(no_jumps), rs) == (("-I FORWARD 1 -j VPNGW-FORWARD",), ())
+
+
+def test_the_probe_copies_the_ruleset_to_unjumped_chains_and_reads_it_back_as_ours() -> None:
+    """A restarted init-nat learns the kernel's print from a copy in VPNGWPROBE-* chains: names (and the
+    jump between them) renamed there and back, nothing else touched, our chains not named at all."""
+    rs = _rendered()
+    text = tables.probe_payload(rs)
+    assert "VPNGW-" not in text and ":VPNGWPROBE-FORWARD - [0:0]" in text
+    assert (
+        "-A VPNGWPROBE-FORWARD -m conntrack --ctstate NEW" in text
+        and text.count(" -j VPNGWPROBE-TARGETS") == 1
+    )
+    kernel = tables.parse_save("\n".join(_other_print(line) for line in text.splitlines()))
+    seen = tables.probed(kernel, rs)
+    memo = tables.printed(seen, rs)
+    assert memo is not None and memo == tables.printed(tables.parse_save(_save(rs)), rs), "as a readback"
+    assert tables.mismatch(seen, rs, jumps=False)[1] == tuple(
+        _other_print(r) for r in tables.mismatch(seen, rs, jumps=False)[0]
+    )
+    cleanup = tables.probe_cleanup_payload(rs).splitlines()
+    assert "-X VPNGWPROBE-TARGETS" in cleanup and ":VPNGWPROBE-TARGETS - [0:0]" in cleanup
+    assert not any("VPNGW-" in line for line in cleanup)
+    assert tables.own_state(kernel) == {}, "probe chains are not ours"
+
+
+def test_tombstones_are_found_whatever_order_the_kernel_prints_their_options_in() -> None:
+    stones = {Flush(0x10000, 0xFFF0000)}
+    (line,) = rules.tombstone_rules(stones)
+    reordered = re.sub(
+        r"^(-A \S+) (-m connmark --mark \S+) (-m comment --comment \"[^\"]*\")", r"\1 \3 \2", line
+    )
+    assert reordered != line
+    save = f"*filter\n:VPNGW-FORWARD - [0:0]\n{reordered}\nCOMMIT\n"
+    assert tables.tombstones_in(tables.parse_save(save)) == stones
