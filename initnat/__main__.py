@@ -124,8 +124,8 @@ class Gateway:
             saved = self.iptables.saved()
         except IptablesError as exc:  # nothing has been changed yet: the last good ruleset stands
             raise IptablesError(f"{exc}; nothing changed", rolled_back=True) from exc
-        # Our chains read as rendered while they hold exactly the kernel's print of what we last restored:
-        # a newer iptables printing our rules differently must not make them look revoked (tables.Printed).
+        # Lines of our chains that are the kernel's print of lines we rendered are read as ours: a newer
+        # iptables printing our rules otherwise must not make them look revoked (tables.Printed).
         view = tables.as_rendered(saved, self.iptables.printed)
         wanted = rules.render(policy)
         in_kernel = tables.revoked_in_kernel(tables.admissions_in(view), wanted)

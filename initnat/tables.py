@@ -124,7 +124,8 @@ def in_sync(saved: dict[str, SavedTable], ruleset: Ruleset) -> bool:
 @dataclass(frozen=True)
 class Printed:
     """How the kernel prints rules we applied, where that is not how we rendered them, learned from the
-    save read back right after our own restore. Every decision here assumes iptables-save prints our
+    save read back right after our own restore (or, after a restart, after writing a copy to the probe
+    chains, :func:`probe_payload`). Every decision here assumes iptables-save prints our
     rules byte for byte as rendered; a newer iptables that orders options differently or omits a default
     would otherwise make every resync a full restore and, worse, make every affected grant look revoked
     (flushed and tombstoned at every resync). See :func:`as_rendered`."""
