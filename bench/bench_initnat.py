@@ -1,9 +1,9 @@
 """Benchmarks of init-nat's hot paths, on the real kernel in throwaway network namespaces (root).
 
 1. Applying 1,000 exposures x 2 grants: the ``iptables-restore --noflush`` transaction itself, the whole
-   apply (save + --test + restore) and a no-op re-apply, for the legacy and the nft variant; for the
-   current ruleset, the one before VPNGW-TARGETS (no drop of connections to a target's real address),
-   and the rejected alternative of admitting established flows per grant and source.
+   apply (save + --test + restore + read-back save) and a no-op re-apply, for the legacy and the nft
+   variant; for the current ruleset, the one before VPNGW-TARGETS (no drop of connections to a target's
+   real address), and the rejected alternative of admitting established flows per grant and source.
 2. Revoking one grant of that ruleset: withdrawing its admission alone (before) against withdrawing it
    with a tombstone, flushing its conntrack mark and lifting the tombstone (now).
 3. Deleting one grant's 5,000 of 10,000 conntrack entries: init-nat's ctnetlink flush by mark side by
@@ -131,7 +131,7 @@ def bench_restore(rounds: int) -> None:
                 assert not ipt.apply(rs).changed
                 noop.append(time.perf_counter() - t)
             print(f"  {variant:6s} restore transaction  {_stats(restore)}")
-            print(f"  {variant:6s} whole apply         {_stats(whole)}   (save + --test + restore)")
+            print(f"  {variant:6s} whole apply         {_stats(whole)}   (save, --test, restore, read back)")
             print(f"  {variant:6s} no-op re-apply      {_stats(noop)}   (save + compare)")
             _reset(variant)
 
