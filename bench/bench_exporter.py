@@ -2,13 +2,15 @@
 
 * IPsec: a lab charon pair with IKES IKE_SAs x CHILDREN CHILD_SAs (default 100 x 10 = 1,000); the floor
   is one raw ``list-sas`` read off the VICI socket (request out, every byte of the answer in, no decoding).
-* WireGuard: a wireguard-go interface with 1,000 and 10,000 peers; the floor is one raw UAPI ``get=1``.
+* WireGuard: a wireguard-go interface with 0, 1,000 and 10,000 peers; the floor is one raw UAPI ``get=1``.
+  The 0-peer row is the fixed cost of a scrape (HTTP, the UAPI exchange, the daemon-level series): what
+  no parser, however fast, takes out of the 1,000-peer case.
 
 Each scrape is a real HTTP GET /metrics against ``python -m exporter`` running as its own process (so
 its RSS is the exporter's alone: VmHWM, the peak). Needs root (network namespaces). Prints a table; the
 numbers go to docs/exporter.md.
 
-    .venv/bin/python bench/bench_exporter.py [--repeat 30] [--ikes 100] [--children 10] [--peers 1000,10000]
+    .venv/bin/python bench/bench_exporter.py [--repeat 30] [--ikes 100] [--children 10] [--peers 0,1000,10000]
 """
 
 from __future__ import annotations
@@ -314,7 +316,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=30, help="scrapes and raw reads per case (median)")
     p.add_argument("--ikes", type=int, default=100)
     p.add_argument("--children", type=int, default=10)
-    p.add_argument("--peers", default="1000,10000", help="comma-separated WireGuard peer counts")
+    p.add_argument("--peers", default="0,1000,10000", help="comma-separated WireGuard peer counts")
     p.add_argument("--skip-ipsec", action="store_true")
     p.add_argument("--skip-wireguard", action="store_true")
     args = p.parse_args()
