@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--vici-socket",
         type=Path,
-        default=Path("/var/run/charon.vici"),
+        default=Path("/var/run/charon/charon.vici"),
         help="charon's VICI socket (default: %(default)s)",
     )
     p.add_argument("--status-file", type=Path, help="write the status JSON here (atomically, on change)")
@@ -101,8 +101,8 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
             raise UsageError(str(exc)) from None
     if not 0.05 <= ns.poll_interval <= 10:
         raise UsageError("--poll-interval: must be between 0.05 and 10 seconds")
-    if ns.resync_seconds <= 0:
-        raise UsageError("--resync-seconds: must be positive")
+    if not 1 <= ns.resync_seconds <= 86400:  # also refuses nan and inf
+        raise UsageError("--resync-seconds: must be between 1 and 86400 seconds")
     settings = Settings(
         plan=ns.plan,
         secrets_dir=ns.secrets_dir,

@@ -24,7 +24,7 @@ class Settings:
     """The rendered plan file (a ConfigMap volume: replaced by atomic rename or kubelet's symlink swap)."""
     secrets_dir: Path
     """Secret volumes: a value lives at ``<secrets_dir>/<secret-name>/<key>``."""
-    vici_socket: Path = Path("/var/run/charon.vici")
+    vici_socket: Path = Path("/var/run/charon/charon.vici")
     """charon's VICI socket, shared with the strongswan container through an emptyDir."""
     status_file: Path | None = None
     """Write the status JSON here (atomically, on change)."""

@@ -14,6 +14,7 @@ import anyio
 import kmock
 import pytest
 
+from agent.__main__ import UsageError, build_parser, parse_settings
 from gwplan import Child, GatewayRef, Ipsec, Plan, Tunnel, dumps
 
 AGENT = [sys.executable, "-m", "agent"]
@@ -126,3 +127,16 @@ async def test_kube_status_end_to_end_through_kubeconfig_against_kmock(tmp_path:
         assert status["agent"]["connected"] is False
         assert all(r.subresource == "status" for r in k["patch"])
         assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "0.5"])
+def test_a_resync_period_outside_1s_to_a_day_is_bad_usage(tmp_path: Path, value: str) -> None:
+    """nan slipped through a ``<= 0`` check (every comparison with nan is false)."""
+    with pytest.raises(UsageError, match="--resync-seconds: must be between 1 and 86400"):
+        parse_settings(["--plan", "x", "--secrets-dir", str(tmp_path), "--resync-seconds", value])
+
+
+def test_the_default_vici_socket_is_where_the_gateway_image_puts_it() -> None:
+    conf = (Path(__file__).resolve().parents[2] / "images" / "gateway" / "strongswan.conf").read_text()
+    default = build_parser().get_default("vici_socket")
+    assert f"socket = unix://{default}\n" in conf

@@ -8,7 +8,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -48,16 +50,43 @@ def test_every_copy_source_exists_in_the_build_context(dockerfile: Path) -> None
     assert not missing, f"{dockerfile}: COPY sources missing from the repository root: {missing}"
 
 
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A scratch directory the unprivileged user can reach (pytest's tmp_path sits under a 0700 directory)."""
+    d = Path(tempfile.mkdtemp(prefix="vpngw-image-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+IMAGE_GID = 65532
+"""The image's unprivileged user and group (images/gateway/Dockerfile: USER 65532:65532, group vpngw)."""
+
+
 @pytest.mark.lab
-def test_gateway_charon_config_loads_every_plugin_it_names(lab: Lab) -> None:
+def test_gateway_charon_config_loads_every_plugin_it_names(lab: Lab, open_tmp: Path) -> None:
     """The image's strongswan.conf, run by a real charon: VICI answers on the socket path the pod's other
-    containers use (/var/run/charon/charon.vici, here inside the namespace's private /run)."""
+    containers use (/var/run/charon/charon.vici, here inside the namespace's private /run), and it answers
+    the image's unprivileged user (65532:65532, as the status-agent and exporter run): the config's
+    ``group = vpngw`` makes the 0770 socket theirs. charon's mount namespace sees an /etc/group with the
+    image's vpngw group; this machine's is not touched."""
     wanted = re.search(r"^\s*load = (.+)$", GATEWAY_CONF.read_text(), re.M)
     assert wanted
     plugins = wanted.group(1).split()
-    run = lab.gw.dir / "image-run"
-    (run / "charon").mkdir(parents=True)
-    argv = ns_exec(lab.gw.ns, "sh", "-c", f'mount --bind "{run}" /run && exec /usr/lib/ipsec/charon')
+    tmp_path = open_tmp
+    group = tmp_path / "group"
+    group.write_text(Path("/etc/group").read_text() + f"vpngw:x:{IMAGE_GID}:\n")
+    run = tmp_path / "run"
+    (run / "charon").mkdir(parents=True, mode=0o777)  # an emptyDir is world-writable
+    (run / "charon").chmod(0o777)
+    argv = ns_exec(
+        lab.gw.ns,
+        "sh",
+        "-c",
+        f'mount --bind "{group}" /etc/group && mount --bind "{run}" /run && exec /usr/lib/ipsec/charon',
+    )
     proc = subprocess.Popen(argv, env={"STRONGSWAN_CONF": str(GATEWAY_CONF), "PATH": "/usr/bin:/bin"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -75,6 +104,21 @@ def test_gateway_charon_config_loads_every_plugin_it_names(lab: Lab) -> None:
         assert isinstance(loaded, list)
         missing = [p for p in plugins if p not in loaded]
         assert not missing, f"plugins named in images/gateway/strongswan.conf but not loaded: {missing}"
+
+        st = sock.stat()
+        assert (st.st_gid, st.st_mode & 0o777) == (IMAGE_GID, 0o770)
+        as_image_user = subprocess.run(  # swanctl: a real VICI client, no Python environment needed
+            ["swanctl", "--stats", "--uri", f"unix://{sock}"],
+            user=IMAGE_GID,
+            group=IMAGE_GID,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert as_image_user.returncode == 0, as_image_user.stderr[-1500:]
+        assert "uptime:" in as_image_user.stdout
     finally:
         proc.terminate()
         proc.wait(timeout=10)
