@@ -97,3 +97,10 @@ def test_dashboard_is_valid_json_and_queries_only_emitted_metrics() -> None:
 @pytest.mark.parametrize("bogus", ["strongswan_tunnel_bytes", "wireguard_peer_rx_bytes_total"])
 def test_the_emitted_check_would_catch_a_wrong_name(bogus: str) -> None:
     assert bogus not in emitted()
+
+
+def test_the_instance_picker_lists_wireguard_only_gateways_too() -> None:
+    """A WireGuard gateway's exporter emits no strongswan_up: a picker built on it hid those gateways."""
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    (var,) = [v for v in dashboard["templating"]["list"] if v["name"] == "instance"]
+    assert {"strongswan_up", "wireguard_up"} <= set(METRIC.findall(var["definition"]))

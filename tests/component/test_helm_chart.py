@@ -60,8 +60,12 @@ def test_chart_monitoring_files_are_copies_of_monitoring(name: str) -> None:
     )
 
 
+PROMETHEUS_OPERATOR = ("--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+"""What a cluster with the Prometheus Operator's CRDs tells helm (``helm template`` knows no cluster)."""
+
+
 def test_rendered_chart_carries_crds_rules_and_dashboard_verbatim(helm: str) -> None:
-    docs = _template(helm)
+    docs = _template(helm, *PROMETHEUS_OPERATOR)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds.count("CustomResourceDefinition") == 4
     crd_names = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
@@ -87,3 +91,26 @@ def test_monitoring_objects_can_be_switched_off(helm: str) -> None:
         "monitoring.grafanaDashboard.enabled=false",
     )
     assert sorted({d["kind"] for d in docs}) == ["CustomResourceDefinition"]
+
+
+def test_without_the_prometheus_operator_the_rule_is_left_out_and_the_notes_say_so(helm: str) -> None:
+    """On a cluster that does not serve PrometheusRule, rendering one would fail the whole install."""
+    docs = _template(helm)
+    assert "PrometheusRule" not in {d["kind"] for d in docs}
+    assert "ConfigMap" in {d["kind"] for d in docs}
+    res = subprocess.run(
+        [helm, "install", "t", str(CHART), "--dry-run=client"], capture_output=True, text=True, check=True
+    )
+    notes = res.stdout.split("NOTES:", 1)[1]
+    assert "Alerting rules: NOT installed" in notes and "PrometheusRule" in notes
+
+
+def test_the_chart_refuses_a_kubernetes_without_cel_reason_and_field_path(helm: str) -> None:
+    old = subprocess.run(
+        [helm, "template", "t", str(CHART), "--kube-version", "1.27.9"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert old.returncode != 0 and "kubeVersion" in old.stderr
+    assert _template(helm, "--kube-version", "1.28.0")
