@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.sink import plural
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "vpngw"
 HELM = shutil.which("helm", path=str(ROOT / ".tools" / "bin")) or shutil.which("helm")
@@ -90,7 +92,7 @@ def test_monitoring_objects_can_be_switched_off(helm: str) -> None:
         "--set",
         "monitoring.grafanaDashboard.enabled=false",
     )
-    assert sorted({d["kind"] for d in docs}) == ["CustomResourceDefinition"]
+    assert sorted({d["kind"] for d in docs}) == ["ClusterRole", "CustomResourceDefinition"]
 
 
 def test_without_the_prometheus_operator_the_rule_is_left_out_and_the_notes_say_so(helm: str) -> None:
@@ -114,3 +116,28 @@ def test_the_chart_refuses_a_kubernetes_without_cel_reason_and_field_path(helm: 
     )
     assert old.returncode != 0 and "kubeVersion" in old.stderr
     assert _template(helm, "--kube-version", "1.28.0")
+
+
+def test_the_gateway_status_role_grants_exactly_the_agents_status_patch(helm: str) -> None:
+    """``agent --kube-status`` patches ``<plural(kind)>/status`` of its gateway (agent/sink.py); the role
+    must cover each gateway kind's CRD, and nothing more."""
+    docs = _template(helm)
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}  # fmt: skip
+    gateways = [
+        d
+        for d in docs
+        if d["kind"] == "CustomResourceDefinition" and d["spec"]["names"]["kind"].endswith("Gateway")
+    ]
+    assert len(gateways) == 2
+    wanted = set()
+    for crd in gateways:
+        kind = crd["spec"]["names"]["kind"]
+        assert plural(kind) == crd["spec"]["names"]["plural"], (
+            f"the agent would patch the wrong plural for {kind}"
+        )
+        wanted.add((crd["spec"]["group"], f"{plural(kind)}/status", "patch"))
+    assert granted == wanted
+    off = _template(helm, "--set", "gatewayStatusRole.enabled=false")
+    assert "ClusterRole" not in {d["kind"] for d in off}
