@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
-        log.error("render.write_failed error=%s", exc.strerror or exc)
+        log.error("render.write_failed error=%r", str(exc.strerror or exc))
         return EXIT_FAILURE
 
 

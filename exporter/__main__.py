@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan.load_initial()
     except (OSError, PlanError) as exc:
-        log.error("exporter.plan.invalid path=%s error=%s", args.plan, exc)
+        log.error("exporter.plan.invalid path=%s error=%r", args.plan, str(exc))
         return 2
     log.info(
         "exporter.starting listen=%s:%d vici=%s wireguard=%s plan=%s",
@@ -175,13 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         anyio.run(run, args, plan, backend="asyncio")
     except OSError as exc:
-        log.error("exporter.failed error=%s", exc)
+        log.error("exporter.failed error=%r", str(exc))
         return 1
     except BaseExceptionGroup as group:  # from the task group, e.g. the listener cannot bind
         failed = group.subgroup(lambda e: isinstance(e, OSError))
         if failed is None:
             raise
-        log.error("exporter.failed error=%s", failed.exceptions[0])
+        log.error("exporter.failed error=%r", str(failed.exceptions[0]))
         return 1
     log.info("exporter.stopped")
     return 0

@@ -76,7 +76,7 @@ class PlanFile:
                 return self.names
             names = PlanNames.of(loads(self.path.read_bytes()))
         except (OSError, PlanError) as exc:
-            log.error("exporter.plan.rejected path=%s error=%s keeping=last-good", self.path, exc)
+            log.error("exporter.plan.rejected path=%s error=%r keeping=last-good", self.path, str(exc))
             return self.names
         self._stamp, self.names = stamp, names
         log.info(

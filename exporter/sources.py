@@ -154,7 +154,10 @@ class StrongswanSource:
                 await session.aclose()
         if self.failures == 1 or self.failures % 60 == 0:  # a state change, then a reminder every ~5 min
             log.warning(
-                "exporter.strongswan.down socket=%s failures=%d error=%s", self.socket, self.failures, why
+                "exporter.strongswan.down socket=%s failures=%d error=%r",
+                self.socket,
+                self.failures,
+                str(why),
             )
 
     async def scrape(self, timeout: float, plan: Iterable[ipsec.PlanTunnel]) -> StrongswanSnapshot:
@@ -264,7 +267,7 @@ async def follow_events(
         except ViciError as exc:
             failures += 1
             if failures == 1 or failures % 20 == 0:
-                log.warning("exporter.events.lost socket=%s failures=%d error=%s", socket, failures, exc)
+                log.warning("exporter.events.lost socket=%s failures=%d error=%r", socket, failures, str(exc))
         await sleep(backoff(failures))
 
 
@@ -320,7 +323,7 @@ class WireGuardSource:
         if view is None:
             self._backends.pop(interface, None)  # re-detect next time (daemon restarted, module loaded)
             if interface not in self._down:
-                log.warning("exporter.wireguard.down interface=%s error=%s", interface, why)
+                log.warning("exporter.wireguard.down interface=%s error=%r", interface, str(why))
                 self._down.add(interface)
             return interface_view(interface, None, names, backend=backend.name if backend else "")
         if interface in self._down:
