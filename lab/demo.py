@@ -317,7 +317,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m lab",
+        description=__doc__,
+        epilog="Exit codes: 0 ok (demo: every tunnel Established at the end), 1 a tunnel was not Established "
+        "or the lab failed, 2 bad usage or not root.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the agents against live daemons in the lab until Ctrl-C")
