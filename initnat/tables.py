@@ -138,7 +138,8 @@ def printed(saved: dict[str, SavedTable], ruleset: Ruleset) -> Printed | None:
     """The save read right after our own restore of ``ruleset``: how the kernel prints the rules it now
     holds, paired with ours by position (iptables keeps the order), in each chain that holds as many rules
     as rendered (a print that split or merged rules could not be paired: those chains are not learned).
-    A kernel line that would stand for two different lines of ours is not learned either. None when
+    A kernel line that stands for two different lines of ours (counting a line printed as itself) is not
+    learned either. None when
     nothing is learned (in particular when the kernel prints everything as rendered)."""
     have = kernel_rules(saved, ruleset)
     if have is None:
@@ -147,9 +148,10 @@ def printed(saved: dict[str, SavedTable], ruleset: Ruleset) -> Printed | None:
     for (table, _, kernel), (_, _, ours) in zip(have, rendered_rules(ruleset), strict=True):
         if len(kernel) == len(ours):
             for k, r in zip(kernel, ours, strict=True):
-                if k != r:
-                    pairs.setdefault((table, k), set()).add(r)
-    lines = frozenset((table, k, rs.pop()) for (table, k), rs in pairs.items() if len(rs) == 1)
+                pairs.setdefault((table, k), set()).add(r)
+    lines = frozenset(
+        (table, k, r) for (table, k), rs in pairs.items() if len(rs) == 1 and (r := next(iter(rs))) != k
+    )
     return Printed(lines) if lines else None
 
 

@@ -289,6 +289,15 @@ def test_only_lines_that_pair_unambiguously_are_learned() -> None:
     same = "-A VPNGW-FORWARD -j ACCEPT"
     both = tables.parse_save(f"*filter\n:VPNGW-FORWARD - [0:0]\n{same}\n{same}\nCOMMIT\n")
     assert tables.printed(both, rs) is None
+    # a line printed as itself counts: one that is also another line's print stands for neither (else
+    # the real ADMIT_A would be read as ADMIT_A2)
+    itself = tables.parse_save(f"*filter\n:VPNGW-FORWARD - [0:0]\n{ADMIT_A}\n{ADMIT_A}\nCOMMIT\n")
+    assert tables.printed(itself, rs) is None
+    other = ADMIT_A2.replace(" -p tcp", "").replace("-s 10.2.0.0/24", "-p tcp -s 10.2.0.0/24")
+    partly = tables.parse_save(f"*filter\n:VPNGW-FORWARD - [0:0]\n{ADMIT_A}\n{other}\nCOMMIT\n")
+    assert tables.printed(partly, rs) == tables.Printed(frozenset({("filter", other, ADMIT_A2)})), (
+        "identity dropped"
+    )
 
 
 def test_mismatch_names_the_differing_lines_and_jumps() -> None:
