@@ -129,9 +129,9 @@ class Gateway:
         view = tables.as_rendered(saved, self.iptables.printed)
         wanted = rules.render(policy)
         in_kernel = tables.revoked_in_kernel(tables.admissions_in(view), wanted)
-        if in_kernel and self.last is None and self.iptables.printed is None:
-            # A restart (nothing restored by this process yet): learn how the kernel prints this ruleset
-            # before taking the kernel's lines that differ for revoked (a copy in unjumped chains).
+        if in_kernel and not self.iptables.print_known:
+            # A restart, a failed read-back or restore: learn how the kernel prints this ruleset before
+            # taking the kernel's lines that differ for revoked (a copy in unjumped chains).
             self.iptables.learn_print(wanted)
             view = tables.as_rendered(saved, self.iptables.printed)
             in_kernel = tables.revoked_in_kernel(tables.admissions_in(view), wanted)

@@ -2,9 +2,11 @@
 
 One apply = save (to compare and to snapshot) -> nothing to do if the kernel already matches ->
 ``--test`` of the whole payload -> the real transaction -> on failure, put back the snapshot of our
-chains and report. ``iptables-restore`` commits table by table (tables.py), so the snapshot is what makes
-"nothing is half-applied" true. Only our chains (``:VPNGW-... - [0:0]`` flushes just those under
-``--noflush``) and our jumps are ever written; foreign rules and chains are never named.
+chains and report; on success, read it back (does the kernel print it as rendered? else the probe,
+:meth:`Iptables.learn_print`). ``iptables-restore`` commits table by table (tables.py), so the
+snapshot is what makes "nothing is half-applied" true. Only our chains (``:VPNGW-... - [0:0]`` flushes
+just those under ``--noflush``), our jumps and the probe chains are ever written; foreign rules and chains
+are never named.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def detect_variant(run: Runner = run_process) -> Variant:
 
 
 _REPORTED_MAX = 64
+_NOT_READ = (IptablesError, OSError, subprocess.SubprocessError)
+"""What a failed read of the kernel's print raises (a refused save, a missing binary, a timeout): the
+print is then not known, nothing else."""
 
 
 @dataclass
@@ -111,8 +116,13 @@ class Iptables:
     variant: Variant
     run: Runner = run_process
     printed: tables.Printed | None = None
-    """How the kernel printed the rules of the ruleset we last restored, where not as we rendered them
+    """How the kernel prints rules of ours otherwise than we render them, learned by :meth:`learn_print`
     (tables.Printed): those lines of the kernel's are read as ours (in sync, nothing revoked)."""
+    print_known: bool = False
+    """Our chains in the kernel are known to print as rendered, read through :attr:`printed`: true after
+    a read-back that showed it or a probe; false at start and after a failed or unknown restore or a
+    failed read-back. While false, a kernel line that differs from our rendering may be the kernel's
+    print of one of our rules, so it is not taken for a revoked one before :meth:`learn_print`."""
     reported: set[str] = field(default_factory=set)
     """Digests of the print mismatches already logged (one error line per distinct mismatch)."""
 
@@ -142,6 +152,7 @@ class Iptables:
         res = self._restore(text, test=True)
         if res.returncode != 0:
             raise IptablesError(f"the new ruleset was refused by --test, nothing changed: {_err(res)}")
+        self.print_known = False  # until read back: the kernel holds something new (or, on failure, unknown)
         started = time.monotonic()
         res = self._restore(text)
         seconds = time.monotonic() - started
@@ -158,47 +169,40 @@ class Iptables:
         return Applied(True, ruleset.rule_count, seconds, before)
 
     def _read_back(self, ruleset: Ruleset) -> None:
-        """Right after our restore of ``ruleset``: does the kernel print it as rendered? If not (another
-        iptables version), say so once per distinct mismatch and remember its print (tables.Printed). A
-        failed read only forgets: the next apply compares byte for byte, as without this check."""
-        self.printed = None
+        """Right after our restore of ``ruleset``: do our chains read as rendered (through :attr:`printed`)?
+        Then the print is known. If not, the difference is the kernel's print of rules not learned yet OR
+        another writer's edit racing us: only the probe (:meth:`learn_print`) tells them apart, and what
+        it does not explain is drift (a warning; the next resync repairs it). Our jumps are not compared:
+        kube-proxy inserting in front of them is not a print. A failed read only leaves the print unknown."""
         try:
             after = self.saved()
-        except IptablesError as exc:
+        except _NOT_READ as exc:
             log.warning("initnat.readback_failed error=%s", " ".join(str(exc).split()))
             return
-        if tables.in_sync(after, ruleset):
+        want = tables.rendered_rules(ruleset)
+        if tables.kernel_rules(tables.as_rendered(after, self.printed), ruleset) == want:
+            self.print_known = True
             return
-        self.printed = tables.printed(after, ruleset)
-        self._report("readback", *tables.mismatch(after, ruleset))
-
-    def _report(self, source: str, only_rendered: Sequence[str], only_kernel: Sequence[str]) -> None:
-        """One error line per distinct mismatch (a few of its lines; iptables rules hold no secrets)."""
-        digest = hashlib.sha256(repr((tuple(only_rendered), tuple(only_kernel))).encode()).hexdigest()[:16]
-        if digest in self.reported:
+        if not self.learn_print(ruleset):
             return
-        if len(self.reported) >= _REPORTED_MAX:
-            self.reported.clear()
-        self.reported.add(digest)
-        log.error(
-            "initnat.roundtrip_mismatch variant=%s source=%s digest=%s rendered_only=%d kernel_only=%d "
-            "learned=%s rendered=%s kernel=%s",
-            self.variant,
-            source,
-            digest,
-            len(only_rendered),
-            len(only_kernel),
-            "yes" if self.printed else "no",
-            json.dumps(list(only_rendered[:2])),
-            json.dumps(list(only_kernel[:2])),
-        )
+        view = tables.as_rendered(after, self.printed)
+        if tables.kernel_rules(view, ruleset) != want:
+            only_rendered, only_kernel = tables.mismatch(view, ruleset)
+            log.warning(
+                "initnat.readback_drift variant=%s rendered_only=%d kernel_only=%d kernel=%s",
+                self.variant,
+                len(only_rendered),
+                len(only_kernel),
+                json.dumps(list(only_kernel[:2])),
+            )
 
-    def learn_print(self, ruleset: Ruleset) -> None:
-        """How does the kernel print ``ruleset``? For a restarted init-nat, which has not restored anything
-        yet and would otherwise take each rule the kernel prints otherwise for a revoked one: write a copy
-        of ``ruleset`` to chains nothing jumps to (tables.PROBE_PREFIX: they match no packet), read it
-        back, delete them. What it teaches is kept in :attr:`printed`. A failure only means not knowing
-        (logged): the apply goes on comparing byte for byte."""
+    def learn_print(self, ruleset: Ruleset) -> bool:
+        """How does the kernel print ``ruleset``? Write a copy of it to chains nothing jumps to
+        (tables.PROBE_PREFIX: they match no packet and nobody else writes them), read it back, delete
+        them; what differs from the rendering is kept in :attr:`printed` (one error line per distinct
+        mismatch). Run when our own chains cannot tell: after a restart or a failed read-back, before
+        taking differing admission lines for revoked ones, and when a read-back differs. A failure only
+        means not knowing (logged). True when the probe's print is fully explained by what was learned."""
         try:
             try:
                 res = self._restore(tables.probe_payload(ruleset))
@@ -209,13 +213,35 @@ class Iptables:
                 gone = self._restore(tables.probe_cleanup_payload(ruleset))
                 if gone.returncode != 0:
                     log.warning("initnat.probe_cleanup_failed error=%s", _err(gone))
-        except (IptablesError, OSError) as exc:
+        except _NOT_READ as exc:
             log.warning("initnat.probe_failed error=%s", " ".join(str(exc).split()))
-            return
-        if tables.kernel_rules(seen, ruleset) == tables.rendered_rules(ruleset):
-            return
+            return False
+        self.print_known = True
         self.printed = tables.printed(seen, ruleset)
-        self._report("probe", *tables.mismatch(seen, ruleset, jumps=False))
+        want = tables.rendered_rules(ruleset)
+        if tables.kernel_rules(seen, ruleset) != want:
+            self._report(*tables.mismatch(seen, ruleset))
+        return tables.kernel_rules(tables.as_rendered(seen, self.printed), ruleset) == want
+
+    def _report(self, only_rendered: Sequence[str], only_kernel: Sequence[str]) -> None:
+        """One error line per distinct mismatch (a few of its lines; iptables rules hold no secrets)."""
+        digest = hashlib.sha256(repr((tuple(only_rendered), tuple(only_kernel))).encode()).hexdigest()[:16]
+        if digest in self.reported:
+            return
+        if len(self.reported) >= _REPORTED_MAX:
+            self.reported.clear()
+        self.reported.add(digest)
+        log.error(
+            "initnat.roundtrip_mismatch variant=%s digest=%s rendered_only=%d kernel_only=%d "
+            "learned=%s rendered=%s kernel=%s",
+            self.variant,
+            digest,
+            len(only_rendered),
+            len(only_kernel),
+            "yes" if self.printed else "no",
+            json.dumps(list(only_rendered[:2])),
+            json.dumps(list(only_kernel[:2])),
+        )
 
     def delete(self, table: Table, lines: Sequence[str]) -> float:
         """Delete exactly these ``-A`` rules of ours (a small ``--noflush`` payload of ``-D`` lines: the

@@ -123,24 +123,25 @@ def in_sync(saved: dict[str, SavedTable], ruleset: Ruleset) -> bool:
 
 @dataclass(frozen=True)
 class Printed:
-    """How the kernel prints rules we applied, where that is not how we rendered them, learned from the
-    save read back right after our own restore (or, after a restart, after writing a copy to the probe
-    chains, :func:`probe_payload`). Every decision here assumes iptables-save prints our
-    rules byte for byte as rendered; a newer iptables that orders options differently or omits a default
-    would otherwise make every resync a full restore and, worse, make every affected grant look revoked
-    (flushed and tombstoned at every resync). See :func:`as_rendered`."""
+    """How the kernel prints rules of ours where that is not how we rendered them, learned from a copy of
+    the ruleset written to the probe chains (:func:`probe_payload`, :func:`probed`): nobody else writes
+    those, so what they print is the kernel's print, never another writer's edit. Every decision here
+    assumes iptables-save prints our rules byte for byte as rendered; a newer iptables that orders
+    options differently or omits a default would otherwise make every resync a full restore and, worse,
+    make every affected grant look revoked (flushed and tombstoned at every resync). See
+    :func:`as_rendered`."""
 
     lines: frozenset[tuple[str, str, str]]
     """(table, the kernel's line, our line) for each rule of ours the kernel prints otherwise."""
 
 
 def printed(saved: dict[str, SavedTable], ruleset: Ruleset) -> Printed | None:
-    """The save read right after our own restore of ``ruleset``: how the kernel prints the rules it now
-    holds, paired with ours by position (iptables keeps the order), in each chain that holds as many rules
-    as rendered (a print that split or merged rules could not be paired: those chains are not learned).
-    A kernel line that stands for two different lines of ours (counting a line printed as itself) is not
-    learned either. None when
-    nothing is learned (in particular when the kernel prints everything as rendered)."""
+    """The probe chains read back (:func:`probed`): how the kernel prints each rule of ``ruleset``,
+    paired with ours by position (iptables keeps the order), in each chain that holds as many rules as
+    rendered (a print that split or merged rules could not be paired: those chains are not learned). A
+    kernel line that stands for two different lines of ours (counting a line printed as itself) is not
+    learned either. None when nothing is learned (in particular when the kernel prints everything as
+    rendered)."""
     have = kernel_rules(saved, ruleset)
     if have is None:
         return None
@@ -180,8 +181,8 @@ def as_rendered(saved: dict[str, SavedTable], memo: Printed | None) -> dict[str,
 
 
 PROBE_PREFIX = "VPNGWPROBE-"
-"""Chains a restarted init-nat writes a copy of its ruleset to, to see how the kernel prints it: never
-jumped to, so they match no packet; deleted right after. Not ours by OWN_PREFIX (never compared)."""
+"""Chains init-nat writes a copy of its ruleset to, to see how the kernel prints it: never jumped to, so
+they match no packet; deleted right after. Not ours by OWN_PREFIX (never compared)."""
 _OUR_CHAIN = re.compile(rf"^-A {OWN_PREFIX}| -j {OWN_PREFIX}")
 _PROBE_CHAIN = re.compile(rf"^-A {PROBE_PREFIX}| -j {PROBE_PREFIX}")
 
@@ -223,7 +224,7 @@ def probe_cleanup_payload(ruleset: Ruleset) -> str:
 
 def probed(saved: dict[str, SavedTable], ruleset: Ruleset) -> dict[str, SavedTable]:
     """The probe chains of ``saved`` as if they were our chains (names put back), and only them: read
-    with :func:`printed` and :func:`mismatch` as a readback of ``ruleset``."""
+    with :func:`printed` and :func:`mismatch` as what the kernel holds of ``ruleset``."""
     out: dict[str, SavedTable] = {}
     for t in ruleset.tables:
         have = saved.get(t.table, SavedTable())
@@ -233,18 +234,12 @@ def probed(saved: dict[str, SavedTable], ruleset: Ruleset) -> dict[str, SavedTab
     return out
 
 
-def mismatch(
-    saved: dict[str, SavedTable], ruleset: Ruleset, *, jumps: bool = True
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Our rules only in the rendering and only in the kernel, in order (with ``jumps``, our jumps' fixes
-    count as rendered-only lines)."""
+def mismatch(saved: dict[str, SavedTable], ruleset: Ruleset) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Our rules only in the rendering and only in the kernel, in order (our jumps are not compared)."""
     want = [r for _, _, rs in rendered_rules(ruleset) for r in rs]
     have = [r for _, _, rs in kernel_rules(saved, ruleset) or () for r in rs]
     in_kernel, in_rendering = set(have), set(want)
-    only_rendered = [r for r in want if r not in in_kernel]
-    if jumps:
-        only_rendered += [fix for t in ruleset.tables for fix in jump_fixes(saved, t.table)]
-    return tuple(only_rendered), tuple(r for r in have if r not in in_rendering)
+    return tuple(r for r in want if r not in in_kernel), tuple(r for r in have if r not in in_rendering)
 
 
 def payload(ruleset: Ruleset, saved: dict[str, SavedTable]) -> str:

@@ -6,6 +6,9 @@ order of steps and what happens on each kind of failure, which the kernel makes 
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 
 import pytest
@@ -48,9 +51,11 @@ def test_in_sync_kernel_means_no_restore_at_all() -> None:
 
 
 def test_apply_tests_first_then_commits_with_noflush_and_wait() -> None:
-    r = FakeRunner({"iptables-legacy-save": [Completed(0, OLD, "")]})
-    applied = Iptables("legacy", r).apply(RULESET)
+    r = FakeRunner({"iptables-legacy-save": [Completed(0, OLD, ""), Completed(0, in_sync_save(), "")]})
+    ipt = Iptables("legacy", r)
+    applied = ipt.apply(RULESET)
     assert applied.changed and set(applied.admissions_before) == {Flush(0x50000, 0xFFF0000)}
+    assert ipt.print_known and ipt.printed is None, "read back as rendered: no probe"
     assert [a[0] for a in r.calls] == [
         ("iptables-legacy-save",),
         ("iptables-legacy-restore", "--noflush", "--wait", "--test"),
@@ -149,15 +154,33 @@ def _reprinted(line: str) -> str:
     return line.replace("-s 203.0.113.0/28 -p tcp", "-p tcp -s 203.0.113.0/28")
 
 
-def test_a_print_mismatch_is_logged_once_and_the_kernels_print_then_counts_as_in_sync(
+OTHER = "\n".join(_reprinted(line) for line in in_sync_save().splitlines()) + "\n"
+"""The kernel holding RULESET, printed as another iptables version might."""
+
+
+def probe_save(reprint: Callable[[str], str] = _reprinted) -> str:
+    """The save while the probe chains hold their copy of RULESET, printed by ``reprint``."""
+    return "\n".join(reprint(line) for line in tables.probe_payload(RULESET).splitlines()) + "\n"
+
+
+def _mismatches(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [m for m in caplog.messages if "initnat.roundtrip_mismatch" in m]
+
+
+def test_a_print_mismatch_is_learned_from_the_probe_and_then_counts_as_in_sync(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The save read back after the restore prints the admission rule otherwise (as a newer iptables
-    might): one error line; the next applies find the kernel in sync (no --test, no restore) and see
-    the grant as admitted, not as revoked."""
-    other = "\n".join(_reprinted(line) for line in in_sync_save().splitlines()) + "\n"
-    assert other != in_sync_save()
-    r = FakeRunner({"iptables-nft-save": [Completed(0, OLD, ""), Completed(0, other, "")]})
+    might): the probe chains show it is the kernel's print, one error line; the next applies find the
+    kernel in sync (no --test, no restore, no probe) and see the grant as admitted, not as revoked."""
+    assert in_sync_save() != OTHER
+    saves = [
+        Completed(0, OLD, ""),
+        Completed(0, OTHER, ""),
+        Completed(0, probe_save(), ""),
+        Completed(0, OTHER, ""),
+    ]
+    r = FakeRunner({"iptables-nft-save": saves})
     ipt = Iptables("nft", r)
     with caplog.at_level("INFO", logger="initnat"):
         assert ipt.apply(RULESET).changed
@@ -165,47 +188,147 @@ def test_a_print_mismatch_is_logged_once_and_the_kernels_print_then_counts_as_in
         assert not ipt.apply(RULESET).changed
     assert not again.changed and set(again.admissions_before) == {Flush(0x10000, 0xFFF0000)}
     assert tables.revoked_in_kernel(again.admissions_before, RULESET) == frozenset()
-    assert [c[0][0] for c in r.calls].count("iptables-nft-restore") == 2, "--test and the commit, once"
-    (line,) = [m for m in caplog.messages if "initnat.roundtrip_mismatch" in m]
+    assert [c[1] for c in r.calls if c[0][0] == "iptables-nft-restore"][2:] == [
+        tables.probe_payload(RULESET),
+        tables.probe_cleanup_payload(RULESET),
+    ], "--test and the commit once, then the probe once"
+    (line,) = _mismatches(caplog)
     assert "variant=nft" in line and "rendered_only=1 kernel_only=1 learned=yes" in line
     assert "-p tcp -s 203.0.113.0/28" in line and "-s 203.0.113.0/28 -p tcp" in line
+    assert "initnat.readback_drift" not in caplog.text and ipt.print_known
 
 
-def test_the_same_mismatch_after_a_drift_repair_is_not_logged_again(caplog: pytest.LogCaptureFixture) -> None:
-    other = "\n".join(_reprinted(line) for line in in_sync_save().splitlines()) + "\n"
-    drifted = other.replace("-j VPNGW-TARGETS", "-j ACCEPT")
-    r = FakeRunner(
-        {
-            "iptables-nft-save": [
-                Completed(0, OLD, ""),
-                Completed(0, other, ""),
-                Completed(0, drifted, ""),
-                Completed(0, other, ""),
-            ]
-        }
-    )
+def test_a_repaired_drift_reads_back_through_what_the_probe_taught(caplog: pytest.LogCaptureFixture) -> None:
+    """After a drift repair the read-back is compared through the learned print: no second probe, no
+    second error line."""
+    drifted = OTHER.replace("-j VPNGW-TARGETS", "-j ACCEPT")
+    saves = [OLD, OTHER, probe_save(), drifted, OTHER]
+    r = FakeRunner({"iptables-nft-save": [Completed(0, text, "") for text in saves]})
     ipt = Iptables("nft", r)
     with caplog.at_level("INFO", logger="initnat"):
         assert ipt.apply(RULESET).changed and ipt.apply(RULESET).changed
-    assert len([m for m in caplog.messages if "initnat.roundtrip_mismatch" in m]) == 1
+    assert len(_mismatches(caplog)) == 1 and ipt.print_known
+    assert [c[1] for c in r.calls].count(tables.probe_payload(RULESET)) == 1
 
 
-def test_a_failed_read_back_is_not_a_failed_apply(caplog: pytest.LogCaptureFixture) -> None:
-    """The restore went through: failing the apply now would skip the flush. It only forgets the print
-    (the next apply compares byte for byte, as without the check)."""
-    r = FakeRunner({"iptables-nft-save": [Completed(0, OLD, ""), Completed(4, "", "boom")]})
+def test_a_read_back_that_the_probe_does_not_explain_is_drift_not_a_print(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another writer edits our chain between our restore and the read-back: the probe chains print the
+    ruleset as rendered, so nothing is learned (the foreign line is not taken for our rule's print), a
+    warning instead of the mismatch error, and the next apply repairs it."""
+    edited = in_sync_save().replace("--set-xmark 0x10000/", "--set-xmark 0x30000/")
+    saves = [OLD, edited, probe_save(str), edited]
+    r = FakeRunner({"iptables-nft-save": [Completed(0, text, "") for text in saves]})
     ipt = Iptables("nft", r)
     with caplog.at_level("INFO", logger="initnat"):
         assert ipt.apply(RULESET).changed
-    assert ipt.printed is None and "initnat.readback_failed" in caplog.text and "boom" in caplog.text
+    assert ipt.printed is None and ipt.print_known and _mismatches(caplog) == []
+    (drift,) = [m for m in caplog.messages if "initnat.readback_drift" in m]
+    assert "rendered_only=1 kernel_only=1" in drift and "0x30000" in drift
+    repaired = ipt.apply(RULESET)
+    assert repaired.changed and Flush(0x30000, 0xFFF0000) in repaired.admissions_before
+
+
+def test_a_jump_moved_by_someone_else_before_the_read_back_is_no_print_mismatch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """kube-proxy or Calico inserting at FORWARD 1 between our restore and the read-back moves our jump:
+    not a print (no error line, no probe); the next apply puts the jump back first."""
+    moved = in_sync_save().replace(
+        "-A FORWARD -j VPNGW-FORWARD\n", "-A FORWARD -j KUBE-FORWARD\n-A FORWARD -j VPNGW-FORWARD\n"
+    )
+    r = FakeRunner({"iptables-nft-save": [Completed(0, OLD, ""), Completed(0, moved, "")]})
+    ipt = Iptables("nft", r)
+    with caplog.at_level("INFO", logger="initnat"):
+        assert ipt.apply(RULESET).changed
+    assert "roundtrip_mismatch" not in caplog.text and "readback_drift" not in caplog.text and ipt.print_known
+    assert len(r.calls) == 4, "save, --test, restore, read-back: no probe"
+    assert ipt.apply(RULESET).changed
+    assert "-I FORWARD 1 -j VPNGW-FORWARD" in (r.calls[-2][1] or ""), "the jump put back first"
+
+
+@dataclass
+class FailingSave(FakeRunner):
+    """FakeRunner whose save number ``at`` raises ``exc`` (a timeout, a vanished binary)."""
+
+    at: int = 2
+    exc: BaseException = field(default_factory=lambda: OSError("gone"))
+    saves: int = 0
+
+    def __call__(self, argv: Sequence[str], input: str | None = None) -> Completed:
+        if argv[0].endswith("-save"):
+            self.saves += 1
+            if self.saves == self.at:
+                self.calls.append((tuple(argv), input))
+                raise self.exc
+        return super().__call__(argv, input)
+
+
+_FAILURES = [
+    Completed(4, "", "boom"),
+    subprocess.TimeoutExpired(["iptables-nft-save"], 60),
+    FileNotFoundError(2, "No such file or directory"),
+]
+
+
+@pytest.mark.parametrize("failure", _FAILURES, ids=["refused", "timeout", "oserror"])
+def test_a_failed_read_back_is_not_a_failed_apply(
+    failure: Completed | BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The restore went through: failing the apply now would skip the flush and leave init-nat's memory
+    behind the kernel. A refused, timed-out or unstartable read-back only means the print is not known
+    (the next apply probes before taking a differing admission line for a revoked one)."""
+    if isinstance(failure, Completed):
+        r: FakeRunner = FakeRunner({"iptables-nft-save": [Completed(0, OLD, ""), failure]})
+    else:
+        r = FailingSave({"iptables-nft-save": [Completed(0, OLD, "")]}, exc=failure)
+    ipt = Iptables("nft", r)
+    ipt.print_known = True
+    with caplog.at_level("INFO", logger="initnat"):
+        assert ipt.apply(RULESET).changed
+    assert not ipt.print_known and "initnat.readback_failed" in caplog.text
+    assert len(r.calls) == 4, "no probe either"
+
+
+@pytest.mark.parametrize("rollback", [0, 1], ids=["rolled-back", "unknown"])
+def test_a_failed_restore_leaves_the_print_unknown(rollback: int) -> None:
+    r = FakeRunner(
+        {
+            "iptables-nft-save": [Completed(0, OLD, "")],
+            "iptables-nft-restore": [
+                Completed(0, "", ""),
+                Completed(1, "", "boom"),
+                Completed(rollback, "", ""),
+            ],
+        }
+    )
+    ipt = Iptables("nft", r)
+    ipt.print_known = True
+    with pytest.raises(IptablesError):
+        ipt.apply(RULESET)
+    assert not ipt.print_known
 
 
 def test_a_refused_probe_is_cleaned_up_and_only_means_not_knowing(caplog: pytest.LogCaptureFixture) -> None:
-    """learn_print (a restart): the probe's write refused (a table may have committed already) -> its
-    chains are deleted anyway, nothing is learned, a warning, no exception."""
+    """learn_print: the probe's write refused (a table may have committed already) -> its chains are
+    deleted anyway, nothing is learned, a warning, no exception."""
     r = FakeRunner({"iptables-nft-restore": [Completed(1, "", "nat: boom"), Completed(0, "", "")]})
     ipt = Iptables("nft", r)
     with caplog.at_level("INFO", logger="initnat"):
-        ipt.learn_print(RULESET)
-    assert ipt.printed is None and "initnat.probe_failed" in caplog.text and "nat: boom" in caplog.text
+        assert not ipt.learn_print(RULESET)
+    assert ipt.printed is None and not ipt.print_known
+    assert "initnat.probe_failed" in caplog.text and "nat: boom" in caplog.text
     assert [c[1] for c in r.calls] == [tables.probe_payload(RULESET), tables.probe_cleanup_payload(RULESET)]
+
+
+@pytest.mark.parametrize("failure", _FAILURES[1:], ids=["timeout", "oserror"])
+def test_a_probe_whose_save_raises_is_cleaned_up_and_only_means_not_knowing(
+    failure: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = FailingSave(at=1, exc=failure)
+    ipt = Iptables("nft", r)
+    with caplog.at_level("INFO", logger="initnat"):
+        assert not ipt.learn_print(RULESET)
+    assert ipt.printed is None and not ipt.print_known and "initnat.probe_failed" in caplog.text
+    assert r.calls[-1][1] == tables.probe_cleanup_payload(RULESET), "the probe chains deleted anyway"
