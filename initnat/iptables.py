@@ -187,14 +187,9 @@ class Iptables:
             return
         view = tables.as_rendered(after, self.printed)
         if tables.kernel_rules(view, ruleset) != want:
-            only_rendered, only_kernel = tables.mismatch(view, ruleset)
-            log.warning(
-                "initnat.readback_drift variant=%s rendered_only=%d kernel_only=%d kernel=%s",
-                self.variant,
-                len(only_rendered),
-                len(only_kernel),
-                json.dumps(list(only_kernel[:2])),
-            )
+            ours, theirs = tables.mismatch(view, ruleset)
+            msg = "initnat.readback_drift variant=%s rendered_only=%d kernel_only=%d kernel=%s"
+            log.warning(msg, self.variant, len(ours), len(theirs), json.dumps(list(theirs[:2])))
 
     def learn_print(self, ruleset: Ruleset) -> bool:
         """How does the kernel print ``ruleset``? Write a copy of it to chains nothing jumps to
