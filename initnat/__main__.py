@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import signal
 import socket
 import sys
@@ -173,7 +174,7 @@ class Gateway:
         try:
             return self.iptables.delete("filter", rules.tombstone_rules(gone))
         except IptablesError as exc:
-            log.warning("initnat.lift_fallback error=%s", _describe(exc))
+            log.warning("initnat.lift_fallback error=%r", _describe(exc))
             try:
                 return self.iptables.apply(rules.render(policy)).seconds
             except IptablesError as again:
@@ -200,10 +201,10 @@ def run_once(gw: Gateway, path: Path) -> int:
         _, plan = read_plan(path)
         gw.apply(plan)
     except BAD_INPUT as exc:
-        log.error("initnat.rejected plan=%s error=%s", path, _describe(exc))
+        log.error("initnat.rejected plan=%s error=%r", path, _describe(exc))
         return EXIT_BAD_INPUT
     except FAILED as exc:
-        log.error("initnat.failed plan=%s error=%s %s", path, _describe(exc), outcome(exc))
+        log.error("initnat.failed plan=%s error=%r %s", path, _describe(exc), outcome(exc))
         return EXIT_FAILED
     except Exception as exc:  # a bug, not an input or kernel verdict: still one log line and exit 1
         log.exception("initnat.failed plan=%s error=unexpected %s: %s", path, type(exc).__name__, exc)
@@ -237,11 +238,11 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
             except NicError as exc:  # NIC2 may still be on its way (a slow attachment): look again
                 next_sync = now + min(resync, 2.0)
                 if first_look:
-                    log.error("initnat.rejected plan=%s digest=%s error=%s", path, digest, _describe(exc))
+                    log.error("initnat.rejected plan=%s digest=%s error=%r", path, digest, _describe(exc))
             except ResolvedTargetError as exc:  # DNS may answer otherwise: look again at the resync
                 if first_look:
                     log.error(
-                        "initnat.rejected plan=%s digest=%s error=%s kept=last-good retry=resync",
+                        "initnat.rejected plan=%s digest=%s error=%r kept=last-good retry=resync",
                         path,
                         digest,
                         _describe(exc),
@@ -250,7 +251,7 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
                 next_sync = float("inf")  # same bytes, same verdict: wait for a change
                 if first_look:
                     log.error(
-                        "initnat.rejected plan=%s digest=%s error=%s kept=last-good",
+                        "initnat.rejected plan=%s digest=%s error=%r kept=last-good",
                         path,
                         digest,
                         _describe(exc),
@@ -258,7 +259,7 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
             except FAILED as exc:
                 next_sync = now + min(resync, 2.0)
                 log.error(
-                    "initnat.failed plan=%s digest=%s error=%s %s", path, digest, _describe(exc), outcome(exc)
+                    "initnat.failed plan=%s digest=%s error=%r %s", path, digest, _describe(exc), outcome(exc)
                 )
             except Exception as exc:  # a bug: keep the last good ruleset and the loop alive, say so loudly
                 next_sync = now + min(resync, 2.0)
@@ -274,7 +275,11 @@ exit codes:
   1  a kernel step failed; the log says what the kernel holds: kept=last-good (refused,
      nothing changed), applied=new flush=failed (new rules and the revoked grants' drops
      in place, their conntrack flush failed), applied=new flush=done lift=failed
-  2  bad input: unreadable or invalid plan, NIC2 absent, bad --nic-mac
+  2  bad input: unreadable or invalid plan, NIC2 absent, bad --nic-mac or interval
+
+privileges: root with NET_ADMIN and NET_RAW (iptables-legacy-save cannot read the tables
+without NET_RAW, and auto-detection would then see no legacy rules: logged as
+iptables.save_failed).
 
 examples:
   python -m initnat --plan /etc/vpngw/plan.json                 # init container: apply once
@@ -305,8 +310,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "when --nic-mac is not given",
     )
     p.add_argument("--watch", action="store_true", help="keep running; re-apply within 2 s of a plan change")
-    p.add_argument("--poll-interval", type=float, default=0.25, help="seconds between plan checks (--watch)")
-    p.add_argument("--resync", type=float, default=30.0, help="seconds between drift repairs (--watch)")
+    p.add_argument(
+        "--poll-interval",
+        type=_seconds("--poll-interval", 0.05, 10),
+        default=0.25,
+        help="seconds between plan checks (--watch; 0.05-10)",
+    )
+    p.add_argument(
+        "--resync",
+        type=_seconds("--resync", 1, 86400),
+        default=30.0,
+        help="seconds between drift repairs (--watch; 1-86400)",
+    )
     p.add_argument(
         "--iptables",
         choices=("auto", "legacy", "nft"),
@@ -315,6 +330,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return p.parse_args(argv)
+
+
+def _seconds(flag: str, low: float, high: float) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not low <= seconds <= high:  # also refuses nan and inf
+            raise argparse.ArgumentTypeError(
+                f"{flag}: {value!r} must be between {low:g} and {high:g} seconds"
+            )
+        return seconds
+
+    return parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.network_status is not None:
             nic_mac = rules.mac_from_network_status(args.network_status.read_text())
     except (NatConfigError, OSError) as exc:
-        log.error("initnat.rejected error=%s", _describe(exc))
+        log.error("initnat.rejected error=%r", _describe(exc))
         return EXIT_BAD_INPUT
     variant = detect_variant() if args.iptables == "auto" else args.iptables
     flusher = NetlinkFlusher()

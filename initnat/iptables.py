@@ -91,9 +91,18 @@ def detect_variant(run: Runner = run_process) -> Variant:
     for variant in ("legacy", "nft"):
         try:
             res = run([f"iptables-{variant}-save"])
-        except OSError:
+        except OSError:  # not installed: that variant holds nothing we could see
             saves[variant] = ""
             continue
+        if res.returncode != 0:
+            # Counted as empty, which may pick the wrong variant: e.g. iptables-legacy-save without NET_RAW
+            # ("Permission denied") on a node whose kube-proxy writes legacy rules.
+            log.warning(
+                "iptables.save_failed variant=%s error=%r hint=%r",
+                variant,
+                _err(res),
+                "init-nat needs NET_ADMIN and NET_RAW; or pass --iptables legacy|nft",
+            )
         saves[variant] = res.stdout if res.returncode == 0 else ""
     chosen = tables.choose_variant(saves["legacy"], saves["nft"])
     log.info(
@@ -177,7 +186,7 @@ class Iptables:
         try:
             after = self.saved()
         except _NOT_READ as exc:
-            log.warning("initnat.readback_failed error=%s", " ".join(str(exc).split()))
+            log.warning("initnat.readback_failed error=%r", " ".join(str(exc).split()))
             return
         want = tables.rendered_rules(ruleset)
         if tables.kernel_rules(tables.as_rendered(after, self.printed), ruleset) == want:
@@ -207,9 +216,9 @@ class Iptables:
             finally:  # also after a failed write: a table may have committed before another failed
                 gone = self._restore(tables.probe_cleanup_payload(ruleset))
                 if gone.returncode != 0:
-                    log.warning("initnat.probe_cleanup_failed error=%s", _err(gone))
+                    log.warning("initnat.probe_cleanup_failed error=%r", _err(gone))
         except _NOT_READ as exc:
-            log.warning("initnat.probe_failed error=%s", " ".join(str(exc).split()))
+            log.warning("initnat.probe_failed error=%r", " ".join(str(exc).split()))
             return False
         self.print_known = True
         self.printed = tables.printed(seen, ruleset)
