@@ -35,15 +35,14 @@ exit codes: 0 stopped by a signal, 1 runtime failure, 2 bad usage or input.
 def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"--listen: expected HOST:PORT with a port 0-65535, got {value!r}")
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port 0-65535, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+# argparse prefixes each of these messages with "argument --flag: ".
 def _interface(value: str) -> str:
     if not is_device_name(value):  # it also names the UAPI socket file: no path may sneak in
-        raise argparse.ArgumentTypeError(
-            f"--wireguard-interface: {value!r} is not an interface name ({DEVICE_NAME_RULE})"
-        )
+        raise argparse.ArgumentTypeError(f"{value!r} is not an interface name ({DEVICE_NAME_RULE})")
     return value
 
 
@@ -51,11 +50,9 @@ def _timeout(value: str) -> float:
     try:
         t = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--scrape-timeout: not a number: {value!r}") from None
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
     if not 0 < t < 10:
-        raise argparse.ArgumentTypeError(
-            "--scrape-timeout: must be > 0 and < 10 (Prometheus' default timeout)"
-        )
+        raise argparse.ArgumentTypeError("must be > 0 and < 10 (Prometheus' default timeout)")
     return t
 
 

@@ -312,13 +312,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--watch", action="store_true", help="keep running; re-apply within 2 s of a plan change")
     p.add_argument(
         "--poll-interval",
-        type=_seconds("--poll-interval", 0.05, 10),
+        type=_seconds(0.05, 10),
         default=0.25,
         help="seconds between plan checks (--watch; 0.05-10)",
     )
     p.add_argument(
         "--resync",
-        type=_seconds("--resync", 1, 86400),
+        type=_seconds(1, 86400),
         default=30.0,
         help="seconds between drift repairs (--watch; 1-86400)",
     )
@@ -332,16 +332,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _seconds(flag: str, low: float, high: float) -> Callable[[str], float]:
+def _seconds(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type (argparse prefixes its message with "argument --flag: ")."""
+
     def parse(value: str) -> float:
         try:
             seconds = float(value)
         except ValueError:
             seconds = math.nan
         if not low <= seconds <= high:  # also refuses nan and inf
-            raise argparse.ArgumentTypeError(
-                f"{flag}: {value!r} must be between {low:g} and {high:g} seconds"
-            )
+            raise argparse.ArgumentTypeError(f"{value!r} must be between {low:g} and {high:g} seconds")
         return seconds
 
     return parse

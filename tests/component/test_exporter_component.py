@@ -224,7 +224,7 @@ REPO = Path(__file__).resolve().parents[2]
         pytest.param(
             ["--listen", "127.0.0.1:0", "--wireguard-interface", "../../tmp/x"],
             2,
-            b"--wireguard-interface: '../../tmp/x' is not an interface name",
+            b"argument --wireguard-interface: '../../tmp/x' is not an interface name",
             id="interface-is-a-path",
         ),
     ],

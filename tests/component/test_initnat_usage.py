@@ -29,7 +29,7 @@ def test_an_interval_out_of_range_is_bad_usage_naming_the_flag(
     with pytest.raises(SystemExit) as exit_:
         parse_args(["--plan", "p.json", flag, value])
     assert exit_.value.code == 2
-    assert f"{flag}: {value!r} must be between" in capsys.readouterr().err
+    assert f"argument {flag}: {value!r} must be between" in capsys.readouterr().err
 
 
 def test_intervals_in_range_are_taken() -> None:

@@ -23,6 +23,7 @@ from lab.world import Lab
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((ROOT / "images").glob("*/Dockerfile"))
 GATEWAY_CONF = ROOT / "images" / "gateway" / "strongswan.conf"
+GATEWAY_DOCKERFILE = ROOT / "images" / "gateway" / "Dockerfile"
 
 
 def test_there_is_a_gateway_and_a_controller_image() -> None:
@@ -61,6 +62,10 @@ def open_tmp() -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+_CAPS = re.search(r"^# \* charon: root with capabilities ([A-Z_ ]+) \(", GATEWAY_DOCKERFILE.read_text(), re.M)
+CHARON_CAPS = _CAPS.group(1).split() if _CAPS else []
+"""The capabilities images/gateway/Dockerfile says the charon container gets."""
+
 IMAGE_GID = 65532
 """The image's unprivileged user and group (images/gateway/Dockerfile: USER 65532:65532, group vpngw)."""
 
@@ -70,10 +75,13 @@ def test_gateway_charon_config_loads_every_plugin_it_names(lab: Lab, open_tmp: P
     """The image's strongswan.conf, run by a real charon: VICI answers on the socket path the pod's other
     containers use (/var/run/charon/charon.vici, here inside the namespace's private /run), and it answers
     the image's unprivileged user (65532:65532, as the status-agent and exporter run): the config's
-    ``group = vpngw`` makes the 0770 socket theirs. charon's mount namespace sees an /etc/group with the
-    image's vpngw group; this machine's is not touched."""
+    ``group = vpngw`` makes the 0770 socket theirs. charon runs with only the capabilities the Dockerfile
+    lists for it (with fewer it aborts: switching group and handing over the socket need SETGID and
+    CHOWN). charon's mount namespace sees an /etc/group with the image's vpngw group; this machine's is
+    not touched."""
     wanted = re.search(r"^\s*load = (.+)$", GATEWAY_CONF.read_text(), re.M)
     assert wanted
+    assert "NET_ADMIN" in CHARON_CAPS, "the Dockerfile's charon capability line was not found"
     plugins = wanted.group(1).split()
     tmp_path = open_tmp
     group = tmp_path / "group"
@@ -81,11 +89,14 @@ def test_gateway_charon_config_loads_every_plugin_it_names(lab: Lab, open_tmp: P
     run = tmp_path / "run"
     (run / "charon").mkdir(parents=True, mode=0o777)  # an emptyDir is world-writable
     (run / "charon").chmod(0o777)
+    # Exactly the capabilities the Dockerfile gives charon, nothing more (a pod spec drops ALL, adds these).
+    caps = ",".join(f"+{c.lower()}" for c in CHARON_CAPS)
+    limited = f"setpriv --bounding-set=-all,{caps} --inh-caps=-all /usr/lib/ipsec/charon"
     argv = ns_exec(
         lab.gw.ns,
         "sh",
         "-c",
-        f'mount --bind "{group}" /etc/group && mount --bind "{run}" /run && exec /usr/lib/ipsec/charon',
+        f'mount --bind "{group}" /etc/group && mount --bind "{run}" /run && exec {limited}',
     )
     proc = subprocess.Popen(argv, env={"STRONGSWAN_CONF": str(GATEWAY_CONF), "PATH": "/usr/bin:/bin"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
