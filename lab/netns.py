@@ -10,9 +10,10 @@ import contextlib
 import logging
 import os
 import re
+import secrets
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -104,3 +105,21 @@ def stale_namespaces() -> list[str]:
 def pids_in(ns: str) -> list[int]:
     res = run(["ip", "netns", "pids", ns], check=False)
     return [int(p) for p in res.stdout.split()]
+
+
+@contextlib.contextmanager
+def nic2_ns(
+    tag: str, mac: str, dev: str = "n2", peer: str = "p2", cidr: str = "192.0.2.2/26"
+) -> Iterator[str]:
+    """A throwaway namespace holding a NIC2 stand-in: veth ``dev`` (with ``mac`` and ``cidr``) to ``peer``,
+    both up; destroyed on exit, whatever happened inside."""
+    name = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}-{tag}"
+    add_ns(name)
+    try:
+        run(["ip", "-n", name, "link", "add", dev, "address", mac, "type", "veth", "peer", "name", peer])
+        for d in (dev, peer):
+            run(["ip", "-n", name, "link", "set", d, "up"])
+        addr(name, dev, cidr)
+        yield name
+    finally:
+        destroy_ns(name)

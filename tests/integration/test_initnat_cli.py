@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,18 +25,8 @@ MAC = "fa:16:3e:aa:bb:01"
 
 @pytest.fixture
 def ns() -> Iterator[str]:
-    name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-cli"
-    netns.add_ns(name)
-    try:
-        netns.run(
-            ["ip", "-n", name, "link", "add", "eth7", "address", MAC, "type", "veth", "peer", "name", "p7"]
-        )
-        for dev in ("eth7", "p7"):
-            netns.run(["ip", "-n", name, "link", "set", dev, "up"])
-        netns.addr(name, "eth7", "192.0.2.2/26")
+    with netns.nic2_ns("cli", MAC, dev="eth7", peer="p7") as name:
         yield name
-    finally:
-        netns.destroy_ns(name)
 
 
 def make_plan(*grants: Grant, vip: str = "198.18.0.10") -> Plan:

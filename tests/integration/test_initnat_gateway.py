@@ -5,8 +5,6 @@ moment of the flush, can be recorded and a flush failure injected."""
 
 from __future__ import annotations
 
-import os
-import secrets
 import shlex
 import threading
 import time
@@ -44,18 +42,8 @@ def plan(*grants: Grant, host: str | None = None, cidr: str | None = None, vip: 
 
 @pytest.fixture
 def ns() -> Iterator[str]:
-    name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-gwy"
-    netns.add_ns(name)
-    try:
-        netns.run(
-            ["ip", "-n", name, "link", "add", "n2", "address", MAC, "type", "veth", "peer", "name", "p2"]
-        )
-        for dev in ("n2", "p2"):
-            netns.run(["ip", "-n", name, "link", "set", dev, "up"])
-        netns.addr(name, "n2", "192.0.2.2/26")
+    with netns.nic2_ns("gwy", MAC) as name:
         yield name
-    finally:
-        netns.destroy_ns(name)
 
 
 TOMBSTONE_A = "-A VPNGW-FORWARD -m connmark --mark 0x10000/0xfff0000"

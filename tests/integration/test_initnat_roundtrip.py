@@ -7,9 +7,7 @@ restores and the lines we read back, goes through the real tools."""
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import shlex
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -51,18 +49,8 @@ def plan(*grants: Grant) -> Plan:
 
 @pytest.fixture
 def ns() -> Iterator[str]:
-    name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-rtp"
-    netns.add_ns(name)
-    try:
-        netns.run(
-            ["ip", "-n", name, "link", "add", "n2", "address", MAC, "type", "veth", "peer", "name", "p2"]
-        )
-        for dev in ("n2", "p2"):
-            netns.run(["ip", "-n", name, "link", "set", dev, "up"])
-        netns.addr(name, "n2", "192.0.2.2/26")
+    with netns.nic2_ns("rtp", MAC) as name:
         yield name
-    finally:
-        netns.destroy_ns(name)
 
 
 @dataclass
