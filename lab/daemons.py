@@ -60,7 +60,7 @@ charon {{
 """
 
 
-def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], deadline: float, what: str) -> None:
+def wait_for_socket(path: Path, proc: subprocess.Popen[bytes], deadline: float, what: str) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LabError(f"{what} exited with {proc.returncode} before its socket appeared")
@@ -109,7 +109,7 @@ class _Daemon:
         """Start ``argv`` logging to ``logfile`` and wait until ``socket`` accepts connections."""
         with open(logfile, "ab") as out:
             self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        _wait_for_socket(socket, self.proc, time.monotonic() + timeout, f"{what} in {self.ns}")
+        wait_for_socket(socket, self.proc, time.monotonic() + timeout, f"{what} in {self.ns}")
 
     def stop(self) -> None:
         _stop(self.proc)

@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from agent.vici import ViciSession
+from lab.daemons import wait_for_socket
 from lab.netns import ns_exec
 from lab.world import Lab
 
@@ -102,10 +103,9 @@ def test_gateway_charon_config_loads_every_plugin_it_names(lab: Lab, open_tmp: P
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         sock = run / "charon" / "charon.vici"
-        deadline = time.monotonic() + 10
-        while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.01)
-        assert sock.exists(), f"charon did not open its VICI socket (exit {proc.poll()})"
+        # Until a connect succeeds, not just until the file exists: charon binds, hands the socket to its
+        # group, and only then listens (a connect in between is refused).
+        wait_for_socket(sock, proc, time.monotonic() + 10, "the image's charon")
 
         async def stats() -> dict[str, object]:
             async with await ViciSession.connect(sock) as v:
