@@ -16,35 +16,23 @@ from dataclasses import dataclass, field
 import pytest
 from pyroute2 import Conntrack, IPRoute
 
-from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port
+from gwplan import Grant
 from initnat import rules, tables
 from initnat.__main__ import Gateway
 from initnat.conntrack import NetlinkFlusher
 from initnat.iptables import Completed, Iptables, Runner, run_process
 from lab import netns
+from tests.integration.test_initnat_cli import MAC
+from tests.integration.test_initnat_cli import make_plan as plan
 
 pytestmark = [pytest.mark.lab]
 
-MAC = "fa:16:3e:aa:bb:07"
 GA = Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x10000)
 GB = Grant("s2", "web", "exposure", ("203.0.113.16/28",), 0x20000)
 MASK = 0x0FFF0000
 # Our admission rules and the DNAT rule start with an address then the protocol; this "other version"
 # prints the protocol first, in every chain. Same rule, same kernel object, other bytes.
 _ADDRESS_THEN_PROTOCOL = re.compile(r"^(-A \S+) (-[sd] \S+) (-p \S+) ", re.MULTILINE)
-
-
-def plan(*grants: Grant) -> Plan:
-    return Plan(
-        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
-        type="ipsec",
-        nic=Nic(mac=MAC, gateway="192.0.2.1"),
-        nat=Nat(
-            service_cidr="198.18.0.0/24",
-            exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
-            grants=grants,
-        ),
-    )
 
 
 @pytest.fixture
