@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
-  strongswan-charon strongswan-swanctl libcharon-extra-plugins libstrongswan-extra-plugins
+  strongswan-charon strongswan-swanctl libstrongswan-standard-plugins libcharon-extra-plugins
+  libstrongswan-extra-plugins
   wireguard-go wireguard-tools iptables conntrack iproute2 procps kmod prometheus make
   ca-certificates unzip iputils-ping socat curl
 )
