@@ -33,7 +33,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.vici import ViciSession, wire
+from gwkit.vici import ViciSession, wire
 from lab.peers import psk_conn
 from lab.world import SERVICE_CIDR, Lab
 

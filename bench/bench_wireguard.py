@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agent.runtime import Settings
 from agent.sources import FileSecrets
-from agent.wireguard.backend import NetlinkBackend, UapiBackend, WireGuardBackend
 from agent.wireguard.diff import diff
-from agent.wireguard.fakes import FakeKernelWireGuard, FakeLinks
-from agent.wireguard.model import DesiredDevice, DesiredPeer, DeviceState
-from agent.wireguard.netdev import IpRouteNetDev
 from agent.wireguard.run import WireGuardAgent
 from agent.wireguard.status import peers_status
+from gwkit.wireguard.backend import NetlinkBackend, UapiBackend, WireGuardBackend
+from gwkit.wireguard.fakes import FakeKernelWireGuard, FakeLinks
+from gwkit.wireguard.model import DesiredDevice, DesiredPeer, DeviceState
+from gwkit.wireguard.netdev import IpRouteNetDev
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard
 from lab.world import Lab
 

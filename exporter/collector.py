@@ -28,7 +28,7 @@ from exporter.wireguard import InterfaceView
 
 
 class DaemonFacts(Protocol):
-    """What the metrics read of ``agent.vici.queries.DaemonInfo`` (a Protocol, so this pure module does
+    """What the metrics read of ``gwkit.vici.queries.DaemonInfo`` (a Protocol, so this pure module does
     not import the VICI client)."""
 
     @property

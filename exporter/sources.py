@@ -3,11 +3,11 @@
 * ``StrongswanSource`` keeps one VICI session across scrapes. A dead or missing socket is a refused
   connect (fast) and the scrape reports ``strongswan_up 0``; after a failure the next connect waits for
   ``backoff`` (scrapes meanwhile answer ``up 0`` at once). A call that times out discards the session (the
-  stream is desynchronised: ``agent.vici.session``).
+  stream is desynchronised: ``gwkit.vici.session``).
 * ``EventFollower`` listens on a second, dedicated session for ``child-rekey`` and down events, whose
   final CHILD_SA counts keep the byte counters exact across rekeys (``exporter.ipsec``); it reconnects with
   backoff, and learns the daemon's epoch (start time) on every connect.
-* ``WireGuardSource`` reads each interface through the backend ``agent.wireguard.backend.detect`` picks
+* ``WireGuardSource`` reads each interface through the backend ``gwkit.wireguard.backend.detect`` picks
   (UAPI socket of wireguard-go/boringtun, else kernel netlink), re-detecting after a failure.
 """
 
@@ -23,8 +23,12 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from agent.vici import ViciError, ViciSession, wire
-from agent.vici.queries import (
+from exporter import ipsec
+from exporter.collector import StrongswanSnapshot, WireGuardSnapshot
+from exporter.uapifast import KeyCache, ReplyError, fast_view
+from exporter.wireguard import InterfaceView, interface_view
+from gwkit.vici import ViciError, ViciSession, wire
+from gwkit.vici.queries import (
     DaemonInfo,
     StartSighting,
     counters,
@@ -34,12 +38,8 @@ from agent.vici.queries import (
     restarted_between,
     sighting,
 )
-from agent.wireguard import uapi
-from agent.wireguard.backend import UapiBackend, WireGuardBackend, WireGuardError, detect
-from exporter import ipsec
-from exporter.collector import StrongswanSnapshot, WireGuardSnapshot
-from exporter.uapifast import KeyCache, ReplyError, fast_view
-from exporter.wireguard import InterfaceView, interface_view
+from gwkit.wireguard import uapi
+from gwkit.wireguard.backend import UapiBackend, WireGuardBackend, WireGuardError, detect
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class ReplyBuffer:
 
 async def read_get(path: Path, timeout: float, buffer: ReplyBuffer | None = None) -> str:
     """One ``get=1`` exchange: the raw reply text. Raises UapiUnavailable (never a key in the message).
-    (``agent.wireguard.uapi.get`` parses into ``DeviceState``; the exporter wants the text for its fast
+    (``gwkit.wireguard.uapi.get`` parses into ``DeviceState``; the exporter wants the text for its fast
     parser, ``exporter.uapifast``.)"""
     buf = buffer or ReplyBuffer()
     try:

@@ -1,6 +1,6 @@
 """A fast read of a userspace WireGuard device (UAPI ``get=1``) straight into the exporter's view.
 
-At 10,000 peers the generic path (``agent.wireguard.uapi.parse_get`` -> ``DeviceState`` ->
+At 10,000 peers the generic path (``gwkit.wireguard.uapi.parse_get`` -> ``DeviceState`` ->
 ``interface_view``) took ~120 ms here against a ~25 ms raw UAPI read. This module reads the reply with
 one regular expression over the whole text (C speed) for the field order wireguard-go writes
 (public_key, preshared_key, protocol_version, [endpoint], last_handshake_time_sec/nsec, tx_bytes,

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from agent.wireguard.model import DeviceState
+from gwkit.wireguard.model import DeviceState
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from agent.vici import ViciSession
+from gwkit.vici import ViciSession
 from lab.peers import configure_site
 from lab.world import GW_NIC2_ADDR, NIC2_PREFIX, RTR_NIC2_ADDR, SERVICE_CIDR, Host, Lab
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.vici import ViciSession
+from gwkit.vici import ViciSession
 from lab import netns
 from lab.world import Host, Lab
 

@@ -51,8 +51,8 @@ from agent.ipsec.plan import (
 )
 from agent.ipsec.status import Carry, TunnelStatus, publish_due, reason_from_log, tunnels_status
 from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
-from agent.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
-from agent.vici.queries import (
+from gwkit.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
+from gwkit.vici.queries import (
     START_WOBBLE,
     IkeSas,
     StartSighting,

@@ -1,1 +1,2 @@
-"""WireGuard boundary: device/peer state and the backends that read and program it (UAPI, netlink)."""
+"""The agent's WireGuard backend: plan -> desired device (pure), diff, status, and the run loop. The
+device clients it drives (UAPI, netlink) are in ``gwkit.wireguard``."""

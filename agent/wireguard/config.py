@@ -12,7 +12,7 @@ import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from agent.wireguard.model import DesiredDevice, DesiredPeer, KeyError_, key_from_b64
+from gwkit.wireguard.model import DesiredDevice, DesiredPeer, KeyError_, key_from_b64
 from gwplan import DEVICE_NAME_RULE, SecretRef, WireGuard, is_device_name
 
 MAX_PEERS = 10_000

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from agent.wireguard.model import (
+from gwkit.wireguard.model import (
     ZERO_KEY,
     DesiredDevice,
     DesiredPeer,

@@ -34,18 +34,18 @@ from typing import Any
 import anyio
 
 from agent.runtime import Backend, Health, PlanSource, SecretError, Secrets, Settings, StatusSink
-from agent.wireguard.backend import (
+from agent.wireguard.config import ConfigError, desired, hostnames, secret_key
+from agent.wireguard.diff import diff
+from agent.wireguard.status import peers_status, without_counters
+from gwkit.wireguard.backend import (
     ApplyRejected,
     BackendUnavailable,
     DeviceUnavailable,
     WireGuardBackend,
     detect,
 )
-from agent.wireguard.config import ConfigError, desired, hostnames, secret_key
-from agent.wireguard.diff import diff
-from agent.wireguard.model import DesiredDevice, DeviceState
-from agent.wireguard.netdev import IpRouteNetDev, NetDev, NetDevError, peer_routes
-from agent.wireguard.status import peers_status, without_counters
+from gwkit.wireguard.model import DesiredDevice, DeviceState
+from gwkit.wireguard.netdev import IpRouteNetDev, NetDev, NetDevError, peer_routes
 from gwplan import Plan, SecretRef, WireGuard
 
 log = logging.getLogger(__name__)

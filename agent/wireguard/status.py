@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.wireguard.model import DeviceState, PeerState
+from gwkit.wireguard.model import DeviceState, PeerState
 from gwplan import WgPeer
 
 CONNECTED_WITHIN = 180.0

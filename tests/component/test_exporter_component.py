@@ -13,11 +13,11 @@ from typing import Any
 import anyio
 import pytest
 
-from agent.vici import ViciSession, ViciUnavailable
 from exporter.app import MetricsApp
 from exporter.http import serve
 from exporter.service import Exporter, PlanFile
 from exporter.sources import StrongswanSource, WireGuardSource, follow_events
+from gwkit.vici import ViciSession, ViciUnavailable
 from gwplan.model import Child, GatewayRef, Ipsec, Plan, Tunnel, dumps
 
 pytestmark = pytest.mark.anyio
@@ -160,13 +160,13 @@ async def test_a_crashing_query_reports_every_daemon_down(tmp_path: Path) -> Non
 
 
 async def test_kernel_netlink_backend_feeds_the_same_metrics(tmp_path: Path) -> None:
-    """No WireGuard module here: the netlink path runs against agent.wireguard.fakes.FakeKernelWireGuard
+    """No WireGuard module here: the netlink path runs against gwkit.wireguard.fakes.FakeKernelWireGuard
     (pyroute2's real AsyncWireGuard with an in-memory kernel behind its socket)."""
     from prometheus_client import CollectorRegistry
 
-    from agent.wireguard.backend import NetlinkBackend, WireGuardBackend
-    from agent.wireguard.fakes import FakeKernelWireGuard, FakeLinks, KernelPeer
     from exporter.collector import SnapshotCollector
+    from gwkit.wireguard.backend import NetlinkBackend, WireGuardBackend
+    from gwkit.wireguard.fakes import FakeKernelWireGuard, FakeLinks, KernelPeer
 
     kernel = FakeKernelWireGuard(per_message=2)
     alice, bob, carol = (base64.b64encode(bytes([i]) * 32).decode() for i in (1, 2, 3))

@@ -19,7 +19,7 @@ import anyio.abc
 import pytest
 from vici.protocol import Message
 
-from agent.vici import ViciCommandFailed, ViciSession, ViciTimeout, ViciUnavailable, wire
+from gwkit.vici import ViciCommandFailed, ViciSession, ViciTimeout, ViciUnavailable, wire
 
 pytestmark = pytest.mark.anyio
 

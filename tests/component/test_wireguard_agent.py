@@ -17,9 +17,9 @@ import pytest
 from agent.fakes import ListSink, StaticPlans
 from agent.runtime import Settings
 from agent.sources import FileSecrets
-from agent.wireguard.backend import BackendUnavailable, WireGuardBackend
-from agent.wireguard.fakes import FakeDevice, FakeNetDev
 from agent.wireguard.run import WireGuardAgent
+from gwkit.wireguard.backend import BackendUnavailable, WireGuardBackend
+from gwkit.wireguard.fakes import FakeDevice, FakeNetDev
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard
 
 pytestmark = pytest.mark.anyio

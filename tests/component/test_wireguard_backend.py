@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.wireguard.backend import (
+from agent.wireguard.diff import diff
+from gwkit.wireguard.backend import (
     ApplyRejected,
     BackendUnavailable,
     DeviceUnavailable,
@@ -26,9 +27,8 @@ from agent.wireguard.backend import (
     WireGuardBackend,
     detect,
 )
-from agent.wireguard.diff import diff
-from agent.wireguard.fakes import FakeDevice, FakeKernelWireGuard, FakeLinks
-from agent.wireguard.model import DesiredDevice, DesiredPeer, DeviceUpdate, PeerUpdate
+from gwkit.wireguard.fakes import FakeDevice, FakeKernelWireGuard, FakeLinks
+from gwkit.wireguard.model import DesiredDevice, DesiredPeer, DeviceUpdate, PeerUpdate
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from agent.vici import ViciSession
+from gwkit.vici import ViciSession
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel, dumps
 from lab.peers import configure_site, site_conn
 from lab.world import SERVICE_CIDR, Host, Lab
@@ -441,7 +441,7 @@ async def test_a_tunnel_too_big_for_one_vici_message_is_still_reported_establish
     lab: Lab, agent: Agent
 ) -> None:
     """charon silently drops a list-sas answer over 512 KiB; the agent lists that IKE_SA per child
-    (agent.vici.queries) and never reports the live tunnel down for it."""
+    (gwkit.vici.queries) and never reports the live tunnel down for it."""
     site = lab.add_site()
     remote = [f"10.200.{i // 250}.{i % 250 + 1}/32" for i in range(MANY)]
     add_addresses(site, remote)

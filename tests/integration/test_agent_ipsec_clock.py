@@ -27,7 +27,7 @@ from agent.fakes import ListSink, StaticPlans
 from agent.health import HealthState
 from agent.ipsec.keeper import Keeper, Timing
 from agent.sources import FileSecrets
-from agent.vici.queries import start_time
+from gwkit.vici.queries import start_time
 from lab.world import Lab
 from tests.integration.test_agent_ipsec import PSK, gw_sas, ike_ids, make_plan, setup_site, start_sites
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.vici import ViciSession
+from gwkit.vici import ViciSession
 from gwplan import Child, IkeCertificate, IkePrivateKey, Ipsec, Plan, SecretRef, Tunnel
 from lab.world import SERVICE_CIDR, Host, Lab
 from tests.integration.test_agent_ipsec import (

@@ -22,13 +22,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.vici import ViciSession
-from agent.wireguard import uapi
 from exporter.collector import Snapshot, SnapshotCollector, families
 from exporter.family import Renderer
 from exporter.ipsec import CHILD_INFO_LABELS
 from exporter.service import Exporter, PlanFile
 from exporter.sources import StrongswanSource, WireGuardSource, follow_events
+from gwkit.vici import ViciSession
+from gwkit.wireguard import uapi
 from gwplan.model import Child, GatewayRef, Plan, SecretRef, Tunnel, WgPeer, WireGuard, dumps
 from gwplan.model import Ipsec as PlanIpsec
 from lab.peers import wireguard_pair
@@ -316,7 +316,7 @@ async def test_killed_charon_reports_down_within_the_deadline_and_returns_after_
     assert value(down, "strongswan_tunnel_up", tunnel="s1") == 0
 
     # charon's start time wobbles by a second between calls, so only a jump of more than 2 s is a restart
-    # (agent.vici.queries.settle_start); the wobble and whole seconds can eat up to 2 s of the gap, so
+    # (gwkit.vici.queries.settle_start); the wobble and whole seconds can eat up to 2 s of the gap, so
     # restart 3.5 s after the first start (a restarted pod container takes longer than that anyway).
     await anyio.sleep(3.5)
     g.start()

@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from agent.vici import ViciSession
+from gwkit.vici import ViciSession
 from lab.peers import psk_conn
 from lab.world import Host, Lab
 

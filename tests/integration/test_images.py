@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.vici import ViciSession
+from gwkit.vici import ViciSession
 from lab.daemons import wait_for_socket
 from lab.netns import ns_exec
 from lab.world import Lab

@@ -22,7 +22,7 @@ import anyio
 import pytest
 from pyroute2 import IPRoute
 
-from agent.vici import ViciSession
+from gwkit.vici import ViciSession
 from gwplan import (
     Exposure,
     GatewayRef,

@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from agent.vici import ViciCommandFailed, ViciSession, ViciTimeout, ViciUnavailable
+from gwkit.vici import ViciCommandFailed, ViciSession, ViciTimeout, ViciUnavailable
 from lab import netns
 from lab.peers import psk_conn, wireguard_pair
 from lab.world import SERVICE_CIDR, Host, Lab

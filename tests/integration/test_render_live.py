@@ -1,6 +1,6 @@
 """Proof against the real consumer: live charon daemons load what the controller renders.
 
-* The plan's VICI connections (``load-conn`` over ``agent.vici.ViciSession``) and the swanctl.conf
+* The plan's VICI connections (``load-conn`` over ``gwkit.vici.ViciSession``) and the swanctl.conf
   rendering (``swanctl --load-all --file``) go into two separate live charons; both ``list-conns`` agree
   with the spec: one child per remote subnet with its selectors, ids, auth, remote addresses.
 * The rendered plan really works: the gateway charon, configured ONLY from the plan (plus test PSKs for
@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gwplan
-from agent.vici import ViciCommandFailed, ViciSession
 from controller.api import ESP_PROPOSALS, IKE_PROPOSALS
 from controller.render import RenderOptions, render_documents
 from controller.swanctl import render_swanctl, secret_section
 from controller.validate import InvalidInput
+from gwkit.vici import ViciCommandFailed, ViciSession
 from lab.world import Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]

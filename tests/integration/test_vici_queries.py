@@ -1,4 +1,4 @@
-"""agent.vici.queries against live charon daemons (lab): the 512 KiB drop is recovered, daemon identity
+"""gwkit.vici.queries against live charon daemons (lab): the 512 KiB drop is recovered, daemon identity
 and get-counters are read from a real charon 5.9.8."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from agent.vici import ViciSession
-from agent.vici.queries import counters, daemon_info, list_sas
 from exporter.service import Exporter
 from exporter.sources import StrongswanSource
+from gwkit.vici import ViciSession
+from gwkit.vici.queries import counters, daemon_info, list_sas
 from lab.world import SERVICE_CIDR, Lab
 from tests.integration.test_exporter_support import add_site_addresses, child_ts, initiate_all, load_pair
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from agent.wireguard import uapi
-from agent.wireguard.model import DeviceState
+from gwkit.wireguard import uapi
+from gwkit.wireguard.model import DeviceState
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, dumps
 from lab import netns
 from lab.daemons import WireGuardGo

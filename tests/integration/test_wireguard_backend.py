@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.wireguard.backend import ApplyRejected, DeviceUnavailable, UapiBackend
 from agent.wireguard.diff import diff
-from agent.wireguard.model import DesiredDevice, DesiredPeer, DeviceUpdate, PeerUpdate
-from agent.wireguard.netdev import IpRouteNetDev, NetDevError, peer_routes
+from gwkit.wireguard.backend import ApplyRejected, DeviceUnavailable, UapiBackend
+from gwkit.wireguard.model import DesiredDevice, DesiredPeer, DeviceUpdate, PeerUpdate
+from gwkit.wireguard.netdev import IpRouteNetDev, NetDevError, peer_routes
 from lab import netns
 from lab.peers import wireguard_pair
 from lab.world import Lab

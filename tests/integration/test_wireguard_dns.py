@@ -24,9 +24,9 @@ from agent.fakes import ListSink
 from agent.health import HealthState
 from agent.runtime import Settings
 from agent.sources import FileSecrets
-from agent.wireguard.backend import UapiBackend
-from agent.wireguard.netdev import IpRouteNetDev
 from agent.wireguard.run import WireGuardAgent
+from gwkit.wireguard.backend import UapiBackend
+from gwkit.wireguard.netdev import IpRouteNetDev
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard
 from lab import netns
 from lab.peers import keypair

@@ -17,7 +17,7 @@ from agent.ipsec.keeper import Keeper, Timing
 from agent.ipsec.plan import desired
 from agent.ipsec.status import publish_due, significant_change
 from agent.runtime import Secrets
-from agent.vici.session import ViciSession
+from gwkit.vici.session import ViciSession
 from gwplan import Child, GatewayRef, Ipsec, Plan, Tunnel
 
 

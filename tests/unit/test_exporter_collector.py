@@ -12,12 +12,12 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_lates
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from agent.vici.queries import DaemonInfo
-from agent.wireguard.model import DeviceState, PeerState
 from exporter.collector import Snapshot, SnapshotCollector, StrongswanSnapshot, WireGuardSnapshot, families
 from exporter.family import Family, Renderer
 from exporter.ipsec import Carry, PlanTunnel, observe_listing, view
 from exporter.wireguard import interface_view
+from gwkit.vici.queries import DaemonInfo
+from gwkit.wireguard.model import DeviceState, PeerState
 
 PRIVATE = base64.b64encode(bytes(range(32))).decode()
 PRESHARED = base64.b64encode(bytes(range(100, 132))).decode()

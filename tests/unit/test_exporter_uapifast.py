@@ -7,11 +7,11 @@ import base64
 
 import pytest
 
-from agent.wireguard.uapi import parse_get
 from exporter.collector import Snapshot, WireGuardSnapshot, families
 from exporter.family import Renderer
 from exporter.uapifast import KeyCache, ReplyError, fast_view
 from exporter.wireguard import interface_view
+from gwkit.wireguard.uapi import parse_get
 
 PRIV = bytes(range(32)).hex()
 PSK = bytes(range(64, 96)).hex()

@@ -1,4 +1,4 @@
-"""agent.vici.wire (pure): the decoder agrees with the vici package's codec (property test),
+"""gwkit.vici.wire (pure): the decoder agrees with the vici package's codec (property test),
 frames split anywhere reassemble, and malformed input is an error, not garbage."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vici.protocol import FiniteStream, Message
 
-from agent.vici import wire
-from agent.vici.wire import DecodeError, FrameBuffer, decode
+from gwkit.vici import wire
+from gwkit.vici.wire import DecodeError, FrameBuffer, decode
 
 names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12).filter(lambda s: len(s.encode()) < 256)
 values = st.binary(max_size=40)

@@ -1,4 +1,4 @@
-"""Pure parts of agent.vici.queries: merging list-sa events, daemon info and counters parsing."""
+"""Pure parts of gwkit.vici.queries: merging list-sa events, daemon info and counters parsing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agent.vici.queries import counters_from, daemon_info_from, merge, parse_since
+from gwkit.vici.queries import counters_from, daemon_info_from, merge, parse_since
 
 
 def test_merge_keys_by_uniqueid_and_keeps_the_conn_name() -> None:

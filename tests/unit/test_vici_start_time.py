@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.vici.queries import (
+from gwkit.vici.queries import (
     StartSighting,
     parse_since,
     restarted_between,

@@ -7,7 +7,7 @@ import struct
 import pytest
 from vici.protocol import Message
 
-from agent.vici import wire
+from gwkit.vici import wire
 
 
 def response(body: dict[str, object]) -> bytes:

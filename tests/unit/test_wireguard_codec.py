@@ -6,10 +6,10 @@ import base64
 
 import pytest
 
-from agent.wireguard.backend import netlink_peer, split_endpoint
-from agent.wireguard.model import ZERO_KEY, DeviceUpdate, KeyError_, PeerUpdate, key_from_b64
-from agent.wireguard.netdev import AF_INET, AF_INET6, RouteChanges, manages_ipv6, peer_routes, route_changes
-from agent.wireguard.uapi import (
+from gwkit.wireguard.backend import netlink_peer, split_endpoint
+from gwkit.wireguard.model import ZERO_KEY, DeviceUpdate, KeyError_, PeerUpdate, key_from_b64
+from gwkit.wireguard.netdev import AF_INET, AF_INET6, RouteChanges, manages_ipv6, peer_routes, route_changes
+from gwkit.wireguard.uapi import (
     UapiRejected,
     UapiUnavailable,
     format_set,

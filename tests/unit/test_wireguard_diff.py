@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from agent.wireguard.diff import diff, normalise_ip
-from agent.wireguard.model import ZERO_KEY, DesiredDevice, DesiredPeer, DeviceState, PeerState, PeerUpdate
+from gwkit.wireguard.model import ZERO_KEY, DesiredDevice, DesiredPeer, DeviceState, PeerState, PeerUpdate
 
 
 def key(n: int) -> str:

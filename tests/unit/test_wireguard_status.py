@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
-from agent.wireguard.model import DeviceState, PeerState
 from agent.wireguard.status import CONNECTED_WITHIN, peer_state, peers_status, rfc3339, without_counters
+from gwkit.wireguard.model import DeviceState, PeerState
 from gwplan import WgPeer
 
 A = base64.b64encode(b"a" * 32).decode()

@@ -30,9 +30,9 @@ from pyroute2.netlink.generic.wireguard import (
     wgmsg,
 )
 
-from agent.wireguard.backend import ApplyRejected, DeviceUnavailable, LinkControl, WireGuardBackend
-from agent.wireguard.model import ZERO_KEY, DeviceState, DeviceUpdate, PeerState
-from agent.wireguard.netdev import NetDev, NetDevError
+from gwkit.wireguard.backend import ApplyRejected, DeviceUnavailable, LinkControl, WireGuardBackend
+from gwkit.wireguard.model import ZERO_KEY, DeviceState, DeviceUpdate, PeerState
+from gwkit.wireguard.netdev import NetDev, NetDevError
 
 # --- an in-memory device --------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import anyio
 
-from agent.wireguard.model import DeviceState, DeviceUpdate, PeerState, b64_from_hex, hex_from_b64
+from gwkit.wireguard.model import DeviceState, DeviceUpdate, PeerState, b64_from_hex, hex_from_b64
 
 DEFAULT_DIR = Path("/var/run/wireguard")
 

@@ -1,6 +1,6 @@
 """The VICI boundary: an async client for charon's control socket (shared by the agent and exporter)."""
 
-from agent.vici.errors import ViciCommandFailed, ViciError, ViciTimeout, ViciUnavailable
-from agent.vici.session import ViciSession
+from gwkit.vici.errors import ViciCommandFailed, ViciError, ViciTimeout, ViciUnavailable
+from gwkit.vici.session import ViciSession
 
 __all__ = ["ViciCommandFailed", "ViciError", "ViciSession", "ViciTimeout", "ViciUnavailable"]

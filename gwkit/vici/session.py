@@ -16,8 +16,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from agent.vici import wire
-from agent.vici.errors import ViciCommandFailed, ViciTimeout, ViciUnavailable
+from gwkit.vici import wire
+from gwkit.vici.errors import ViciCommandFailed, ViciTimeout, ViciUnavailable
 
 log = logging.getLogger(__name__)
 

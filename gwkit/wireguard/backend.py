@@ -29,9 +29,9 @@ from typing import Any, Protocol
 from pyroute2 import AsyncWireGuard
 from pyroute2.netlink.exceptions import NetlinkError
 
-from agent.wireguard import uapi
-from agent.wireguard.model import DeviceState, DeviceUpdate, PeerState, PeerUpdate
-from agent.wireguard.netdev import IpRouteLinks
+from gwkit.wireguard import uapi
+from gwkit.wireguard.model import DeviceState, DeviceUpdate, PeerState, PeerUpdate
+from gwkit.wireguard.netdev import IpRouteLinks
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.vici.errors import ViciCommandFailed, ViciTimeout
-from agent.vici.session import ViciSession
-from agent.vici.wire import Section
+from gwkit.vici.errors import ViciCommandFailed, ViciTimeout
+from gwkit.vici.session import ViciSession
+from gwkit.vici.wire import Section
 
 log = logging.getLogger(__name__)
 
