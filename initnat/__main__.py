@@ -30,17 +30,18 @@ from pathlib import Path
 from types import FrameType
 
 from gwplan import Plan, PlanError, loads
-from initnat import rules, tables
+from initnat import rules, sysctl, tables
 from initnat.conntrack import ConntrackError, Flusher, NetlinkFlusher, flush_marks
 from initnat.iptables import Iptables, IptablesError, detect_variant
 from initnat.routing import Netlink, NicError, RoutingError, ensure, find_nic, open_netlink
 from initnat.rules import NatConfigError, Policy, ResolvedTargetError
+from initnat.sysctl import SysctlError
 
 log = logging.getLogger("initnat")
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 BAD_INPUT = (PlanError, NatConfigError, NicError)
-FAILED = (IptablesError, RoutingError, ConntrackError, OSError)
+FAILED = (IptablesError, RoutingError, ConntrackError, SysctlError, OSError)
 
 Resolver = Callable[[str], IPv4Address]
 
@@ -95,6 +96,9 @@ class Gateway:
     nic_mac: str | None = None
     """--nic-mac, or the MAC from Multus' network-status; the plan's ``nic.mac`` is the fallback."""
     resolver: Resolver = resolve
+    sysctls: sysctl.Sysctls = field(default_factory=sysctl.ProcSys)
+    """The namespace's sysctls (this process's /proc/sys; tests that drive a namespace from outside
+    pass one that reads and writes inside it)."""
     last: Policy | None = field(default=None)
     pending_flush: set[rules.Flush] = field(default_factory=set)
     """Marks (with the mask they were set under) whose conntrack flush failed: retried by every apply
@@ -139,7 +143,10 @@ class Gateway:
         gone = set(rules.flushes(self.last, policy)) | in_kernel
         gone |= tables.tombstones_in(view)
         gone |= self.pending_flush
-        # Validation is complete: from here on the kernel is changed, routing first (IKE replies need it).
+        # Validation is complete: from here on the kernel is changed. Forwarding first (whatever the
+        # namespace inherited; sysctl.py), then routing (IKE replies need it), then the rules.
+        for s in sysctl.ensure(nic.name, self.sysctls):
+            log.info("initnat.sysctl_set name=%s value=%d why=%r", s.name, s.value, s.why)
         routed = ensure(self.netlink, nic, nic_cfg, policy.exposure_targets)
         # One transaction withdraws the revoked admissions AND drops the revoked marks' packets.
         applied = self.iptables.apply(rules.with_tombstones(wanted, gone), saved=saved)
@@ -274,12 +281,17 @@ exit codes:
   0  applied (with --watch: stopped by SIGTERM/SIGINT)
   1  a kernel step failed; the log says what the kernel holds: kept=last-good (refused,
      nothing changed), applied=new flush=failed (new rules and the revoked grants' drops
-     in place, their conntrack flush failed), applied=new flush=done lift=failed
+     in place, their conntrack flush failed), applied=new flush=done lift=failed; or a
+     sysctl the data plane needs (net.ipv4.ip_forward=1, NIC2's rp_filter not strict) is
+     wrong and /proc/sys is read-only: the error names it and how to allow it
   2  bad input: unreadable or invalid plan, NIC2 absent, bad --nic-mac or interval
 
 privileges: root with NET_ADMIN and NET_RAW (iptables-legacy-save cannot read the tables
 without NET_RAW, and auto-detection would then see no legacy rules: logged as
-iptables.save_failed).
+iptables.save_failed). It sets net.ipv4.ip_forward=1 and, if strict, NIC2's rp_filter=2 in
+its namespace: that needs a writable /proc/sys (a privileged container), unless the pod's
+securityContext.sysctls already set them (net.ipv4.ip_forward=1,
+net.ipv4.conf.all.rp_filter=2; unsafe sysctls: kubelet --allowed-unsafe-sysctls).
 
 examples:
   python -m initnat --plan /etc/vpngw/plan.json                 # init container: apply once

@@ -7,6 +7,7 @@ can tell a dead run's leftovers (its pid is gone) from a live one's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -46,13 +47,54 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def add_ns(name: str) -> None:
+ROUTER_SYSCTLS = {
+    "net.ipv4.ip_forward": 1,
+    "net.ipv4.conf.all.rp_filter": 0,
+    "net.ipv4.conf.default.rp_filter": 0,
+}
+"""The lab's routers, sites and services forward, and accept asymmetric paths (they stand in for a cloud)."""
+POD_SYSCTLS = {
+    "net.ipv4.ip_forward": 0,
+    "net.ipv4.conf.all.rp_filter": 1,
+    "net.ipv4.conf.default.rp_filter": 1,
+}
+"""A gateway pod's namespace as the worst host leaves it: no forwarding, strict reverse-path filtering
+(a new namespace inherits the host's settings; a fresh Debian host has ip_forward 0). init-nat must make
+it forward (initnat/sysctl.py); the lab must not do it for init-nat."""
+
+
+def add_ns(name: str, sysctls: dict[str, int] | None = None) -> None:
+    """A namespace with ``lo`` up and ``sysctls`` set, whatever the host's are (default: a router's)."""
     run(["ip", "netns", "add", name])
     run(["ip", "-n", name, "link", "set", "lo", "up"])
-    # A gateway forwards between NIC2, the tunnel and its inner addresses.
-    run(ns_exec(name, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"))
-    run(ns_exec(name, "sysctl", "-q", "-w", "net.ipv4.conf.all.rp_filter=0"))
-    run(ns_exec(name, "sysctl", "-q", "-w", "net.ipv4.conf.default.rp_filter=0"))
+    for key, value in (ROUTER_SYSCTLS if sysctls is None else sysctls).items():
+        run(ns_exec(name, "sysctl", "-q", "-w", f"{key}={value}"))
+
+
+class NsSysctls:
+    """``initnat.sysctl.Sysctls`` inside namespace ``ns``, for tests that drive init-nat's ``Gateway``
+    from outside it (a process's /proc/sys shows the namespace the process runs in, so this one's own
+    would be the host's)."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+
+    def _path(self, name: str) -> str:
+        return "/proc/sys/" + name.replace(".", "/")
+
+    def read(self, name: str) -> int:
+        res = run(ns_exec(self.ns, "cat", self._path(name)), check=False)
+        if res.returncode != 0:
+            raise OSError(errno.EIO, res.stderr.decode(errors="replace").strip())
+        return int(res.stdout.split()[0])
+
+    def write(self, name: str, value: int) -> None:
+        res = run(
+            ns_exec(self.ns, "sh", "-c", f'echo {int(value)} > "$1"', "sh", self._path(name)), check=False
+        )
+        if res.returncode != 0:
+            err = res.stderr.decode(errors="replace")
+            raise OSError(errno.EROFS if "Read-only" in err else errno.EIO, err.strip())
 
 
 def del_ns(name: str) -> None:
@@ -114,7 +156,7 @@ def nic2_ns(
     """A throwaway namespace holding a NIC2 stand-in: veth ``dev`` (with ``mac`` and ``cidr``) to ``peer``,
     both up; destroyed on exit, whatever happened inside."""
     name = f"{PREFIX}{os.getpid()}x{secrets.token_hex(3)}-{tag}"
-    add_ns(name)
+    add_ns(name, POD_SYSCTLS)
     try:
         run(["ip", "-n", name, "link", "add", dev, "address", mac, "type", "veth", "peer", "name", peer])
         for d in (dev, peer):

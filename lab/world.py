@@ -108,11 +108,11 @@ class Lab:
 
     # --- building -----------------------------------------------------------------------------------
 
-    def _host(self, role: str) -> Host:
+    def _host(self, role: str, sysctls: dict[str, int] | None = None) -> Host:
         ns = f"{self.prefix}-{role}"
         d = self.dir / role
         d.mkdir(parents=True, exist_ok=True)
-        netns.add_ns(ns)
+        netns.add_ns(ns, sysctls)
         host = Host(role=role, ns=ns, dir=d)
         self.hosts[role] = host
         return host
@@ -121,7 +121,7 @@ class Lab:
         _open_labs.add(self)
         try:
             rtr = self._host("rtr")
-            gw = self._host("gw")
+            gw = self._host("gw", netns.POD_SYSCTLS)  # init-nat, not the lab, makes it forward
             svc = self._host("svc")
             netns.veth(gw.ns, self.nic2_name, rtr.ns, "r-gw", mac_a=self.nic2_mac)
             netns.addr(gw.ns, self.nic2_name, f"{GW_NIC2_ADDR}/{NIC2_PREFIX}")

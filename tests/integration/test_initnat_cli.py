@@ -100,6 +100,68 @@ def test_one_shot_apply_exit_0_and_a_canonical_log_line(ns: str, tmp_path: Path)
     assert "from 192.0.2.2 lookup 100" in netns.run(["ip", "-n", ns, "rule"]).stdout.decode()
 
 
+def sysctl_of(ns: str, name: str) -> int:
+    return netns.NsSysctls(ns).read(name)
+
+
+def test_apply_makes_a_namespace_that_inherited_no_forwarding_forward(ns: str, tmp_path: Path) -> None:
+    """The namespace starts as a fresh host leaves a pod's (lab.netns.POD_SYSCTLS: ip_forward 0, strict
+    rp_filter); the apply turns forwarding on and NIC2's reverse-path filter loose, and says so."""
+    assert sysctl_of(ns, "net.ipv4.ip_forward") == 0
+    assert sysctl_of(ns, "net.ipv4.conf.all.rp_filter") == 1
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(dumps(make_plan(GA)))
+    res = initnat(ns, "--plan", str(plan))
+    assert res.returncode == 0, res.stderr
+    assert sysctl_of(ns, "net.ipv4.ip_forward") == 1
+    assert sysctl_of(ns, "net.ipv4.conf.eth7.rp_filter") == 2
+    assert sysctl_of(ns, "net.ipv4.conf.all.rp_filter") == 1, "the namespace-wide setting is left alone"
+    assert "initnat.sysctl_set name=net.ipv4.ip_forward value=1" in res.stderr
+    assert "initnat.sysctl_set name=net.ipv4.conf.eth7.rp_filter value=2" in res.stderr
+    again = initnat(ns, "--plan", str(plan))
+    assert again.returncode == 0 and "sysctl_set" not in again.stderr, "nothing to set the second time"
+
+
+def initnat_read_only_proc_sys(ns: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """init-nat where /proc/sys is read-only, as a container runtime mounts it for a container that is not
+    privileged (even one with NET_ADMIN)."""
+    script = 'mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$@"'
+    return subprocess.run(
+        netns.ns_exec(ns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                      PY, "-m", "initnat", *args),
+        capture_output=True, text=True, timeout=30, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False,
+    )  # fmt: skip
+
+
+def test_read_only_proc_sys_with_forwarding_off_is_exit_1_naming_the_sysctl(ns: str, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(dumps(make_plan(GA)))
+    res = initnat_read_only_proc_sys(ns, "--plan", str(plan))
+    assert res.returncode == 1, res.stderr
+    assert "initnat.failed" in res.stderr and "kept=last-good" in res.stderr
+    for words in (
+        "net.ipv4.ip_forward is 0, must be 1",
+        "privileged init container",
+        "securityContext.sysctls",
+        "--allowed-unsafe-sysctls=net.ipv4.conf.all.rp_filter,net.ipv4.ip_forward",
+    ):
+        assert words in res.stderr
+    assert our_rules(ns) == "", "nothing was applied over a data plane that cannot forward"
+    assert sysctl_of(ns, "net.ipv4.ip_forward") == 0
+
+
+def test_read_only_proc_sys_is_fine_when_the_pod_already_forwards(ns: str, tmp_path: Path) -> None:
+    """What the pod's securityContext.sysctls would have set: init-nat needs to write nothing."""
+    netns.NsSysctls(ns).write("net.ipv4.ip_forward", 1)
+    netns.NsSysctls(ns).write("net.ipv4.conf.all.rp_filter", 2)
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(dumps(make_plan(GA)))
+    res = initnat_read_only_proc_sys(ns, "--plan", str(plan))
+    assert res.returncode == 0, res.stderr
+    assert "sysctl_set" not in res.stderr and "initnat.applied" in res.stderr
+
+
 @pytest.mark.parametrize(
     ("content", "extra", "message"),
     [

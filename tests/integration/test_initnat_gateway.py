@@ -89,7 +89,13 @@ def gateway(ns: str) -> Iterator[tuple[Gateway, list[str]]]:
 
     with IPRoute(netns=ns, flags=0) as ipr:
         yield (
-            Gateway(Iptables("nft", run), ipr, recorder, resolver=lambda h: IPv4Address("192.0.2.70")),
+            Gateway(
+                Iptables("nft", run),
+                ipr,
+                recorder,
+                resolver=lambda h: IPv4Address("192.0.2.70"),
+                sysctls=netns.NsSysctls(ns),
+            ),
             events,
         )
 
@@ -144,7 +150,7 @@ def test_a_restart_owes_the_flush_of_tombstones_left_in_the_kernel(
     gw.flusher.fail = ConntrackError("ctnetlink unavailable")
     with pytest.raises(ConntrackError):
         gw.apply(plan(GB))
-    fresh = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver)
+    fresh = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver, sysctls=gw.sysctls)
     fresh.apply(plan(GB))
     assert isinstance(fresh.flusher, Recorder) and fresh.flusher.flushed == [(0x10000, 0x0FFF0000)]
     assert "0x10000" not in our_chain(ns)
@@ -306,10 +312,10 @@ def test_a_restart_revokes_a_grant_whose_exposure_target_moved(
     gw, _ = gateway
     gw.apply(plan(GA))
     assert "to=192.0.2.66" in our_chain(ns)
-    fresh = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver)
+    fresh = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver, sysctls=gw.sysctls)
     fresh.apply(plan(GA, host="api.fabric.example"))
     assert isinstance(fresh.flusher, Recorder) and fresh.flusher.flushed == [(0x10000, 0x0FFF0000)]
-    again = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver)
+    again = Gateway(gw.iptables, gw.netlink, Recorder([], ns), resolver=gw.resolver, sysctls=gw.sysctls)
     again.apply(plan(GA, host="api.fabric.example"))
     assert isinstance(again.flusher, Recorder) and again.flusher.flushed == [], "same target: nothing"
 

@@ -22,6 +22,7 @@ from initnat.__main__ import Gateway
 from initnat.conntrack import NetlinkFlusher
 from initnat.iptables import Completed, Iptables, Runner, run_process
 from lab import netns
+from lab.netns import NsSysctls
 from tests.integration.test_initnat_cli import MAC
 from tests.integration.test_initnat_cli import make_plan as plan
 
@@ -110,7 +111,7 @@ def gateway(ns: str) -> Iterator[tuple[Gateway, OtherPrint, CountingFlusher]]:
     printer, flusher = OtherPrint(ns), CountingFlusher(ns=ns)
     try:
         with IPRoute(netns=ns, flags=0) as ipr:
-            yield Gateway(Iptables("nft", printer), ipr, flusher), printer, flusher
+            yield Gateway(Iptables("nft", printer), ipr, flusher, sysctls=NsSysctls(ns)), printer, flusher
     finally:
         flusher.close()
 
@@ -202,7 +203,7 @@ def test_a_restart_learns_the_print_first_and_still_revokes_what_was_really_narr
 
     def restart() -> tuple[Gateway, CountingFlusher]:
         flusher = CountingFlusher(ns=ns)
-        return Gateway(Iptables(variant, printer), gw.netlink, flusher), flusher  # type: ignore[arg-type]
+        return Gateway(Iptables(variant, printer), gw.netlink, flusher, sysctls=gw.sysctls), flusher  # type: ignore[arg-type]
 
     fresh, flusher = restart()
     caplog.clear()
@@ -246,7 +247,7 @@ def test_a_restart_onto_a_narrowing_of_the_same_length_still_flushes(
     add_flows(ns, GB.mark, 17)
     flusher = CountingFlusher(ns=ns)
     try:
-        Gateway(Iptables(variant, printer), gw.netlink, flusher).apply(plan(new, GB))  # type: ignore[arg-type]
+        Gateway(Iptables(variant, printer), gw.netlink, flusher, sysctls=gw.sysctls).apply(plan(new, GB))  # type: ignore[arg-type]
         assert flusher.flushed == [(GA.mark, MASK)] and flows(ns, GA.mark) == 0
         assert flows(ns, GB.mark) == 3
     finally:
@@ -263,7 +264,7 @@ def test_a_failed_read_back_does_not_make_the_next_resync_revoke_every_grant(
     printer, flusher = OtherPrint(ns, fail_save=2), CountingFlusher(ns=ns)
     try:
         with IPRoute(netns=ns, flags=0) as ipr, caplog.at_level("INFO", logger="initnat"):
-            gw = Gateway(Iptables(variant, printer), ipr, flusher)  # type: ignore[arg-type]
+            gw = Gateway(Iptables(variant, printer), ipr, flusher, sysctls=NsSysctls(ns))  # type: ignore[arg-type]
             gw.apply(plan(GA, GB))  # save, restore, the read-back save fails
             assert printer.saves == 2 and "initnat.readback_failed" in caplog.text
             add_flows(ns, GA.mark, 1)
@@ -322,7 +323,7 @@ def test_an_edit_racing_the_read_back_is_not_learned_as_the_print_and_is_repaire
     printer, flusher = RacingEdit(ns, reprint=reprint), CountingFlusher(ns=ns)
     try:
         with IPRoute(netns=ns, flags=0) as ipr, caplog.at_level("INFO", logger="initnat"):
-            gw = Gateway(Iptables(variant, printer), ipr, flusher)  # type: ignore[arg-type]
+            gw = Gateway(Iptables(variant, printer), ipr, flusher, sysctls=NsSysctls(ns))  # type: ignore[arg-type]
             gw.apply(plan(GA, GB))
             assert printer.done and "initnat.readback_drift" in caplog.text
             assert len(mismatch_lines(caplog)) == (1 if reprint else 0), "only a real print difference"

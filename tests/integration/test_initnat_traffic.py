@@ -49,6 +49,7 @@ PSK = "initnat-lab-psk-7c1d"  # test-only value
 ROOT = Path(__file__).resolve().parents[2]
 PY = str(ROOT / ".venv" / "bin" / "python")
 API_ADDR = "192.0.2.100"  # a second fabric service, a /32 on svc's lo
+FABRIC_CLIENT = "192.0.2.70"  # a fabric host (in svc's subnet, behind the router) that is no target
 WEB_VIP, API_VIP = "198.18.0.10", "198.18.0.11"
 MASK = 0x0FFF0000
 GRANT_S1_WEB, GRANT_S2_WEB, GRANT_S1_API = 0x00010000, 0x00020000, 0x00030000
@@ -378,6 +379,52 @@ async def test_reverse_exposure_admits_only_internal_sources_snated_into_the_tun
     assert procs.output("echo7070").count("from ") == 1
 
 
+def rp_filter_drops(lab: Lab) -> int:
+    """The gateway namespace's reverse-path-filter drop counter (TcpExt IPReversePathFilter)."""
+    out = lab.gw.run("nstat", "-az", "TcpExtIPReversePathFilter").stdout.decode()
+    return int(next(line.split()[1] for line in out.splitlines() if line.startswith("TcpExtIPReverse")))
+
+
+async def test_fabric_traffic_to_a_reverse_exposure_enters_through_nic2_only_when_its_rp_filter_is_loose(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """What init-nat's rp_filter setting is for (measured, not guessed). The lab's gateway namespace starts
+    with strict reverse-path filtering (lab.netns.POD_SYSCTLS). Fabric traffic to a reverse exposure
+    arrives on NIC2 (the cloud routes serviceCIDR to the gateway's port) from a source the pod's main table
+    routes via eth0: strict filtering drops it before FORWARD (the IPReversePathFilter counter moves).
+    After init-nat's apply (NIC2 loose) the grant admits the SYN and it reaches the site through the
+    tunnel (the gateway's conntrack entry with the grant's mark)."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    netns.addr(lab.svc.ns, "lo", f"{FABRIC_CLIENT}/32")  # a fabric host that is no exposure target
+    (tmp_path / "echo.py").write_text(ECHO_SERVER)
+    (tmp_path / "once.py").write_text(ONE_SHOT)
+    procs.start(s1, PY, str(tmp_path / "echo.py"), s1.lan_host, "7070", name="echo7070")
+    wait_for(lambda: "listening" in procs.output("echo7070"), 10, "the site's echo server")
+    rvip, mark = "198.18.0.20", 0x00040000
+    p = plan(
+        lab,
+        (Grant("s1", "db", "reverse", ("192.0.2.64/26",), mark),),
+        reverse=(ReverseExposure("db", rvip, s1.lan_host, (Port(7070),)),),
+        internal=("192.0.2.64/26",),
+    )
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, p)
+    res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), check=False)
+    assert res.returncode == 0, res.stderr.decode()
+    assert "initnat.sysctl_set name=net.ipv4.conf.ens7.rp_filter value=2" in res.stderr.decode()
+    assert await tunnels_up(lab, [s1]) == ["s1"]
+
+    one_shot(lab.svc, FABRIC_CLIENT, rvip, 7070, tmp_path / "once.py")
+    assert marked(lab, mark) >= 1, "with NIC2 loose the fabric's SYN crossed FORWARD and was admitted"
+    lab.gw.run("conntrack", "-D", "-m", f"{mark:#x}/{MASK:#x}", check=False)
+    netns.NsSysctls(lab.gw.ns).write("net.ipv4.conf.ens7.rp_filter", 1)
+    before = rp_filter_drops(lab)
+    one_shot(lab.svc, FABRIC_CLIENT, rvip, 7070, tmp_path / "once.py")
+    assert marked(lab, mark) == 0, "strict: nothing reached FORWARD"
+    assert rp_filter_drops(lab) > before, "dropped by the reverse-path filter, not lost elsewhere"
+
+
 def peer_routing_into_its_tunnel(lab: Lab, site: Host, tmp_path: Path, extra: str) -> None:
     """A WireGuard tunnel gateway <-> ``site`` whose peer also routes ``extra`` into it (a peer's own
     AllowedIPs and routes are the tenant's to choose); the fabric router routes the site's LAN back to
@@ -498,7 +545,7 @@ async def test_a_revoked_grant_is_cut_by_iptables_even_when_the_conntrack_flush_
     # pyroute2's synchronous IPRoute runs its own event loop: it lives in one worker thread of its own.
     with ThreadPoolExecutor(max_workers=1) as netlink_thread:
         ipr = netlink_thread.submit(IPRoute, netns=lab.gw.ns, flags=0).result()
-        gw = Gateway(Iptables("nft", run), ipr, flusher)
+        gw = Gateway(Iptables("nft", run), ipr, flusher, sysctls=netns.NsSysctls(lab.gw.ns))
 
         def apply(p: Plan) -> None:
             netlink_thread.submit(gw.apply, p).result()
