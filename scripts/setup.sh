@@ -10,6 +10,12 @@ APT_PACKAGES=(
   wireguard-go wireguard-tools iptables conntrack iproute2 procps kmod prometheus make
   ca-certificates unzip iputils-ping socat curl
 )
+# `setup.sh --print-packages`: the Debian packages it installs, one per line (the install-drift test reads
+# them; nodejs/npm only where the machine has no npm of its own).
+if [ "${1:-}" = "--print-packages" ]; then
+  printf '%s\n' "${APT_PACKAGES[@]}"
+  exit 0
+fi
 # npm comes with the machine's Node.js; install Debian's only where there is none.
 command -v npm >/dev/null 2>&1 || APT_PACKAGES+=(nodejs npm)
 

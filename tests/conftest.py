@@ -12,14 +12,36 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lab.world import Lab, cleanup_stale
+from tests.commands import declared, started
 
 REQUIRED_TOOLS = ("ip", "iptables", "iptables-restore", "conntrack", "swanctl", "wireguard-go", "wg", "ping")
 _lab_outcomes: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+HOST_SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/rp_filter", "net/ipv4/conf/default/rp_filter")
+
+
+def _host_sysctls() -> dict[str, str]:
+    return {k: (Path("/proc/sys") / k).read_text().strip() for k in HOST_SYSCTLS}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def host_sysctls_untouched() -> Iterator[None]:
+    """The machine's own forwarding settings are not the tests' to change: a test that drove init-nat's
+    Gateway from outside a namespace without the namespace's sysctls would write the host's (and a host
+    that forwards hides the very bug a fresh one shows: init-nat not making its namespace forward)."""
+    before = _host_sysctls()
+    yield
+    after = _host_sysctls()
+    assert after == before, f"the tests changed the host's sysctls: {before} -> {after}"
 
 
 @pytest.fixture
@@ -58,6 +80,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionstart(session: pytest.Session) -> None:
     if os.geteuid() == 0 and shutil.which("ip"):
         cleanup_stale()  # leftovers of a run that was SIGKILLed; a live run's namespaces are kept
+
+
+_commands_run: dict[str, str] = {}
+"""Every command this session started (name -> one argv that started it), for the install-drift check."""
+
+
+def _record_commands(event: str, args: tuple[Any, ...]) -> None:
+    if event != "subprocess.Popen":
+        return
+    argv = args[1]
+    words = [os.fsdecode(a) for a in ([argv] if isinstance(argv, str | bytes | os.PathLike) else argv)]
+    if len(words) == 1 and " " in words[0]:  # shell=True
+        words = ["sh"]
+    for name in started(words):
+        _commands_run.setdefault(name, " ".join(words)[:200])
+
+
+sys.addaudithook(_record_commands)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    undeclared = {n: argv for n, argv in _commands_run.items() if n not in declared()}
+    if undeclared:
+        lines = "\n".join(f"  {n}: {argv}" for n, argv in sorted(undeclared.items()))
+        session.config.get_terminal_writer().line(
+            "commands started by this session but not declared in tests/commands.py (a fresh machine or "
+            f"the gateway image may lack them; declare each, and install it):\n{lines}",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
