@@ -1,11 +1,13 @@
-"""``python -m controller``: the controller's offline tools. Wiring only.
+"""``python -m controller``: the operator, and its offline tools. Wiring only.
 
+* ``run``: the operator: reconciles VPNGateways (and legacy IPsecGateways) into their plan ConfigMap,
+  Deployment, NAD, ServiceAccount, Role, RoleBinding and NetworkPolicy (``controller.run``).
 * ``crds``: print the CustomResourceDefinitions (multi-document YAML).
 * ``render -f FILE ...``: validate one gateway and its peers and write the gateway plan (JSON) or an
   equivalent swanctl.conf.
 
-Exit codes: 0 ok, 1 runtime failure (e.g. the output cannot be written), 2 bad usage or invalid input
-(every problem on stderr, nothing written).
+Exit codes: 0 ok (``run``: stopped by SIGTERM/SIGINT), 1 runtime failure (e.g. the output cannot be
+written), 2 bad usage, bad settings or invalid input (every problem on stderr, nothing written).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import gwplan
 from controller.api import CIDR, IPV4
 from controller.crds import crds_yaml
 from controller.render import RenderOptions, render_documents
+from controller.runcli import RunFailed, add_run_parser, run_command
 from controller.schema import show
+from controller.settings import SettingsError
 from controller.swanctl import render_swanctl
 from controller.validate import InvalidInput, parse_cidrs
+from gwkit.logs import LEVELS, setup_logging
 
 log = logging.getLogger("controller")
 
@@ -47,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="VPN gateway controller tools: print the CRDs, render a gateway's plan offline.",
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input.",
     )
-    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.add_argument("--log-level", default="INFO", choices=LEVELS)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_run_parser(sub)
     sub.add_parser(
         "crds",
         help="print the CustomResourceDefinitions as multi-document YAML",
@@ -208,14 +214,21 @@ def render_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup_logging(args.log_level)
     try:
         if args.command == "crds":
             sys.stdout.write(crds_yaml())
             return EXIT_OK
+        if args.command == "run":
+            return run_command(args)
         return render_command(args)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        log.error("controller.bad_settings error=%r", str(exc))
+        return EXIT_USAGE
+    except RunFailed as exc:
+        log.error("controller.failed error=%r", str(exc))
+        return EXIT_FAILURE
     except InvalidInput as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -229,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
-        log.error("render.write_failed error=%r", str(exc.strerror or exc))
+        where = args.output if getattr(args, "output", None) is not None else "stdout"
+        print(f"error: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        log.error("render.write_failed path=%s error=%r", where, str(exc.strerror or exc))
         return EXIT_FAILURE
 
 

@@ -1,0 +1,151 @@
+"""The one executor: performs a reconcile's decision against the API. Thin I/O, no decisions.
+
+Every write carries the controller's field manager (``vpngw-controller``). Updates are PUTs with the
+resourceVersion the decision was made on, so a write based on a stale cache fails with 409 instead of
+overwriting someone's newer change; the reconcile is then requeued and decides again on fresh data. The
+finalizer is added and removed with JSON patches that test the resourceVersion for the same reason.
+The status is a merge patch of the controller's own keys only (the agent's keys are not touched).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller import diff
+from controller.names import FINALIZER, GatewayKey
+from controller.reconcile import Decision
+from controller.status import event_object
+from gwkit.kube import JSON_PATCH, Conflict, KubeClient, NotFound, Resource
+from gwkit.kube.client import BY_KIND, EVENTS
+
+log = logging.getLogger(__name__)
+
+
+class Requeue(Exception):
+    """The decision was made on data that is no longer current (409): decide again."""
+
+
+@dataclass
+class Counts:
+    writes: int = 0
+    creates: int = 0
+    replaces: int = 0
+    deletes: int = 0
+
+
+def gateway_resource(key: GatewayKey) -> Resource:
+    return BY_KIND[key.kind]
+
+
+async def apply(
+    kube: KubeClient,
+    key: GatewayKey,
+    gateway: Mapping[str, Any],
+    decision: Decision,
+    *,
+    now: str,
+    reporter: str,
+) -> Counts:
+    counts = Counts()
+    md = gateway["metadata"]
+    res = gateway_resource(key)
+    if decision.add_finalizer:
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": md["resourceVersion"]}
+        ]
+        if md.get("finalizers"):
+            ops.append({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER})
+        else:
+            ops.append({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]})
+        await _guarded(kube.patch(res, key.name, ops, key.namespace, content_type=JSON_PATCH))
+        counts.writes += 1
+    for action in decision.actions:
+        await _perform(kube, action, counts)
+    if decision.status is not None:
+        try:
+            await kube.patch(res, key.name, {"status": decision.status}, key.namespace, subresource="status")
+        except NotFound:
+            raise Requeue(f"{key} is gone") from None
+        counts.writes += 1
+    for ev in decision.events:
+        try:
+            await kube.create(EVENTS, event_object(key, str(md["uid"]), ev, now, reporter), key.namespace)
+            counts.writes += 1
+        except Exception as exc:  # an Event is a courtesy: never fail a reconcile for one
+            log.warning("event.failed gateway=%s reason=%s error=%r", key, ev.reason, str(exc))
+    return counts
+
+
+async def _guarded(call: Any) -> Any:
+    try:
+        return await call
+    except Conflict as exc:
+        raise Requeue(str(exc)) from None
+    except Exception as exc:
+        # A JSON patch whose test failed is 422 Invalid (or 409): the object moved on.
+        from gwkit.kube import Invalid
+
+        if isinstance(exc, Invalid) and "test" in exc.message.lower():
+            raise Requeue(str(exc)) from None
+        raise
+
+
+async def _perform(kube: KubeClient, action: diff.Action, counts: Counts) -> None:
+    if isinstance(action, diff.Create):
+        obj = action.obj
+        res = BY_KIND[str(obj["kind"])]
+        try:
+            await kube.create(res, obj, obj["metadata"]["namespace"])
+        except Conflict as exc:
+            raise Requeue(f"create {res}/{obj['metadata']['name']}: {exc}") from None
+        counts.creates += 1
+        log.info(
+            "object.created kind=%s name=%s/%s",
+            obj["kind"],
+            obj["metadata"]["namespace"],
+            obj["metadata"]["name"],
+        )
+    elif isinstance(action, diff.Replace):
+        obj = action.obj
+        res = BY_KIND[str(obj["kind"])]
+        try:
+            await kube.replace(res, obj, obj["metadata"]["namespace"])
+        except (Conflict, NotFound) as exc:
+            raise Requeue(f"replace {res}/{obj['metadata']['name']}: {exc}") from None
+        counts.replaces += 1
+        log.info(
+            "object.%s kind=%s name=%s/%s",
+            action.why,
+            obj["kind"],
+            obj["metadata"]["namespace"],
+            obj["metadata"]["name"],
+        )
+    else:
+        res = BY_KIND[action.kind]
+        try:
+            await kube.delete(res, action.name, action.namespace, uid=action.uid)
+        except NotFound:
+            pass
+        except Conflict as exc:
+            raise Requeue(f"delete {res}/{action.name}: {exc}") from None
+        counts.deletes += 1
+        log.info("object.deleted kind=%s name=%s/%s", action.kind, action.namespace, action.name)
+    counts.writes += 1
+
+
+async def remove_finalizer(kube: KubeClient, key: GatewayKey, gateway: Mapping[str, Any]) -> None:
+    md = gateway["metadata"]
+    rest = [f for f in md.get("finalizers") or [] if f != FINALIZER]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": md["resourceVersion"]},
+        {"op": "replace", "path": "/metadata/finalizers", "value": rest},
+    ]
+    try:
+        await _guarded(
+            kube.patch(gateway_resource(key), key.name, ops, key.namespace, content_type=JSON_PATCH)
+        )
+    except NotFound:
+        return

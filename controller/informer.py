@@ -1,0 +1,148 @@
+"""List-then-watch caches of API objects (informers), one per resource kind the controller reads.
+
+Each ``Informer`` lists its objects, then watches from the list's resourceVersion, with bookmarks so that
+a quiet stream still moves its resourceVersion forward. A broken stream is re-watched from the last
+version seen; a 410 Gone (the server compacted past it) relists, and the difference between the old
+cache and the new list is reported as changes, so a handler never misses a deletion. Transport failures
+back off (capped) and retry forever: an API server that is away for a minute is waited for, not fatal.
+
+The controller never reads the API directly for decisions: reconciles read these caches, and every
+change calls ``on_change(old, new)`` (either may be None), which only enqueues keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import anyio
+
+from gwkit.backoff import backoff
+from gwkit.kube import Gone, KubeClient, KubeError, NotFound, Obj, Resource
+
+log = logging.getLogger(__name__)
+
+ChangeHandler = Callable[[Obj | None, Obj | None], None]
+ObjKey = tuple[str, str]
+
+
+def obj_key(obj: Mapping[str, Any]) -> ObjKey:
+    md = obj.get("metadata") or {}
+    return (str(md.get("namespace") or ""), str(md.get("name")))
+
+
+class Informer:
+    def __init__(
+        self,
+        kube: KubeClient,
+        res: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        on_change: ChangeHandler | None = None,
+        watch_seconds: tuple[int, int] = (240, 480),
+        retry_cap: float = 5.0,
+        on_error: Callable[[Resource, KubeError], None] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.res = res
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.on_change = on_change or (lambda old, new: None)
+        self.on_error = on_error or (lambda res, exc: None)
+        self.watch_seconds = watch_seconds
+        self.retry_cap = retry_cap
+        self.store: dict[ObjKey, Obj] = {}
+        self.resource_version = ""
+        self.synced = anyio.Event()
+        self.relists = 0
+        self.failures = 0
+
+    def get(self, namespace: str, name: str) -> Obj | None:
+        return self.store.get((namespace, name))
+
+    def items(self) -> Iterator[Obj]:
+        return iter(list(self.store.values()))
+
+    def _set(self, obj: Obj) -> None:
+        k = obj_key(obj)
+        old = self.store.get(k)
+        self.store[k] = obj
+        self.on_change(old, obj)
+
+    def _drop(self, obj: Obj) -> None:
+        old = self.store.pop(obj_key(obj), None)
+        self.on_change(old if old is not None else obj, None)
+
+    async def _list(self) -> None:
+        items, rv = await self.kube.list(self.res, self.namespace, label_selector=self.label_selector)
+        fresh = {obj_key(o): o for o in items}
+        for k in [k for k in self.store if k not in fresh]:
+            self._drop(self.store[k])
+        for k, o in fresh.items():
+            old = self.store.get(k)
+            if old is None or old.get("metadata", {}).get("resourceVersion") != o["metadata"].get(
+                "resourceVersion"
+            ):
+                self._set(o)
+        self.resource_version = rv
+        self.relists += 1
+        self.synced.set()
+
+    async def run(self) -> None:
+        """Keep the cache current until cancelled."""
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                    self.failures = 0
+                async for ev in self.kube.watch(
+                    self.res,
+                    self.namespace,
+                    resource_version=self.resource_version,
+                    label_selector=self.label_selector,
+                    timeout_seconds=random.randint(*self.watch_seconds),  # noqa: S311 (spread, not secrecy)
+                ):
+                    self.failures = 0
+                    if ev.type == "BOOKMARK":
+                        self.resource_version = ev.resource_version or self.resource_version
+                        continue
+                    if ev.type == "DELETED":
+                        self._drop(ev.object)
+                    else:
+                        self._set(ev.object)
+                    self.resource_version = ev.resource_version or self.resource_version
+            except NotFound as exc:
+                # The resource is not served (its CRD is not installed, e.g. no Multus yet): an empty cache,
+                # looked at again every 30 s; writes of that kind fail and say so.
+                if not self.synced.is_set() or self.failures == 0:
+                    log.warning("informer.not_served resource=%s error=%r", self.res, str(exc))
+                self.failures += 1
+                self.on_error(self.res, exc)
+                self.synced.set()
+                need_list = True
+                await anyio.sleep(30.0)
+            except Gone:
+                log.info(
+                    "informer.relist resource=%s reason=gone resource_version=%s",
+                    self.res,
+                    self.resource_version,
+                )
+                need_list = True
+            except KubeError as exc:
+                self.failures += 1
+                self.on_error(self.res, exc)
+                delay = backoff(self.failures, base=0.2, cap=self.retry_cap)
+                if self.failures in (1, 5) or self.failures % 50 == 0:
+                    log.warning(
+                        "informer.failed resource=%s failures=%d retry_in=%.1f error=%r",
+                        self.res,
+                        self.failures,
+                        delay,
+                        str(exc),
+                    )
+                await anyio.sleep(delay)

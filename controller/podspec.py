@@ -1,0 +1,280 @@
+"""The gateway pod, as a Deployment spec. Pure.
+
+One replica, ``Recreate`` (two pods would fight over one Neutron port), hard-pinned with ``nodeName`` to the
+node whose Nova instance carries the port (no scheduler: the port is attached there). Multus moves NIC2
+in by the NAD (host-device by MAC). Containers and what each may do (images/gateway/Dockerfile states
+the same):
+
+* ``init-nat`` (init container, then a ``--watch`` sidecar): root, NET_ADMIN + NET_RAW (iptables-legacy
+  reads need NET_RAW). It needs a forwarding namespace: the pod's ``securityContext.sysctls`` set
+  ``net.ipv4.ip_forward=1`` and ``net.ipv4.conf.all.rp_filter=2`` (settings ``sysctls: pod``), or the
+  init container runs privileged (``privileged-init``), or the node's runtime already does (``none``).
+* ``charon`` (IPsec): root, NET_ADMIN NET_RAW NET_BIND_SERVICE SETGID CHOWN (IKE's ports; group vpngw
+  for the VICI socket).
+* ``wireguard-go`` (WireGuard, settings ``wireguard: wireguard-go``): root, NET_ADMIN, /dev/net/tun.
+* ``status-agent``: IPsec: 65532:65532 with no capabilities (the VICI socket is group vpngw); WireGuard:
+  root with NET_ADMIN (it creates and configures the device). It follows the plan ConfigMap and the
+  plan's Secrets through the API and writes them to ``/run/vpngw`` (a memory emptyDir) for the others;
+  the mounted ConfigMap is the fallback at boot. Liveness ``/healthz``, readiness ``/readyz``.
+* ``exporter``: IPsec: 65532:65532, no capabilities; WireGuard: root (wireguard-go's UAPI socket is
+  0700 root; NET_ADMIN for the kernel's netlink GET). Liveness ``/healthz`` on the metrics port.
+
+Every container: all capabilities dropped but those, no privilege escalation, read-only root file system
+(writable emptyDirs where a program writes), the RuntimeDefault seccomp profile.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gwplan
+from controller.names import ANNOTATION_NIC_MAC, MULTUS_NETWORKS, GatewayKey, labels, selector_labels
+from controller.settings import Settings
+
+Obj = dict[str, Any]
+
+PLAN_DIR = "/etc/vpngw/plan"
+"""The plan ConfigMap's volume (kubelet refreshes it 60-90 s after a change: the fallback at boot)."""
+LIVE_DIR = "/run/vpngw"
+"""The status-agent's copy of the plan and its Secrets, current within ~1 s of an API change."""
+LIVE_PLAN = f"{LIVE_DIR}/plan.json"
+VICI_DIR = "/run/charon"
+VICI_SOCKET = f"{VICI_DIR}/charon.vici"
+WIREGUARD_DIR = "/var/run/wireguard"
+NOT_READY_TOLERATION_SECONDS = 30
+IPSEC_CAPS = ["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE", "SETGID", "CHOWN"]
+INITNAT_CAPS = ["NET_ADMIN", "NET_RAW"]
+UNPRIVILEGED = 65532
+
+
+def _security(
+    *, user: int, caps: list[str] | None = None, privileged: bool = False, read_only: bool = True
+) -> Obj:
+    if privileged:
+        return {"privileged": True, "runAsUser": user, "readOnlyRootFilesystem": read_only}
+    sc: Obj = {
+        "runAsUser": user,
+        "runAsGroup": user,
+        "runAsNonRoot": user != 0,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    if caps:
+        sc["capabilities"]["add"] = list(caps)
+    return sc
+
+
+def _mount(name: str, path: str, *, read_only: bool = False) -> Obj:
+    m: Obj = {"name": name, "mountPath": path}
+    if read_only:
+        m["readOnly"] = True
+    return m
+
+
+def _probe(path: str, port: int, *, period: int, failures: int) -> Obj:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 3,
+        "failureThreshold": failures,
+    }
+
+
+def _container(name: str, settings: Settings, command: list[str], **extra: Any) -> Obj:
+    c: Obj = {
+        "name": name,
+        "image": settings.pod.image,
+        "imagePullPolicy": settings.pod.image_pull_policy,
+        "command": command,
+    }
+    res = settings.pod.resources.get(name)
+    if res is not None and res.to_api():
+        c["resources"] = res.to_api()
+    c.update(extra)
+    return c
+
+
+def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[list[Obj], list[Obj]]:
+    """(init containers, containers)."""
+    pod = settings.pod
+    privileged_init = pod.sysctls == "privileged-init"
+    nat_mounts = [_mount("plan", PLAN_DIR, read_only=True), _mount("run", "/run"), _mount("live", LIVE_DIR)]
+    init = [
+        _container(
+            "init-nat",
+            settings,
+            ["python3", "-m", "initnat", "--plan", f"{PLAN_DIR}/plan.json"],
+            securityContext=_security(user=0, caps=INITNAT_CAPS, privileged=privileged_init),
+            volumeMounts=nat_mounts,
+        )
+    ]
+    wireguard = plan.type == "wireguard"
+    agent_user = 0 if wireguard else UNPRIVILEGED
+    agent_caps = ["NET_ADMIN"] if wireguard else None
+    daemon_mounts = [_mount("vici", VICI_DIR)] if not wireguard else [_mount("wireguard", WIREGUARD_DIR)]
+    agent_cmd = [
+        "python3", "-m", "agent",
+        "--plan", LIVE_PLAN,
+        "--plan-fallback", f"{PLAN_DIR}/plan.json",
+        "--follow-configmap", key.object_name,
+        "--live-dir", LIVE_DIR,
+        "--secrets-dir", f"{LIVE_DIR}/secrets",
+        "--kube-status",
+        "--health-listen", f"0.0.0.0:{pod.health_port}",
+    ]  # fmt: skip
+    if wireguard:
+        agent_cmd += ["--wireguard-uapi-dir", WIREGUARD_DIR]
+    else:
+        agent_cmd += ["--vici-socket", VICI_SOCKET]
+    exporter_cmd = [
+        "python3",
+        "-m",
+        "exporter",
+        "--listen",
+        f"0.0.0.0:{pod.metrics_port}",
+        "--plan",
+        LIVE_PLAN,
+    ]
+    exporter_cmd += (
+        ["--wireguard-interface", settings.wireguard_interface]
+        if wireguard
+        else ["--vici-socket", VICI_SOCKET]
+    )
+    main: list[Obj] = [
+        _container(
+            "init-nat",
+            settings,
+            ["python3", "-m", "initnat", "--plan", LIVE_PLAN, "--watch"],
+            securityContext=_security(user=0, caps=INITNAT_CAPS),
+            volumeMounts=nat_mounts,
+        )
+    ]
+    if not wireguard:
+        main.append(
+            _container(
+                "charon",
+                settings,
+                ["/usr/lib/ipsec/charon"],
+                securityContext=_security(user=0, caps=IPSEC_CAPS),
+                volumeMounts=[_mount("charon-run", "/run"), _mount("vici", VICI_DIR)],
+            )
+        )
+    elif pod.wireguard == "wireguard-go":
+        main.append(
+            _container(
+                "wireguard-go",
+                settings,
+                ["wireguard-go", "-f", settings.wireguard_interface],
+                env=[{"name": "WG_PROCESS_FOREGROUND", "value": "1"}],
+                securityContext=_security(user=0, caps=["NET_ADMIN"]),
+                volumeMounts=[_mount("wireguard", WIREGUARD_DIR), _mount("tun", "/dev/net/tun")],
+            )
+        )
+    main.append(
+        _container(
+            "status-agent",
+            settings,
+            agent_cmd,
+            securityContext=_security(user=agent_user, caps=agent_caps),
+            volumeMounts=[
+                _mount("plan", PLAN_DIR, read_only=True),
+                _mount("live", LIVE_DIR),
+                _mount("tmp", "/tmp"),
+                *daemon_mounts,
+            ],
+            ports=[{"name": "health", "containerPort": pod.health_port, "protocol": "TCP"}],
+            livenessProbe=_probe("/healthz", pod.health_port, period=10, failures=3),
+            readinessProbe=_probe("/readyz", pod.health_port, period=5, failures=2),
+        )
+    )
+    main.append(
+        _container(
+            "exporter",
+            settings,
+            exporter_cmd,
+            securityContext=_security(user=agent_user, caps=agent_caps),
+            volumeMounts=[_mount("live", LIVE_DIR, read_only=True), _mount("tmp", "/tmp"), *daemon_mounts],
+            ports=[{"name": "metrics", "containerPort": pod.metrics_port, "protocol": "TCP"}],
+            livenessProbe=_probe("/healthz", pod.metrics_port, period=10, failures=3),
+        )
+    )
+    return init, main
+
+
+def volumes(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> list[Obj]:
+    vols: list[Obj] = [
+        {"name": "plan", "configMap": {"name": key.object_name}},
+        {"name": "live", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+        {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+    ]
+    if plan.type == "ipsec":
+        vols += [
+            {"name": "vici", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+            {"name": "charon-run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        ]
+    else:
+        vols.append({"name": "wireguard", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}})
+        if settings.pod.wireguard == "wireguard-go":
+            vols.append({"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}})
+    return vols
+
+
+def tolerations(settings: Settings) -> list[Obj]:
+    base = [
+        {
+            "key": f"node.kubernetes.io/{what}",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": NOT_READY_TOLERATION_SECONDS,
+        }
+        for what in ("not-ready", "unreachable")
+    ]
+    return base + [dict(t) for t in settings.pod.tolerations]
+
+
+def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str) -> Obj:
+    init, main = containers(key, plan, settings)
+    pod = settings.pod
+    security: Obj = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if pod.sysctls == "pod":
+        security["sysctls"] = [
+            {"name": "net.ipv4.ip_forward", "value": "1"},
+            {"name": "net.ipv4.conf.all.rp_filter", "value": "2"},
+        ]
+    spec: Obj = {
+        "nodeName": node,
+        "serviceAccountName": key.object_name,
+        "automountServiceAccountToken": True,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": pod.termination_grace_seconds,
+        "securityContext": security,
+        "tolerations": tolerations(settings),
+        "initContainers": init,
+        "containers": main,
+        "volumes": volumes(key, plan, settings),
+    }
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.priority_class_name:
+        spec["priorityClassName"] = pod.priority_class_name
+    return spec
+
+
+def deployment_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, mac: str, node: str) -> Obj:
+    networks = json.dumps([{"name": key.object_name, "namespace": key.namespace}], separators=(",", ":"))
+    return {
+        "replicas": 1,
+        "strategy": {"type": "Recreate"},
+        "revisionHistoryLimit": 2,
+        "selector": {"matchLabels": selector_labels(key)},
+        "template": {
+            "metadata": {
+                "labels": labels(key, settings.instance),
+                "annotations": {MULTUS_NETWORKS: networks, ANNOTATION_NIC_MAC: mac},
+            },
+            "spec": pod_spec(key, plan, settings, node),
+        },
+    }

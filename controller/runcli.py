@@ -1,0 +1,228 @@
+"""``python -m controller run``'s command line: flags and environment variables -> ``Settings``, then the
+operator until SIGTERM/SIGINT. Wiring only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import yaml
+
+from controller.cloud import Cloud, StaticCloud
+from controller.leader import AlwaysLeader, LeaderElector
+from controller.names import FIELD_MANAGER
+from controller.run import Elector, Operator
+from controller.settings import (
+    GatewayPod,
+    NetworkPolicySettings,
+    Settings,
+    SettingsError,
+    check,
+    from_config,
+    parse_cidrs,
+    parse_endpoints,
+    parse_labels,
+)
+from gwkit import httpd
+from gwkit.kube import ConfigError, KubeClient, load
+
+ENV = {
+    "namespace": "VPNGW_WATCH_NAMESPACE",
+    "internal_source_cidrs": "IPSEC_INTERNAL_SOURCE_CIDRS",
+    "gateway_image": "VPNGW_GATEWAY_IMAGE",
+    "node_selector": "VPNGW_NODE_SELECTOR",
+    "instance": "VPNGW_INSTANCE",
+    "leader_election_namespace": "POD_NAMESPACE",
+    "config": "VPNGW_CONFIG",
+}
+
+
+class RunFailed(Exception):
+    """The operator could not start or stopped on a failure (exit 1)."""
+
+
+def add_run_parser(sub: Any) -> None:
+    r = sub.add_parser(
+        "run",
+        help="run the operator (reconcile gateways into pods and objects)",
+        description=(
+            "Reconcile every VPNGateway and legacy IPsecGateway into its plan ConfigMap, Deployment, "
+            "NetworkAttachmentDefinition, ServiceAccount, Role, RoleBinding and NetworkPolicy, with leader "
+            "election on a Lease. Cluster access: --kubeconfig, else in-cluster, else $KUBECONFIG or "
+            "~/.kube/config. Settings come from flags, environment variables (named below) and --config."
+        ),
+        epilog="Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage or settings.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    env = os.environ.get
+    r.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+    r.add_argument(
+        "--namespace", default=env(ENV["namespace"]), help=f"watch only this namespace (${ENV['namespace']})"
+    )
+    r.add_argument(
+        "--internal-source-cidrs",
+        default=env(ENV["internal_source_cidrs"], ""),
+        metavar="CIDR[,CIDR]",
+        help=f"fabric sources allowed to reach reverse exposures (${ENV['internal_source_cidrs']})",
+    )
+    r.add_argument(
+        "--gateway-image",
+        default=env(ENV["gateway_image"], GatewayPod.image),
+        help=f"the gateway pods' image (${ENV['gateway_image']})",
+    )
+    r.add_argument("--image-pull-policy", choices=("Always", "IfNotPresent", "Never"), default="IfNotPresent")
+    r.add_argument(
+        "--node-selector",
+        default=env(ENV["node_selector"], ""),
+        metavar="K=V[,K=V]",
+        help=f"nodes gateways may be pinned to (${ENV['node_selector']})",
+    )
+    r.add_argument("--max-gateways-per-node", type=int, default=0, help="0: no cap (Nova's interface limit)")
+    r.add_argument(
+        "--gateway-sysctls",
+        choices=("pod", "privileged-init", "none"),
+        default="pod",
+        help="how init-nat gets a forwarding namespace: the pod's securityContext.sysctls (the kubelet must "
+        "allow net.ipv4.ip_forward and net.ipv4.conf.all.rp_filter), a privileged init container, or the "
+        "node's runtime",
+    )
+    r.add_argument("--wireguard-mode", choices=("kernel", "wireguard-go"), default="kernel")
+    r.add_argument("--wireguard-interface", default="wg0")
+    r.add_argument(
+        "--config",
+        type=Path,
+        default=env(ENV["config"]),
+        help="YAML settings: gatewayPod (resources, tolerations, nodeSelector, nadTemplate, "
+        f"priorityClassName), staticNICs, networkPolicy (${ENV['config']}; docs/controller.md)",
+    )
+    r.add_argument("--cloud", choices=("static",), default="static", help="where NIC2 comes from")
+    r.add_argument("--monitoring-namespace", default="monitoring", help="may scrape the gateway exporters")
+    r.add_argument(
+        "--apiserver-endpoints",
+        default="",
+        metavar="CIDR:PORT[,...]",
+        help="the API server's endpoints, for the gateway pods' egress NetworkPolicy "
+        "(default: any address on 443 and 6443)",
+    )
+    r.add_argument(
+        "--instance",
+        default=env(ENV["instance"], "vpngw"),
+        help=f"this installation's name (${ENV['instance']})",
+    )
+    r.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    r.add_argument(
+        "--leader-election-namespace",
+        default=env(ENV["leader_election_namespace"], "vpngw-system"),
+        help=f"where the Lease lives (${ENV['leader_election_namespace']})",
+    )
+    r.add_argument("--leader-election-id", default="vpngw-controller", help="the Lease's name")
+    r.add_argument("--listen", default="0.0.0.0:8080", help="/healthz, /readyz and /metrics")
+    r.add_argument("--workers", type=int, default=4, help="gateways reconciled at the same time")
+    r.add_argument(
+        "--resync-seconds", type=float, default=600.0, help="every gateway is looked at again this often"
+    )
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    s = Settings(
+        internal_source_cidrs=parse_cidrs(args.internal_source_cidrs or "", "--internal-source-cidrs"),
+        namespace=args.namespace or None,
+        wireguard_interface=args.wireguard_interface,
+        pod=GatewayPod(
+            image=args.gateway_image,
+            image_pull_policy=args.image_pull_policy,
+            node_selector=parse_labels(args.node_selector or "", "--node-selector"),
+            max_gateways_per_node=args.max_gateways_per_node,
+            sysctls=args.gateway_sysctls,
+            wireguard=args.wireguard_mode,
+        ),
+        network_policy=NetworkPolicySettings(
+            monitoring_namespace=args.monitoring_namespace,
+            api_server=parse_endpoints(args.apiserver_endpoints or "", "--apiserver-endpoints"),
+        ),
+        cloud=args.cloud,
+        operator_namespace=args.leader_election_namespace,
+        instance=args.instance,
+    )
+    if args.config is not None:
+        try:
+            doc = yaml.safe_load(Path(args.config).read_text())
+        except OSError as exc:
+            raise SettingsError(f"--config {args.config}: cannot read: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"--config {args.config}: not YAML: {exc}") from exc
+        cli_cidrs = s.internal_source_cidrs
+        s = from_config(doc, s)
+        if cli_cidrs:
+            s = replace(s, internal_source_cidrs=cli_cidrs)  # the flag (or env) wins over the file
+    if not 1 <= args.workers <= 64:
+        raise SettingsError("--workers: must be 1-64")
+    if not 10 <= args.resync_seconds <= 86400:  # also refuses nan
+        raise SettingsError("--resync-seconds: must be 10-86400")
+    try:
+        httpd.split_listen(args.listen)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    return check(s)
+
+
+def cloud_of(s: Settings) -> Cloud:
+    return StaticCloud(s.static_nics)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    settings = settings_of(args)
+    try:
+        config = load(args.kubeconfig)
+    except ConfigError as exc:
+        raise SettingsError(str(exc)) from exc
+    return anyio.run(_run, args, settings, config)
+
+
+async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int:
+    import logging
+
+    log = logging.getLogger("controller")
+    identity = f"{socket.gethostname()}_{secrets.token_hex(4)}"
+    async with KubeClient(config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller") as kube:
+        elector: Elector
+        if args.leader_elect:
+            elector = LeaderElector(kube, settings.operator_namespace, args.leader_election_id, identity)
+        else:
+            elector = AlwaysLeader()
+        op = Operator(kube, settings, cloud_of(settings), elector, workers=args.workers,
+                      resync_seconds=args.resync_seconds)  # fmt: skip
+        log.info(
+            "controller.starting identity=%s api=%s source=%s namespace=%s instance=%s cloud=%s "
+            "leader_elect=%s",
+            identity,
+            config.server,
+            config.source,
+            settings.namespace or "*",
+            settings.instance,
+            settings.cloud,
+            "yes" if args.leader_elect else "no",
+        )
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        log.info("controller.stopping signal=%s", signal.Signals(signum).name)
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(stop_on_signal)
+            try:
+                await tg.start(op.run, args.listen)
+            except OSError as exc:
+                raise RunFailed(f"--listen {args.listen}: {exc.strerror or exc}") from exc
+    return 0

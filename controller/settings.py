@@ -1,0 +1,305 @@
+"""The operator's settings: parsed once into frozen dataclasses, documented field by field.
+
+They come from flags and environment variables (``python -m controller run --help``) and, for what does
+not fit a flag (resources, tolerations, the NAD template), an optional YAML file (``--config``, the chart
+mounts one from a ConfigMap). Everything is validated here, with the field named, before the controller
+talks to anything: a bad setting is exit 2, never a half-running operator.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import gwplan
+
+DEFAULT_GATEWAY_IMAGE = "localhost/vpngw-gateway:0.1.0"
+DEFAULT_NAD_TEMPLATE = '{"cniVersion": "0.3.1", "name": "$name", "type": "host-device", "hwaddr": "$mac"}'
+"""Multus' host-device plugin moving the Neutron port with this MAC into the pod (the seed's verified
+default). ``$mac``, ``$name`` (the NAD's name) and ``$namespace`` are substituted; the result must be JSON."""
+
+SysctlMode = Literal["pod", "privileged-init", "none"]
+WireGuardMode = Literal["kernel", "wireguard-go"]
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message names it and the rule."""
+
+
+@dataclass(frozen=True)
+class ContainerResources:
+    requests: Mapping[str, str] = field(default_factory=dict)
+    limits: Mapping[str, str] = field(default_factory=dict)
+
+    def to_api(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.requests:
+            out["requests"] = dict(self.requests)
+        if self.limits:
+            out["limits"] = dict(self.limits)
+        return out
+
+
+DEFAULT_RESOURCES: Mapping[str, ContainerResources] = {
+    "init-nat": ContainerResources({"cpu": "10m", "memory": "48Mi"}, {"memory": "128Mi"}),
+    "charon": ContainerResources({"cpu": "50m", "memory": "32Mi"}, {"memory": "256Mi"}),
+    "wireguard-go": ContainerResources({"cpu": "50m", "memory": "32Mi"}, {"memory": "256Mi"}),
+    "status-agent": ContainerResources({"cpu": "20m", "memory": "64Mi"}, {"memory": "192Mi"}),
+    "exporter": ContainerResources({"cpu": "20m", "memory": "48Mi"}, {"memory": "128Mi"}),
+}
+"""Measured footprints with headroom (docs/controller.md): the agents' RSS is 40-70 MB, charon's 10-20 MB."""
+
+
+@dataclass(frozen=True)
+class GatewayPod:
+    """How gateway pods are built (the same for every gateway of this operator)."""
+
+    image: str = DEFAULT_GATEWAY_IMAGE
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Nodes a gateway may be pinned to (labels they must carry); empty: every Ready node."""
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    """Added to the not-ready/unreachable NoExecute 30 s tolerations every gateway pod has."""
+    max_gateways_per_node: int = 0
+    """Nova's per-instance interface limit: a node holding this many gateways is skipped (0: no cap)."""
+    priority_class_name: str | None = None
+    resources: Mapping[str, ContainerResources] = field(default_factory=lambda: dict(DEFAULT_RESOURCES))
+    nad_template: str = DEFAULT_NAD_TEMPLATE
+    sysctls: SysctlMode = "pod"
+    """How init-nat gets a forwarding namespace: ``pod`` sets ``securityContext.sysctls`` (the kubelet must
+    allow them: --allowed-unsafe-sysctls=net.ipv4.ip_forward,net.ipv4.conf.all.rp_filter),
+    ``privileged-init`` runs the init container privileged, ``none`` relies on the node's runtime
+    (init-nat fails loudly if it does not forward)."""
+    wireguard: WireGuardMode = "kernel"
+    """``kernel``: the agent creates the device over netlink; ``wireguard-go``: a container runs it."""
+    health_port: int = 8081
+    metrics_port: int = 9100
+    termination_grace_seconds: int = 10
+
+
+@dataclass(frozen=True)
+class NetworkPolicySettings:
+    monitoring_namespace: str = "monitoring"
+    """Its pods may scrape the exporter's port."""
+    dns_namespace: str = "kube-system"
+    dns_pod_labels: Mapping[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    api_server: tuple[tuple[str, int], ...] = ()
+    """(CIDR, port) of the API server's endpoints: the agent's only other egress. Empty: egress to any
+    address on port 443 and 6443 (the API server's address is not known)."""
+
+
+@dataclass(frozen=True)
+class StaticNic:
+    mac: str
+    address: str
+    """With prefix."""
+    gateway: str
+    public_ip: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    internal_source_cidrs: tuple[str, ...] = ()
+    """IPSEC_INTERNAL_SOURCE_CIDRS: fabric sources allowed to reach reverse exposures."""
+    namespace: str | None = None
+    """Watch only this namespace (None: all)."""
+    wireguard_interface: str = "wg0"
+    pod: GatewayPod = field(default_factory=GatewayPod)
+    network_policy: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
+    cloud: Literal["static", "openstack"] = "static"
+    static_nics: Mapping[str, StaticNic] = field(default_factory=dict)
+    """``namespace/name`` -> NIC2 of that gateway (the static cloud backend)."""
+    operator_namespace: str = "vpngw-system"
+    instance: str = "vpngw"
+    """This operator installation's name: labels and (OpenStack) tags carry it, so two installations in one
+    cluster or cloud never touch each other's objects."""
+
+
+_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?")
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+
+
+def parse_labels(text: str, what: str) -> dict[str, str]:
+    """``k=v,k2=v2`` (a label selector of equalities)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            raise SettingsError(f"{what}: {item!r} is not label=value")
+        out[key] = value
+    return out
+
+
+def parse_cidrs(text: str, what: str) -> tuple[str, ...]:
+    out = []
+    for i, c in enumerate(filter(None, (p.strip() for p in text.split(",")))):
+        try:
+            out.append(str(ipaddress.IPv4Network(c, strict=False)))
+        except ValueError:
+            raise SettingsError(f"{what}[{i}]: {c!r} is not an IPv4 CIDR") from None
+    return tuple(out)
+
+
+def parse_endpoints(text: str, what: str) -> tuple[tuple[str, int], ...]:
+    """``CIDR:PORT,...`` (the API server's endpoints)."""
+    out = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        cidr, _, port = item.rpartition(":")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise SettingsError(f"{what}: {item!r} is not CIDR:PORT")
+        out.append((parse_cidrs(cidr, what)[0], int(port)))
+    return tuple(out)
+
+
+def check_nad_template(template: str) -> None:
+    try:
+        rendered = string.Template(template).substitute(mac="fa:16:3e:00:00:01", name="x", namespace="y")
+    except (KeyError, ValueError) as exc:
+        raise SettingsError(
+            f"nadTemplate: only $mac, $name and $namespace may be substituted ({exc})"
+        ) from exc
+    try:
+        json.loads(rendered)
+    except ValueError as exc:
+        raise SettingsError(f"nadTemplate: not JSON once substituted: {exc}") from exc
+    if "$mac" not in template and "${mac}" not in template:
+        raise SettingsError("nadTemplate: must contain $mac (the Neutron port's MAC selects the device)")
+
+
+def _resources(doc: Any, what: str) -> dict[str, ContainerResources]:
+    out = dict(DEFAULT_RESOURCES)
+    if doc is None:
+        return out
+    if not isinstance(doc, Mapping):
+        raise SettingsError(f"{what}: expected a mapping of container name to requests/limits")
+    for name, body in doc.items():
+        if name not in DEFAULT_RESOURCES:
+            raise SettingsError(f"{what}.{name}: not a gateway container ({', '.join(DEFAULT_RESOURCES)})")
+        if not isinstance(body, Mapping):
+            raise SettingsError(f"{what}.{name}: expected requests/limits")
+        parts: dict[str, dict[str, str]] = {}
+        for part in ("requests", "limits"):
+            values = body.get(part) or {}
+            if not isinstance(values, Mapping):
+                raise SettingsError(f"{what}.{name}.{part}: expected a mapping")
+            for k, v in values.items():
+                if k not in ("cpu", "memory") or not _QUANTITY.fullmatch(str(v)):
+                    raise SettingsError(f"{what}.{name}.{part}.{k}: {v!r} is not a cpu/memory quantity")
+            parts[part] = {str(k): str(v) for k, v in values.items()}
+        out[str(name)] = ContainerResources(parts["requests"], parts["limits"])
+    return out
+
+
+def _static_nics(doc: Any, what: str) -> dict[str, StaticNic]:
+    out: dict[str, StaticNic] = {}
+    if doc is None:
+        return out
+    if not isinstance(doc, Mapping):
+        raise SettingsError(f"{what}: expected a mapping of namespace/name to mac, address, gateway")
+    for key, body in doc.items():
+        ns, _, name = str(key).partition("/")
+        if not (_DNS_LABEL.fullmatch(ns) and _DNS_LABEL.fullmatch(name)) or not isinstance(body, Mapping):
+            raise SettingsError(f"{what}: {key!r}: expected namespace/name: {{mac, address, gateway}}")
+        mac = str(body.get("mac", "")).lower()
+        if not _MAC.fullmatch(mac):
+            raise SettingsError(f"{what}.{key}.mac: {body.get('mac')!r} is not a MAC address")
+        try:
+            iface = ipaddress.IPv4Interface(str(body.get("address", "")))
+            gw = ipaddress.IPv4Address(str(body.get("gateway", "")))
+        except ValueError as exc:
+            raise SettingsError(f"{what}.{key}: address (ADDR/PREFIX) and gateway (ADDR): {exc}") from exc
+        if "/" not in str(body.get("address")):
+            raise SettingsError(f"{what}.{key}.address: needs a prefix (ADDR/PREFIX)")
+        if gw not in iface.network:
+            raise SettingsError(f"{what}.{key}.gateway: {gw} is not on {iface.network}")
+        public = body.get("publicIP")
+        if public is not None:
+            try:
+                public = str(ipaddress.IPv4Address(str(public)))
+            except ValueError:
+                raise SettingsError(f"{what}.{key}.publicIP: {public!r} is not an IPv4 address") from None
+        out[f"{ns}/{name}"] = StaticNic(mac, str(iface), str(gw), public)
+    return out
+
+
+def from_config(doc: Any, base: Settings | None = None) -> Settings:
+    """Settings from a ``--config`` YAML document (camelCase keys, see docs/controller.md) over ``base``."""
+    s = base or Settings()
+    if doc is None:
+        return s
+    if not isinstance(doc, Mapping):
+        raise SettingsError("config: expected a mapping")
+    known = {"gatewayPod", "networkPolicy", "staticNICs", "internalSourceCIDRs"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise SettingsError(
+            f"config: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+    pod = doc.get("gatewayPod") or {}
+    if not isinstance(pod, Mapping):
+        raise SettingsError("config.gatewayPod: expected a mapping")
+    p = s.pod
+    if "nadTemplate" in pod:
+        check_nad_template(str(pod["nadTemplate"]))
+        p = replace(p, nad_template=str(pod["nadTemplate"]))
+    if "nodeSelector" in pod:
+        sel = pod["nodeSelector"] or {}
+        if not isinstance(sel, Mapping):
+            raise SettingsError("config.gatewayPod.nodeSelector: expected a mapping")
+        p = replace(
+            p, node_selector=parse_labels(",".join(f"{k}={v}" for k, v in sel.items()), "nodeSelector")
+        )
+    if "tolerations" in pod:
+        tol = pod["tolerations"] or []
+        if not isinstance(tol, list) or not all(isinstance(t, Mapping) for t in tol):
+            raise SettingsError("config.gatewayPod.tolerations: expected a list of tolerations")
+        p = replace(p, tolerations=tuple(dict(t) for t in tol))
+    if "resources" in pod:
+        p = replace(p, resources=_resources(pod["resources"], "config.gatewayPod.resources"))
+    if "priorityClassName" in pod:
+        p = replace(p, priority_class_name=str(pod["priorityClassName"]) or None)
+    s = replace(s, pod=p)
+    if "staticNICs" in doc:
+        s = replace(s, static_nics=_static_nics(doc["staticNICs"], "config.staticNICs"))
+    if "internalSourceCIDRs" in doc:
+        cidrs = doc["internalSourceCIDRs"] or []
+        s = replace(s, internal_source_cidrs=parse_cidrs(",".join(map(str, cidrs)), "internalSourceCIDRs"))
+    np = doc.get("networkPolicy") or {}
+    if np:
+        if not isinstance(np, Mapping):
+            raise SettingsError("config.networkPolicy: expected a mapping")
+        n = s.network_policy
+        if "monitoringNamespace" in np:
+            n = replace(n, monitoring_namespace=str(np["monitoringNamespace"]))
+        if "dnsNamespace" in np:
+            n = replace(n, dns_namespace=str(np["dnsNamespace"]))
+        if "dnsPodLabels" in np:
+            n = replace(n, dns_pod_labels={str(k): str(v) for k, v in (np["dnsPodLabels"] or {}).items()})
+        if "apiServer" in np:
+            n = replace(n, api_server=parse_endpoints(",".join(map(str, np["apiServer"] or [])), "apiServer"))
+        s = replace(s, network_policy=n)
+    return s
+
+
+def check(s: Settings) -> Settings:
+    """Cross-field rules; returns ``s``."""
+    if not gwplan.is_device_name(s.wireguard_interface):
+        raise SettingsError(f"--wireguard-interface: {s.wireguard_interface!r}: {gwplan.DEVICE_NAME_RULE}")
+    if s.namespace is not None and not _DNS_LABEL.fullmatch(s.namespace):
+        raise SettingsError(f"--namespace: {s.namespace!r} is not a namespace name")
+    if not _DNS_LABEL.fullmatch(s.instance):
+        raise SettingsError(f"--instance: {s.instance!r} is not a DNS label")
+    if s.pod.max_gateways_per_node < 0:
+        raise SettingsError("--max-gateways-per-node: must be 0 (no cap) or more")
+    check_nad_template(s.pod.nad_template)
+    return s

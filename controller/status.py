@@ -1,0 +1,148 @@
+"""The controller's half of a gateway's status, and the Events its changes deserve. Pure.
+
+The controller owns ``conditions``, ``observedGeneration``, ``nodeName`` and ``publicIP``; the
+status-agent owns ``tunnels`` / ``peers`` / ``agent``. Each writes only its own keys with a merge patch,
+so neither clobbers the other (tests write both at once).
+
+Conditions follow Kubernetes' conventions (type, status, reason, message, lastTransitionTime,
+observedGeneration); ``lastTransitionTime`` changes only when the status does, so an unchanged world
+computes an unchanged status and the controller writes nothing:
+
+* ``ConfigRendered``: the CR (and its peers) validated and rendered to a plan; False names every field
+  error (the last good plan keeps running).
+* ``CloudReady``: the cloud backend has NIC2 (and, with OpenStack, the port, floating IP, attachment)
+  for the gateway; the reason names the step that failed.
+* ``PodReady``: the gateway pod runs on its pinned node and its agents are ready.
+* ``Ready``: all of the above.
+* (with OpenStack) ``RoutingReady``, ``SecurityGroupScoped``: passed through from the cloud backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controller.names import GatewayKey
+
+Obj = dict[str, Any]
+MAX_MESSAGE = 32768
+"""metav1.Condition's message limit."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+    def to_api(self, generation: int, since: str) -> Obj:
+        return {
+            "type": self.type,
+            "status": "True" if self.status else "False",
+            "reason": self.reason,
+            "message": self.message[:MAX_MESSAGE],
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    type: str
+    """``Normal`` or ``Warning``."""
+    reason: str
+    message: str
+
+
+def conditions(
+    parts: Sequence[Condition], previous: Sequence[Mapping[str, Any]], generation: int, now: str
+) -> list[Obj]:
+    """The conditions to store, with ``Ready`` first (``parts`` plus Ready computed from them), each keeping
+    its previous ``lastTransitionTime`` while its status is unchanged."""
+    failing = [c for c in parts if not c.status]
+    ready = Condition(
+        "Ready",
+        not failing,
+        "Ready" if not failing else failing[0].reason,
+        "the gateway serves its plan"
+        if not failing
+        else "; ".join(f"{c.type}: {c.message}" for c in failing),
+    )
+    prev = {str(c.get("type")): c for c in previous}
+    out = []
+    for c in [ready, *parts]:
+        old = prev.get(c.type)
+        same = old is not None and old.get("status") == ("True" if c.status else "False")
+        since = str(old.get("lastTransitionTime")) if same and old and old.get("lastTransitionTime") else now
+        out.append(c.to_api(generation, since))
+    return out
+
+
+def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> Obj | None:
+    """A merge patch of the controller's status keys that turns ``current`` into ``wanted``; None when
+    they already agree (a no-op reconcile writes nothing). A key we no longer want is patched to null."""
+    patch: Obj = {}
+    for key in ("conditions", "observedGeneration", "nodeName", "publicIP"):
+        want = wanted.get(key)
+        if current.get(key) != want:
+            patch[key] = want
+    return patch or None
+
+
+QUIET_FIRST = frozenset({"NoPod", "NoNIC2"})
+"""First reasons that are a gateway's normal way into being (no pod yet): not worth an Event."""
+
+
+def events(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[StatusEvent]:
+    """The Events a status change deserves (none when nothing changed):
+
+    * a condition other than Ready: when its status or reason changes; when it first appears, only if it
+      is False for a reason other than the ordinary first ones (``QUIET_FIRST``);
+    * Ready: only when it flips (False -> True: Normal ``Ready``; True -> False: Warning), or first appears
+      True; its cause has an Event of its own."""
+    prev = {str(c.get("type")): c for c in before}
+    out = []
+    for c in after:
+        old = prev.get(str(c["type"]))
+        ok = c["status"] == "True"
+        if c["type"] == "Ready":
+            flipped = old.get("status") != c["status"] if old is not None else ok
+            if not flipped:
+                continue
+        elif old is None:
+            if ok or c["reason"] in QUIET_FIRST:
+                continue
+        elif old.get("status") == c["status"] and old.get("reason") == c["reason"]:
+            continue
+        out.append(StatusEvent("Normal" if ok else "Warning", str(c["reason"]), f"{c['type']}: {c['message']}"))
+    return out
+
+
+def event_object(
+    key: GatewayKey, uid: str, event: StatusEvent, now: str, reporter: str, namespace: str | None = None
+) -> Obj:
+    digest = hashlib.sha256(f"{uid}|{event.reason}|{event.message}|{now}".encode()).hexdigest()[:16]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{key.name}.{digest}", "namespace": namespace or key.namespace},
+        "involvedObject": {
+            "apiVersion": key.api_version,
+            "kind": key.kind,
+            "name": key.name,
+            "namespace": key.namespace,
+            "uid": uid,
+        },
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "type": event.type,
+        "source": {"component": "vpngw-controller"},
+        "reportingComponent": "vpngw-controller",
+        "reportingInstance": reporter,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

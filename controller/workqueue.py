@@ -1,0 +1,108 @@
+"""A work queue of keys, as controllers use it (client-go's workqueue semantics, on anyio).
+
+* A key is in the queue at most once, however often it is added (events only say "look again").
+* A key being processed is never handed to a second worker; added meanwhile, it is queued again when the
+  first one is ``done`` (so the last change is always seen by a later reconcile).
+* ``retry`` re-adds a key after a capped exponential backoff per key (``gwkit.backoff``); ``forget``
+  resets it after a success. ``add_after`` delays a key (a requeue on a timer).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+import anyio
+
+from gwkit.backoff import backoff
+
+K = TypeVar("K", bound=Hashable)
+Clock = Callable[[], float]
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, *, base: float = 0.2, cap: float = 10.0, clock: Clock = anyio.current_time) -> None:
+        self.base = base
+        self.cap = cap
+        self._clock = clock
+        self._ready: deque[K] = deque()
+        self._queued: set[K] = set()
+        self._processing: set[K] = set()
+        self._dirty: set[K] = set()
+        self._later: list[tuple[float, int, K]] = []
+        self._seq = itertools.count()
+        self._failures: dict[K, int] = {}
+        self._wake = anyio.Event()
+        self.adds = 0
+
+    def __len__(self) -> int:
+        """Keys waiting to be processed now (delayed ones not counted)."""
+        return len(self._ready)
+
+    @property
+    def delayed(self) -> int:
+        return len(self._later)
+
+    def add(self, key: K) -> None:
+        self.adds += 1
+        if key in self._processing:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        self._ready.append(key)
+        self._wake.set()
+
+    def add_after(self, key: K, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        heapq.heappush(self._later, (self._clock() + delay, next(self._seq), key))
+        self._wake.set()
+
+    def retry(self, key: K) -> float:
+        """Re-add ``key`` after its backoff; returns the delay."""
+        n = self._failures.get(key, 0) + 1
+        self._failures[key] = n
+        delay = backoff(n, base=self.base, cap=self.cap)
+        self.add_after(key, delay)
+        return delay
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    def forget(self, key: K) -> None:
+        self._failures.pop(key, None)
+
+    def _promote(self) -> float:
+        """Move due delayed keys to the ready queue; seconds until the next one (inf: none)."""
+        now = self._clock()
+        while self._later and self._later[0][0] <= now:
+            _, _, key = heapq.heappop(self._later)
+            self.add(key)
+        return self._later[0][0] - now if self._later else math.inf
+
+    async def get(self) -> K:
+        while True:
+            wait = self._promote()
+            while self._ready:
+                key = self._ready.popleft()
+                self._queued.discard(key)
+                if key in self._processing:  # cannot happen: add() parks it in _dirty
+                    continue
+                self._processing.add(key)
+                return key
+            self._wake = anyio.Event()
+            with anyio.move_on_after(wait):
+                await self._wake.wait()
+
+    def done(self, key: K) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)

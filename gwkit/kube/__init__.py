@@ -1,0 +1,26 @@
+"""The Kubernetes boundary the controller and the gateway pod's agent share: config discovery, a small
+async client on httpx, and its errors (``client``, ``config``, ``errors``)."""
+
+from gwkit.kube.client import JSON_PATCH, MERGE, KubeClient, Obj, Resource, WatchEvent
+from gwkit.kube.config import ClusterConfig, ConfigError, load
+from gwkit.kube.errors import ApiError, Conflict, Forbidden, Gone, Invalid, KubeError, NotFound, Unreachable
+
+__all__ = [
+    "JSON_PATCH",
+    "MERGE",
+    "ApiError",
+    "ClusterConfig",
+    "ConfigError",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "KubeClient",
+    "KubeError",
+    "NotFound",
+    "Obj",
+    "Resource",
+    "Unreachable",
+    "WatchEvent",
+    "load",
+]

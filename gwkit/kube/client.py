@@ -1,0 +1,367 @@
+"""A small async Kubernetes API client over httpx: the project's own boundary to the API server.
+
+Why not the official ``kubernetes`` client (docs/controller.md has the measurements): it is synchronous
+(every watch holds a thread), turns objects into generated models unless told not to, and weighs ~126 MB
+in an image whose pod only patches its CR's status and follows one ConfigMap and a few Secrets. What the
+project needs is the API's own verbs on plain JSON documents, with its semantics visible: list with
+``resourceVersion`` and pagination, watch from a ``resourceVersion`` with bookmarks and 410 Gone, update
+with a ``resourceVersion`` precondition, merge and JSON patches, status subresources, a field manager on
+every write. That is this module (one ``httpx.AsyncClient``, HTTP/1.1 keep-alive).
+
+Objects are ``dict``s as the API sends them. Errors are translated once (``gwkit.kube.errors``). Nothing
+here retries: callers decide (the controller's queue requeues with backoff, the agent's writers retry).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Literal
+from urllib.parse import quote
+
+import httpx
+
+from gwkit.kube.config import ClusterConfig
+from gwkit.kube.errors import Gone, KubeError, Unreachable, from_status
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+PatchType = Literal["application/merge-patch+json", "application/json-patch+json"]
+MERGE: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One kind of object as the API addresses it."""
+
+    group: str
+    """``""`` for the core group."""
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{quote(name, safe='')}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+    object: Obj
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.object.get("metadata", {}).get("resourceVersion", ""))
+
+
+class KubeClient:
+    """``async with KubeClient(config) as kube: ...``. Safe to share between tasks."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        timeout: float = 10.0,
+        field_manager: str | None = None,
+        user_agent: str = "vpngw",
+        max_connections: int = 50,
+    ) -> None:
+        self.config = config
+        self.timeout = timeout
+        self.field_manager = field_manager
+        self._http = httpx.AsyncClient(
+            base_url=config.server,
+            verify=config.ssl,
+            timeout=httpx.Timeout(timeout),
+            headers={"User-Agent": user_agent, "Accept": "application/json"},
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # --- plumbing -----------------------------------------------------------------------------------
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        h: dict[str, str] = {}
+        if self.config.token is not None:
+            h["Authorization"] = f"Bearer {self.config.token()}"
+        if content_type:
+            h["Content-Type"] = content_type
+        return h
+
+    def _extensions(self) -> dict[str, Any]:
+        return {"sni_hostname": self.config.tls_server_name} if self.config.tls_server_name else {}
+
+    def _write_params(self, params: dict[str, str] | None = None) -> dict[str, str]:
+        out = dict(params or {})
+        if self.field_manager:
+            out["fieldManager"] = self.field_manager
+        return out
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Obj:
+        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        if content is not None and content_type is None:
+            content_type = "application/json"
+        try:
+            res = await self._http.request(
+                method,
+                path,
+                params=dict(params or {}),
+                content=content,
+                headers=self._headers(content_type),
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                extensions=self._extensions(),
+            )
+        except httpx.TimeoutException as exc:
+            raise Unreachable(f"{method} {path}: timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise Unreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        return _answer(res, method, path)
+
+    # --- verbs ----------------------------------------------------------------------------------------
+
+    async def get(
+        self, res: Resource, name: str, namespace: str | None = None, subresource: str | None = None
+    ) -> Obj:
+        return await self.request("GET", res.path(namespace, name, subresource))
+
+    async def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Obj], str]:
+        """Every matching object and the list's resourceVersion (pages of ``limit``)."""
+        items: list[Obj] = []
+        params: dict[str, str] = {"limit": str(limit)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        while True:
+            try:
+                page = await self.request("GET", res.path(namespace), params=params)
+            except Gone:
+                if "continue" not in params:
+                    raise
+                # The continue token expired (the server compacted meanwhile): start over, consistently.
+                items, params = [], {k: v for k, v in params.items() if k != "continue"}
+                continue
+            items += page.get("items") or []
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                kind = res.kind
+                for item in items:  # list items carry no kind/apiVersion of their own
+                    item.setdefault("kind", kind)
+                    item.setdefault("apiVersion", res.api_version)
+                return items, str(meta.get("resourceVersion") or "")
+            params["continue"] = str(token)
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+        bookmarks: bool = True,
+    ) -> AsyncIterator[WatchEvent]:
+        """Events after ``resource_version`` until the server ends the stream (``timeout_seconds``).
+        Raises ``Gone`` when the server no longer has that version (relist), ``Unreachable`` when the
+        connection breaks."""
+        params = {"watch": "1", "timeoutSeconds": str(timeout_seconds)}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        if bookmarks:
+            params["allowWatchBookmarks"] = "true"
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        path = res.path(namespace)
+        timeout = httpx.Timeout(self.timeout, read=timeout_seconds + 30.0)
+        try:
+            async with self._http.stream(
+                "GET",
+                path,
+                params=params,
+                headers=self._headers(),
+                timeout=timeout,
+                extensions=self._extensions(),
+            ) as stream:
+                if stream.status_code >= 400:
+                    await stream.aread()
+                    _answer(stream, "WATCH", path)
+                async for line in stream.aiter_lines():
+                    if not line.strip():
+                        continue
+                    try:
+                        event = json.loads(line)
+                    except ValueError as exc:
+                        raise Unreachable(f"WATCH {path}: a broken event ({exc})") from None
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        raise from_status(int(obj.get("code") or 500), obj)
+                    if kind in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+                        if kind != "BOOKMARK":
+                            obj.setdefault("kind", res.kind)
+                            obj.setdefault("apiVersion", res.api_version)
+                        yield WatchEvent(kind, obj)
+        except httpx.TimeoutException as exc:
+            raise Unreachable(f"WATCH {path}: timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise Unreachable(f"WATCH {path}: {type(exc).__name__}: {exc}") from None
+
+    async def create(self, res: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> Obj:
+        return await self.request("POST", res.path(namespace), params=self._write_params(), body=obj)
+
+    async def replace(
+        self,
+        res: Resource,
+        obj: Mapping[str, Any],
+        namespace: str | None = None,
+        subresource: str | None = None,
+    ) -> Obj:
+        """PUT: ``obj`` must carry ``metadata.resourceVersion`` (409 Conflict when stale)."""
+        name = str(obj["metadata"]["name"])
+        return await self.request(
+            "PUT", res.path(namespace, name, subresource), params=self._write_params(), body=obj
+        )
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        content_type: PatchType = MERGE,
+    ) -> Obj:
+        return await self.request(
+            "PATCH",
+            res.path(namespace, name, subresource),
+            params=self._write_params(),
+            body=patch,
+            content_type=content_type,
+        )
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        propagation: Literal["Background", "Foreground", "Orphan"] | None = None,
+    ) -> Obj:
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        return await self.request("DELETE", res.path(namespace, name), body=body)
+
+
+def _answer(res: httpx.Response, method: str, path: str) -> Obj:
+    if res.status_code < 400:
+        try:
+            out = res.json() if res.content else {}
+        except ValueError as exc:
+            raise KubeError(f"{method} {path}: the answer is not JSON ({exc})") from None
+        return out if isinstance(out, dict) else {"value": out}
+    try:
+        body = res.json()
+    except ValueError:
+        body = {"message": res.text[:300]}
+    retry_after = None
+    if "Retry-After" in res.headers:
+        try:
+            retry_after = float(res.headers["Retry-After"])
+        except ValueError:
+            retry_after = None
+    raise from_status(res.status_code, body, retry_after)
+
+
+# --- the resources the project uses ----------------------------------------------------------------
+
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
+SECRETS = Resource("", "v1", "secrets", "Secret")
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+PODS = Resource("", "v1", "pods", "Pod")
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+EVENTS = Resource("", "v1", "events", "Event")
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+NETWORKPOLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+NADS = Resource("k8s.cni.cncf.io", "v1", "network-attachment-definitions", "NetworkAttachmentDefinition")
+VPNGATEWAYS = Resource("vpn.bnerd.net", "v1alpha1", "vpngateways", "VPNGateway")
+VPNPEERS = Resource("vpn.bnerd.net", "v1alpha1", "vpnpeers", "VPNPeer")
+IPSECGATEWAYS = Resource("ipsec.bnerd.net", "v1alpha1", "ipsecgateways", "IPsecGateway")
+CLUSTERLINKS = Resource("ipsec.bnerd.net", "v1alpha1", "clusterlinks", "ClusterLink")
+
+BY_KIND: dict[str, Resource] = {
+    r.kind: r
+    for r in (
+        CONFIGMAPS, SECRETS, SERVICEACCOUNTS, PODS, NODES, EVENTS, NAMESPACES, DEPLOYMENTS, ROLES,
+        ROLEBINDINGS, NETWORKPOLICIES, LEASES, NADS, VPNGATEWAYS, VPNPEERS, IPSECGATEWAYS, CLUSTERLINKS,
+    )
+}  # fmt: skip
+
+
+def resource_of(obj: Mapping[str, Any], known: Sequence[Resource] = tuple(BY_KIND.values())) -> Resource:
+    kind, api_version = obj.get("kind"), obj.get("apiVersion")
+    for r in known:
+        if r.kind == kind and r.api_version == api_version:
+            return r
+    raise KeyError(f"{api_version}/{kind}: not a resource this project knows")

@@ -1,0 +1,195 @@
+"""An emulated cluster for tests, benchmarks and the demo: the Kubernetes API EMULATOR (``lab.kubeapi``)
+with the project's CRDs and Multus' NAD CRD installed, nodes as a kubelet would register them, and the
+real controller (``python -m controller run``) as a process against it.
+
+Nothing here is Kubernetes: it is the lab's stand-in for one, faithful where the controller depends on it
+(docs/kubeapi.md). Every process and temporary file is removed on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import yaml
+
+from lab.kubeapi import KubeAPIThread
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
+T = TypeVar("T")
+
+
+def wait_for(cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """``cond()``'s first truthy result within ``timeout`` seconds; AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def crd_documents() -> list[dict[str, Any]]:
+    from controller.crds import crds
+
+    nad = yaml.safe_load((MANIFESTS / "network-attachment-definition.yaml").read_text())
+    return [*crds(), nad]
+
+
+def node(name: str, *, ready: bool = True, labels: Mapping[str, str] | None = None,
+         provider_id: str | None = None) -> dict[str, Any]:  # fmt: skip
+    spec: dict[str, Any] = {}
+    if provider_id:
+        spec["providerID"] = provider_id
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "spec": spec,
+    }
+
+
+class Controller:
+    """``python -m controller run`` as a child process (its log in ``log_path``)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.log_path = log_path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def get(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:  # noqa: S310 (our own loopback)
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    def ready(self) -> bool:
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return int(self.proc.returncode)
+
+
+class Cluster:
+    """``with Cluster(tmp) as c: c.add_node("node-a"); ctl = c.start_controller(config)``."""
+
+    def __init__(self, workdir: Path, *, bookmark_interval: float = 1.0, history: int = 10000) -> None:
+        self.workdir = workdir
+        self.kube = KubeAPIThread(bookmark_interval=bookmark_interval, history=history)
+        self.controllers: list[Controller] = []
+
+    def __enter__(self) -> Cluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.kube.__enter__()
+        try:
+            for doc in crd_documents():
+                self.kube.create(doc)
+            for ns in ("vpngw-system", "monitoring"):
+                self.namespace(ns)
+        except BaseException:
+            self.kube.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for c in self.controllers:
+            with contextlib.suppress(Exception):
+                c.stop(signal.SIGKILL, timeout=10)
+        self.kube.__exit__(et, ev, tb)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.kube.kubeconfig
+
+    def namespace(self, name: str) -> None:
+        if self.kube.get("v1", "Namespace", name) is None:
+            self.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def apply(self, docs: Sequence[Mapping[str, Any]]) -> None:
+        """Create each document (its namespace first), as an admin client would."""
+        for d in docs:
+            ns = (d.get("metadata") or {}).get("namespace")
+            if ns:
+                self.namespace(str(ns))
+            self.kube.create(dict(d))
+
+    def add_node(self, name: str, *, ready: bool = True, labels: Mapping[str, str] | None = None,
+                 provider_id: str | None = None) -> None:  # fmt: skip
+        self.kube.create(node(name, labels=labels, provider_id=provider_id))
+        self.set_node_ready(name, ready)
+
+    def set_node_ready(self, name: str, ready: bool) -> None:
+        """What a kubelet (or the node controller, for a lost node) writes to the node's status."""
+        status = {"conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                  "reason": "KubeletReady" if ready else "NodeStatusUnknown"}]}  # fmt: skip
+        self.kube.patch("v1", "Node", name, {"status": status}, subresource="status")
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
+        return self.kube.get(api_version, kind, name, namespace)
+
+    def start_controller(self, config: Mapping[str, Any] | None = None, *args: str,
+                         name: str = "controller") -> Controller:  # fmt: skip
+        port = free_port()
+        cfg = self.workdir / f"{name}-config.yaml"
+        cfg.write_text(yaml.safe_dump(dict(config or {})))
+        log_path = self.workdir / f"{name}.log"
+        argv = [
+            sys.executable, "-m", "controller", "run",
+            "--kubeconfig", str(self.kubeconfig),
+            "--config", str(cfg),
+            "--listen", f"127.0.0.1:{port}",
+            *args,
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        ctl = Controller(proc, port, log_path)
+        self.controllers.append(ctl)
+        return ctl
+
+
+@contextlib.contextmanager
+def cluster(workdir: Path, **kw: Any) -> Iterator[Cluster]:
+    with Cluster(workdir, **kw) as c:
+        yield c

@@ -1,0 +1,367 @@
+"""The controller as a process (``python -m controller run``) against the Kubernetes API emulator
+(``lab.kubeapi``, a real HTTPS server; ``lab.cluster`` installs the CRDs and plays the nodes' kubelets).
+
+Create, update and delete gateways; owned objects deleted or edited are restored; a node that goes
+NotReady re-pins its gateway; an invalid CR keeps the deployed plan; injected 409s, a 410 and an API
+server that is away for 30 s are survived without a lost change; a no-op resync writes nothing (counted
+in the emulator's request log); the controller's and the agent's status writes do not clobber each other;
+two replicas elect one leader.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.desired import plan_of
+from lab.cluster import Cluster, Controller, wait_for
+from tests.examples import example_docs
+
+VPN = "vpn.bnerd.net/v1alpha1"
+NS = "tenant-acme"
+NIC = {
+    "mac": "fa:16:3e:00:00:01",
+    "address": "192.0.2.2/26",
+    "gateway": "192.0.2.1",
+    "publicIP": "203.0.113.10",
+}
+CONFIG = {
+    "internalSourceCIDRs": ["192.0.2.64/26"],
+    "staticNICs": {
+        "tenant-acme/acme": NIC,
+        "tenant-wg/acme-wg": {**NIC, "mac": "fa:16:3e:00:00:02"},
+        "tenant-old/legacy": {**NIC, "mac": "fa:16:3e:00:00:03"},
+    },
+}
+OWNED = [
+    ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition"),
+    ("apps/v1", "Deployment"),
+]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with Cluster(tmp_path) as c:
+        c.add_node("node-a", provider_id="openstack:///11111111-1111-4111-8111-111111111111")
+        c.add_node("node-b", provider_id="openstack:///22222222-2222-4222-8222-222222222222")
+        yield c
+
+
+def start(
+    cluster: Cluster, *args: str, name: str = "controller", config: dict[str, Any] | None = None
+) -> Controller:
+    ctl = cluster.start_controller(config or CONFIG, "--resync-seconds", "600", *args, name=name)
+    wait_for(lambda: ctl.ready() or ctl.proc.poll() is not None, 30, "the controller to be ready")
+    assert ctl.proc.poll() is None, ctl.log()
+    return ctl
+
+
+def gateway(cluster: Cluster, name: str = "acme", ns: str = NS, kind: str = "VPNGateway") -> dict[str, Any]:
+    api = VPN if kind == "VPNGateway" else "ipsec.bnerd.net/v1alpha1"
+    gw = cluster.get(api, kind, name, ns)
+    assert gw is not None
+    return gw
+
+
+def condition(gw: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in (gw.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+def converged(cluster: Cluster, name: str = "acme", ns: str = NS, prefix: str = "vpngw") -> bool:
+    return all(cluster.get(a, k, f"{prefix}-{name}", ns) is not None for a, k in OWNED)
+
+
+def apply_ipsec(cluster: Cluster) -> None:
+    cluster.apply(example_docs("ipsec.yaml"))
+
+
+def wireguard_docs() -> list[dict[str, Any]]:
+    """The WireGuard example in a namespace of its own (its peer s1 would collide with the IPsec one's)."""
+    docs = example_docs("wireguard.yaml")
+    for d in docs:
+        d["metadata"]["namespace"] = "tenant-wg"
+    return docs
+
+
+def writes(cluster: Cluster, since: int) -> list[Any]:
+    return [r for r in cluster.kube.requests(writes_only=True, since=since) if r.resource != "leases"]
+
+
+def seq(cluster: Cluster) -> int:
+    recs = cluster.kube.requests()
+    return recs[-1].seq if recs else 0
+
+
+def test_a_gateway_is_reconciled_into_its_objects_status_and_finalizer(cluster: Cluster) -> None:
+    ctl = start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object")
+    gw = wait_for(lambda: (g := gateway(cluster)).get("status", {}).get("publicIP") and g, 10, "the status")
+    assert gw["metadata"]["finalizers"] == ["vpn.bnerd.net/cleanup"]
+    assert gw["status"]["nodeName"] in ("node-a", "node-b") and gw["status"]["publicIP"] == "203.0.113.10"
+    assert condition(gw, "ConfigRendered")["status"] == "True"  # type: ignore[index]
+    assert condition(gw, "PodReady")["reason"] == "NoPod", "the emulator has no kubelet: no pod yet"  # type: ignore[index]
+    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)
+    assert dep is not None and dep["spec"]["template"]["spec"]["nodeName"] == gw["status"]["nodeName"]
+    plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+    assert plan.nic.mac == NIC["mac"] and [t.name for t in plan.ipsec.tunnels] == ["s1", "s2"]  # type: ignore[union-attr]
+    _, metrics = ctl.get("/metrics")
+    assert 'vpngw_controller_reconcile_total{result="ok"}' in metrics
+    assert "vpngw_controller_leader 1.0" in metrics and "vpngw_controller_queue_depth" in metrics
+
+
+def test_a_grant_revoked_rewrites_the_plan_and_leaves_the_deployment_alone(cluster: Cluster) -> None:
+    start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object")
+    dep_rv = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)["metadata"]["resourceVersion"]  # type: ignore[index]
+    cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
+
+    def revoked() -> bool:
+        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        return not any(g.peer == "s2" for g in plan.nat.grants)
+
+    wait_for(revoked, 10, "the plan without s2's grant")
+    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)
+    assert dep["metadata"]["resourceVersion"] == dep_rv, "the pod template was not touched"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("api_version, kind", OWNED)
+def test_an_owned_object_deleted_or_edited_is_restored(cluster: Cluster, api_version: str, kind: str) -> None:
+    start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object")
+    before = cluster.get(api_version, kind, "vpngw-acme", NS)
+    assert before is not None
+    cluster.kube.delete(api_version, kind, "vpngw-acme", NS)
+    wait_for(
+        lambda: (
+            (o := cluster.get(api_version, kind, "vpngw-acme", NS)) is not None
+            and o["metadata"]["uid"] != before["metadata"]["uid"]
+        ),
+        10,
+        f"{kind} re-created",
+    )
+    edits: dict[str, Any] = {
+        "ConfigMap": {"data": {"plan.json": "{}"}},
+        "ServiceAccount": {"automountServiceAccountToken": False},
+        "Role": {"rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}]},
+        "RoleBinding": {"subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": NS}]},
+        "NetworkPolicy": {"spec": {"egress": [{}]}},
+        "NetworkAttachmentDefinition": {"spec": {"config": "{}"}},
+        "Deployment": {"spec": {"template": {"spec": {"hostNetwork": True, "nodeName": "elsewhere"}}}},
+    }
+    good = cluster.get(api_version, kind, "vpngw-acme", NS)
+    assert good is not None
+    cluster.kube.patch(api_version, kind, "vpngw-acme", edits[kind], NS)
+
+    def restored() -> bool:
+        o = cluster.get(api_version, kind, "vpngw-acme", NS)
+        assert o is not None
+        skip = ("metadata", "status")
+        return all(o.get(k) == v for k, v in good.items() if k not in skip)
+
+    wait_for(restored, 10, f"{kind} restored")
+
+
+def test_a_node_that_goes_not_ready_repins_its_gateway_promptly(cluster: Cluster) -> None:
+    start(cluster)
+    apply_ipsec(cluster)
+    gw = wait_for(
+        lambda: (g := gateway(cluster)).get("status", {}).get("nodeName") and g, 20, "a pinned gateway"
+    )
+    first = gw["status"]["nodeName"]
+    other = "node-b" if first == "node-a" else "node-a"
+    cluster.set_node_ready(first, False)
+    wait_for(
+        lambda: gateway(cluster)["status"].get("nodeName") == other, 10, f"the gateway re-pinned to {other}"
+    )
+    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)
+    assert dep["spec"]["template"]["spec"]["nodeName"] == other  # type: ignore[index]
+    events = [e for e in cluster.kube.list("v1", "Event", NS) if e["reason"] == "Repinned"]
+    assert events and f"node {first} is not Ready" in events[0]["message"]
+
+
+def test_an_invalid_cr_keeps_the_running_plan_and_says_why(cluster: Cluster) -> None:
+    start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object")
+    cm = cluster.get("v1", "ConfigMap", "vpngw-acme", NS)
+    assert cm is not None
+    cluster.kube.patch(VPN, "VPNPeer", "s1", {"spec": {"authorization": {"exposures": ["web", "nope"]}}}, NS)
+    cond = wait_for(
+        lambda: (c := condition(gateway(cluster), "ConfigRendered")) and c["status"] == "False" and c, 10,
+        "ConfigRendered=False",
+    )  # fmt: skip
+    assert cond["reason"] == "UnknownExposure"
+    assert (
+        'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "nope" names no exposure' in cond["message"]
+    )
+    time.sleep(0.5)
+    after = cluster.get("v1", "ConfigMap", "vpngw-acme", NS)
+    assert after["metadata"]["resourceVersion"] == cm["metadata"]["resourceVersion"]  # type: ignore[index]
+    events = [e for e in cluster.kube.list("v1", "Event", NS) if e["reason"] == "UnknownExposure"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert events[0]["involvedObject"]["kind"] == "VPNGateway"
+
+
+def test_injected_conflicts_and_a_410_are_survived(cluster: Cluster) -> None:
+    ctl = start(cluster)
+    cluster.kube.inject_fault(409, count=3, verb="create", resource="configmaps")
+    cluster.kube.inject_fault(409, count=2, subresource="status", resource="vpngateways")
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object despite 409s")
+    wait_for(lambda: condition(gateway(cluster), "ConfigRendered"), 10, "the status despite 409s")
+    cluster.kube.compact()
+    cluster.kube.close_watches()  # every informer re-watches from a version the server no longer has: 410
+    cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
+
+    def revoked() -> bool:
+        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        return not any(g.peer == "s2" for g in plan.nat.grants)
+
+    wait_for(revoked, 15, "the change made across the 410")
+    assert "informer.relist" in ctl.log() and ctl.proc.poll() is None
+
+
+def test_the_api_server_away_for_30_s_is_survived_without_a_lost_change(cluster: Cluster) -> None:
+    ctl = start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object")
+    cluster.kube.unreachable(30)
+    # Another client's change lands while the controller cannot see the API (straight into the store).
+    cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
+    time.sleep(31)
+    cluster.kube.wait_reachable()
+
+    def revoked() -> bool:
+        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        return not any(g.peer == "s2" for g in plan.nat.grants)
+
+    wait_for(revoked, 30, "the change made while the API was away")
+    assert ctl.proc.poll() is None, "still running"
+    assert "informer.failed" in ctl.log()
+
+
+def test_a_no_op_resync_writes_nothing(cluster: Cluster) -> None:
+    ctl = cluster.start_controller(CONFIG, "--resync-seconds", "10")
+    wait_for(ctl.ready, 30, "ready")
+    apply_ipsec(cluster)
+    cluster.apply(wireguard_docs())
+    wait_for(lambda: converged(cluster) and converged(cluster, "acme-wg", "tenant-wg"), 20, "both gateways")
+    wait_for(lambda: condition(gateway(cluster, "acme-wg", "tenant-wg"), "Ready"), 10, "a status")
+    time.sleep(1)
+    mark = seq(cluster)
+    # At least one full resync (every 10 s) happens in the window.
+    time.sleep(12)
+    assert "reconcile_total" in ctl.get("/metrics")[1]
+    assert writes(cluster, mark) == []
+    assert cluster.kube.requests(resource="secrets") == [], "the controller never reads a Secret"
+
+
+def test_deleting_the_gateway_releases_the_finalizer_and_the_objects_go_with_it(cluster: Cluster) -> None:
+    start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object")
+    cluster.kube.delete(VPN, "VPNGateway", "acme", NS)
+    wait_for(lambda: cluster.get(VPN, "VPNGateway", "acme", NS) is None, 10, "the gateway gone")
+    wait_for(
+        lambda: not any(cluster.get(a, k, "vpngw-acme", NS) for a, k in OWNED), 10, "owned objects collected"
+    )
+
+
+def pinned_to(cluster: Cluster, node: str) -> bool:
+    return bool(gateway(cluster)["status"].get("nodeName") == node)
+
+
+def test_the_controllers_and_the_agents_status_writes_do_not_clobber_each_other(cluster: Cluster) -> None:
+    start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: condition(gateway(cluster), "ConfigRendered"), 20, "the controller's status")
+    stop = threading.Event()
+
+    def agent() -> None:  # the status-agent's merge patch of its own keys, as fast as it can
+        i = 0
+        while not stop.is_set():
+            i += 1
+            tunnels = [{"name": "s1", "state": "Established", "bytesIn": i}]
+            cluster.kube.patch(
+                VPN, "VPNGateway", "acme", {"status": {"tunnels": tunnels}}, NS, subresource="status"
+            )
+
+    t = threading.Thread(target=agent)
+    t.start()
+    try:
+        for node in (
+            "node-a",
+            "node-b",
+            "node-a",
+        ):  # the controller rewrites nodeName and conditions meanwhile
+            cluster.set_node_ready("node-b" if node == "node-a" else "node-a", False)
+            cluster.set_node_ready(node, True)
+            wait_for(lambda: pinned_to(cluster, node), 10, f"pinned {node}")
+    finally:
+        stop.set()
+        t.join()
+    st = gateway(cluster)["status"]
+    assert st["tunnels"][0]["state"] == "Established" and st["tunnels"][0]["bytesIn"] > 1
+    assert condition(gateway(cluster), "ConfigRendered") and st["publicIP"] == "203.0.113.10"
+
+
+def test_legacy_and_wireguard_gateways_are_served_by_the_same_machinery(cluster: Cluster) -> None:
+    start(cluster)
+    cluster.apply(wireguard_docs())
+    cluster.apply(example_docs("legacy-ipsecgateway.yaml"))
+    wait_for(lambda: converged(cluster, "acme-wg", "tenant-wg"), 20, "the WireGuard gateway's objects")
+    wait_for(
+        lambda: converged(cluster, "legacy", "tenant-old", "ipsecgw"), 20, "the legacy gateway's objects"
+    )
+    legacy = gateway(cluster, "legacy", "tenant-old", "IPsecGateway")
+    assert condition(legacy, "ConfigRendered")["status"] == "True"  # type: ignore[index]
+    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme-wg", "tenant-wg")
+    names = [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]]  # type: ignore[index]
+    assert names == ["init-nat", "status-agent", "exporter"]
+
+
+def test_two_replicas_elect_one_leader_and_the_other_takes_over(cluster: Cluster) -> None:
+    a = start(cluster, name="a")
+    b = start(cluster, name="b")
+    wait_for(
+        lambda: "vpngw_controller_leader 1.0" in a.get("/metrics")[1] + b.get("/metrics")[1], 20, "a leader"
+    )
+    leader, standby = (a, b) if "vpngw_controller_leader 1.0" in a.get("/metrics")[1] else (b, a)
+    assert "vpngw_controller_leader 0.0" in standby.get("/metrics")[1]
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "objects from the leader")
+    assert "object.created" in leader.log() and "object.created" not in standby.log()
+    leader.stop(signal.SIGKILL)
+    cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
+
+    def revoked() -> bool:
+        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        return not any(g.peer == "s2" for g in plan.nat.grants)
+
+    wait_for(revoked, 40, "the standby to take over (lease 15 s) and reconcile the change")
+    assert "leader.started" in standby.log()
+
+
+def test_bad_settings_exit_2_naming_the_setting(tmp_path: Path, cluster: Cluster) -> None:
+    bad = copy.deepcopy(CONFIG)
+    bad["staticNICs"]["tenant-acme/acme"]["mac"] = "nope"  # type: ignore[index]
+    ctl = cluster.start_controller(bad, name="bad")
+    assert ctl.proc.wait(30) == 2
+    assert "config.staticNICs.tenant-acme/acme.mac: 'nope' is not a MAC address" in ctl.log()
+    ctl2 = cluster.start_controller(CONFIG, "--node-selector", "pool", name="bad2")
+    assert ctl2.proc.wait(30) == 2 and "--node-selector: 'pool' is not label=value" in ctl2.log()

@@ -1,0 +1,454 @@
+"""The controller's pure reconcile: the objects, fields and status a gateway's snapshot asks for, for IPsec,
+WireGuard and the legacy kind; plan changes that never touch the pod template; invalid input that keeps the
+deployed plan; a world in order that asks for no write at all."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import string
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+import gwplan
+from controller import diff
+from controller.cloud import CloudState
+from controller.desired import Nic2, plan_of
+from controller.names import (
+    ANNOTATION_HASH,
+    ANNOTATION_NIC_MAC,
+    FINALIZER,
+    MULTUS_NETWORKS,
+    GatewayKey,
+    key_of,
+)
+from controller.placement import Placement
+from controller.podspec import INITNAT_CAPS, IPSEC_CAPS
+from controller.reconcile import Decision, Snapshot, decide, peers_of, render_gateway
+from controller.settings import GatewayPod, Settings, StaticNic
+from controller.status import Condition
+from tests.examples import edit, example_docs
+
+NIC = Nic2("fa:16:3e:00:00:01", "192.0.2.2/26", "192.0.2.1")
+NOW = "2026-12-01T10:00:00Z"
+LATER = "2026-12-01T11:00:00Z"
+SETTINGS = Settings(internal_source_cidrs=("192.0.2.64/26",))
+CLOUD = CloudState(NIC, "203.0.113.10", (Condition("CloudReady", True, "StaticNIC", "ok"),))
+HERE = Placement("node-a", "Placed", "pinned to node node-a")
+
+
+def stored(doc: Mapping[str, Any], uid: str = "uid-gw", generation: int = 1) -> dict[str, Any]:
+    out = copy.deepcopy(dict(doc))
+    out["metadata"] = {**out["metadata"], "uid": uid, "generation": generation, "resourceVersion": "7"}
+    return out
+
+
+def snapshot(
+    docs: Sequence[Mapping[str, Any]], owned: Mapping[str, Any] | None = None, **kw: Any
+) -> Snapshot:
+    gateway = stored(docs[0])
+    key = key_of(gateway)
+    peers = peers_of(
+        key, [stored(d, uid=f"uid-{d['metadata']['name']}") for d in docs[1:] if d["kind"] == "VPNPeer"]
+    )
+    return Snapshot(key=key, gateway=gateway, peers=peers, owned=owned or {}, **kw)
+
+
+def run(snap: Snapshot, settings: Settings = SETTINGS, now: str = NOW, where: Placement = HERE,
+        cloud: CloudState = CLOUD) -> Decision:  # fmt: skip
+    return decide(snap, settings, render_gateway(snap, settings), where, cloud, now)
+
+
+def by_kind(d: Decision) -> dict[str, dict[str, Any]]:
+    return {a.obj["kind"]: a.obj for a in d.actions if isinstance(a, diff.Create)}
+
+
+def as_api_holds(objects: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What the API would hold after creating ``objects``: server metadata and a defaulted field added."""
+    out = {}
+    for kind, obj in objects.items():
+        o = copy.deepcopy(dict(obj))
+        o["metadata"].update(uid=f"uid-{kind}", resourceVersion="11", creationTimestamp=NOW)
+        if kind == "Deployment":
+            o["spec"]["progressDeadlineSeconds"] = 600  # the API server's default
+            o["status"] = {"replicas": 1}
+        out[kind] = o
+    return out
+
+
+IPSEC = example_docs("ipsec.yaml")
+WIREGUARD = example_docs("wireguard.yaml")
+LEGACY = [d for d in example_docs("legacy-ipsecgateway.yaml") if d["kind"] == "IPsecGateway"]
+
+
+def test_an_ipsec_gateway_gets_every_object_named_labelled_and_owned() -> None:
+    d = run(snapshot(IPSEC))
+    objs = by_kind(d)
+    assert sorted(objs) == sorted(
+        ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "NetworkAttachmentDefinition",
+         "Deployment"]
+    )  # fmt: skip
+    for kind, o in objs.items():
+        md = o["metadata"]
+        assert (md["name"], md["namespace"]) == ("vpngw-acme", "tenant-acme"), kind
+        assert md["ownerReferences"] == [
+            {"apiVersion": "vpn.bnerd.net/v1alpha1", "kind": "VPNGateway", "name": "acme", "uid": "uid-gw",
+             "controller": True, "blockOwnerDeletion": True}
+        ]  # fmt: skip
+        assert (
+            md["labels"]["vpn.bnerd.net/gateway"] == "acme"
+            and md["labels"]["vpn.bnerd.net/operator"] == "vpngw"
+        )
+        assert len(md["annotations"][ANNOTATION_HASH]) == 20
+    assert d.add_finalizer and d.status is not None
+    assert d.events == (), "a gateway on its way into being (no pod yet) is no news"
+
+
+def test_the_plan_configmap_holds_the_rendered_plan_with_the_clouds_nic2() -> None:
+    plan = plan_of(by_kind(run(snapshot(IPSEC)))["ConfigMap"])
+    assert plan.nic == gwplan.Nic(mac=NIC.mac, address=NIC.address, gateway=NIC.gateway)
+    assert [t.name for t in plan.ipsec.tunnels] == ["s1", "s2"]  # type: ignore[union-attr]
+    assert plan.gateway == gwplan.GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-acme", "acme")
+
+
+def test_a_large_plan_is_stored_gzipped_under_the_same_key() -> None:
+    import controller.desired as desired_module
+
+    small = by_kind(run(snapshot(IPSEC)))["ConfigMap"]
+    assert "plan.json" in small["data"] and "binaryData" not in small
+    old = desired_module.GZIP_ABOVE
+    desired_module.GZIP_ABOVE = 100
+    try:
+        big = by_kind(run(snapshot(IPSEC)))["ConfigMap"]
+    finally:
+        desired_module.GZIP_ABOVE = old
+    assert "data" not in big and "plan.json" in big["binaryData"]
+    assert plan_of(big) == plan_of(small)
+
+
+def test_the_gateway_pods_role_allows_exactly_what_its_pod_does() -> None:
+    role = by_kind(run(snapshot(IPSEC)))["Role"]
+    assert role["rules"] == [
+        {"apiGroups": ["vpn.bnerd.net"], "resources": ["vpngateways/status"], "resourceNames": ["acme"],
+         "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["vpngw-acme"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["acme-psk", "s1-psk"],
+         "verbs": ["get", "list", "watch"]},
+    ]  # fmt: skip
+    rb = by_kind(run(snapshot(IPSEC)))["RoleBinding"]
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "vpngw-acme"}
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "vpngw-acme", "namespace": "tenant-acme"}]
+
+
+def test_the_network_policy_admits_monitoring_in_and_only_dns_and_the_api_server_out() -> None:
+    np = by_kind(run(snapshot(IPSEC)))["NetworkPolicy"]["spec"]
+    assert np["policyTypes"] == ["Ingress", "Egress"]
+    assert np["podSelector"] == {
+        "matchLabels": {"vpn.bnerd.net/gateway": "acme", "vpn.bnerd.net/gateway-kind": "VPNGateway"}
+    }
+    assert np["ingress"] == [
+        {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+         "ports": [{"protocol": "TCP", "port": 9100}]}
+    ]  # fmt: skip
+    dns, api = np["egress"]
+    assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert api == {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
+    pinned = dataclasses.replace(
+        SETTINGS,
+        network_policy=dataclasses.replace(SETTINGS.network_policy, api_server=(("10.0.0.1/32", 6443),)),
+    )
+    np2 = by_kind(run(snapshot(IPSEC), pinned))["NetworkPolicy"]["spec"]
+    assert np2["egress"][1] == {
+        "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}],
+        "ports": [{"protocol": "TCP", "port": 6443}],
+    }
+
+
+def test_the_nad_is_the_operators_template_with_nic2s_mac() -> None:
+    nad = by_kind(run(snapshot(IPSEC)))["NetworkAttachmentDefinition"]
+    assert json.loads(nad["spec"]["config"]) == {
+        "cniVersion": "0.3.1", "name": "vpngw-acme", "type": "host-device", "hwaddr": NIC.mac
+    }  # fmt: skip
+    custom = '{"type": "macvlan", "master": "eth1", "mac": "$mac", "ns": "$namespace"}'
+    s = dataclasses.replace(SETTINGS, pod=dataclasses.replace(SETTINGS.pod, nad_template=custom))
+    nad2 = by_kind(run(snapshot(IPSEC), s))["NetworkAttachmentDefinition"]
+    assert json.loads(nad2["spec"]["config"]) == json.loads(
+        string.Template(custom).substitute(mac=NIC.mac, namespace="tenant-acme")
+    )
+
+
+def containers(d: Decision) -> dict[str, dict[str, Any]]:
+    spec = by_kind(d)["Deployment"]["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec["containers"]}
+
+
+def test_the_ipsec_pod_is_pinned_multus_attached_and_each_container_has_its_privileges_only() -> None:
+    dep = by_kind(run(snapshot(IPSEC)))["Deployment"]
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["selector"] == {
+        "matchLabels": {"vpn.bnerd.net/gateway": "acme", "vpn.bnerd.net/gateway-kind": "VPNGateway"}
+    }
+    tmpl = spec["template"]
+    assert json.loads(tmpl["metadata"]["annotations"][MULTUS_NETWORKS]) == [
+        {"name": "vpngw-acme", "namespace": "tenant-acme"}
+    ]
+    assert tmpl["metadata"]["annotations"][ANNOTATION_NIC_MAC] == NIC.mac
+    pod = tmpl["spec"]
+    assert pod["nodeName"] == "node-a" and pod["serviceAccountName"] == "vpngw-acme"
+    assert {(t["key"], t["tolerationSeconds"]) for t in pod["tolerations"]} == {
+        ("node.kubernetes.io/not-ready", 30), ("node.kubernetes.io/unreachable", 30)
+    }  # fmt: skip
+    assert pod["securityContext"]["sysctls"] == [
+        {"name": "net.ipv4.ip_forward", "value": "1"}, {"name": "net.ipv4.conf.all.rp_filter", "value": "2"}
+    ]  # fmt: skip
+    assert [c["name"] for c in pod["initContainers"]] == ["init-nat"]
+    c = containers(run(snapshot(IPSEC)))
+    assert list(c) == ["init-nat", "charon", "status-agent", "exporter"]
+    caps = {n: x["securityContext"]["capabilities"] for n, x in c.items()}
+    assert caps["charon"] == {"drop": ["ALL"], "add": IPSEC_CAPS}
+    assert caps["init-nat"] == {"drop": ["ALL"], "add": INITNAT_CAPS}
+    assert caps["status-agent"] == caps["exporter"] == {"drop": ["ALL"]}
+    for name in ("status-agent", "exporter"):
+        sc = c[name]["securityContext"]
+        assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (65532, 65532, True)
+    for name, x in c.items():
+        assert x["securityContext"]["allowPrivilegeEscalation"] is False, name
+        assert x["securityContext"]["readOnlyRootFilesystem"] is True, name
+        assert x["resources"]["requests"] and x["resources"]["limits"]["memory"], name
+    assert c["status-agent"]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8081}
+    assert c["status-agent"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8081}
+    assert c["exporter"]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9100}
+    agent = c["status-agent"]["command"]
+    assert agent[agent.index("--follow-configmap") + 1] == "vpngw-acme" and "--kube-status" in agent
+    assert "--vici-socket" in c["exporter"]["command"]
+
+
+def test_a_wireguard_pod_has_no_charon_and_its_agent_and_exporter_run_as_root() -> None:
+    d = run(snapshot(WIREGUARD))
+    c = containers(d)
+    assert list(c) == ["init-nat", "status-agent", "exporter"]
+    assert c["status-agent"]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert c["status-agent"]["securityContext"]["runAsUser"] == 0
+    assert "--wireguard-uapi-dir" in c["status-agent"]["command"]
+    assert "--wireguard-interface" in c["exporter"]["command"]
+    role = by_kind(d)["Role"]
+    assert role["rules"][2]["resourceNames"] == ["acme-wg", "s1-wg"]
+    go = dataclasses.replace(SETTINGS, pod=dataclasses.replace(SETTINGS.pod, wireguard="wireguard-go"))
+    d2 = run(snapshot(WIREGUARD), go)
+    c2 = containers(d2)
+    assert list(c2) == ["init-nat", "wireguard-go", "status-agent", "exporter"]
+    assert c2["wireguard-go"]["command"] == ["wireguard-go", "-f", "wg0"]
+    vols = {v["name"]: v for v in by_kind(d2)["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    assert vols["tun"] == {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}}
+
+
+def test_a_legacy_gateway_gets_its_own_names_and_its_kinds_status_right() -> None:
+    d = run(snapshot(LEGACY))
+    objs = by_kind(d)
+    assert {o["metadata"]["name"] for o in objs.values()} == {"ipsecgw-legacy"}
+    assert objs["Role"]["rules"][0]["resources"] == ["ipsecgateways/status"]
+    assert objs["Role"]["rules"][0]["apiGroups"] == ["ipsec.bnerd.net"]
+    assert objs["ConfigMap"]["metadata"]["ownerReferences"][0]["kind"] == "IPsecGateway"
+    assert "charon" in containers(d)
+
+
+def applied(d: Decision) -> dict[str, dict[str, Any]]:
+    return as_api_holds(by_kind(d))
+
+
+def template(d: Decision, owned: Mapping[str, Any]) -> Any:
+    """The Deployment's pod template after ``d`` (created or replaced, else as it was)."""
+    for a in d.actions:
+        if isinstance(a, diff.Create | diff.Replace) and a.obj["kind"] == "Deployment":
+            return a.obj["spec"]["template"]
+    return owned["Deployment"]["spec"]["template"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda docs: docs[:2], id="peer-removed"),
+        pytest.param(
+            lambda docs: edit(docs, 2, ["spec", "authorization", "exposures"], []), id="grant-revoked"
+        ),
+        pytest.param(
+            lambda docs: edit(docs, 2, ["spec", "ipsec", "pskSecretRef"], {"name": "s2-psk", "key": "psk"}),
+            id="psk-secret-ref-added",
+        ),
+        pytest.param(
+            lambda docs: [
+                *docs,
+                {
+                    **copy.deepcopy(docs[2]),
+                    "metadata": {"name": "s3", "namespace": "tenant-acme"},
+                    "spec": {
+                        **docs[2]["spec"],
+                        "endpoint": "198.51.100.10",
+                        "ipsec": {"id": "s3.lab.example", "remoteSubnets": ["203.0.113.32/28"]},
+                    },
+                },
+            ],
+            id="peer-added",
+        ),  # fmt: skip
+    ],
+)
+def test_a_plan_change_rewrites_the_plan_and_role_but_never_the_pod_template(change: Any) -> None:
+    first = run(snapshot(IPSEC))
+    owned = applied(first)
+    d = run(snapshot(change(IPSEC), owned=owned))
+    changed = {a.obj["kind"] for a in d.actions if isinstance(a, diff.Replace)}
+    assert "ConfigMap" in changed
+    assert "Deployment" not in changed
+    assert template(d, owned) == owned["Deployment"]["spec"]["template"]
+
+
+@pytest.mark.parametrize(
+    "settings, where, cloud",
+    [
+        pytest.param(dataclasses.replace(SETTINGS, pod=GatewayPod(image="localhost/vpngw-gateway:0.2.0")), HERE, CLOUD,
+                     id="image"),
+        pytest.param(SETTINGS, Placement("node-b", "Repinned", "moved", moved_from="node-a"), CLOUD, id="node"),
+        pytest.param(SETTINGS, HERE, dataclasses.replace(CLOUD, nic=dataclasses.replace(NIC, mac="fa:16:3e:00:00:99")),
+                     id="nic2-mac"),
+    ],
+)  # fmt: skip
+def test_image_placement_and_nic2_changes_roll_the_pod(
+    settings: Settings, where: Placement, cloud: CloudState
+) -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    d = run(snapshot(IPSEC, owned=owned), settings, where=where, cloud=cloud)
+    assert template(d, owned) != owned["Deployment"]["spec"]["template"]
+
+
+def test_a_world_in_order_asks_for_no_write() -> None:
+    first = run(snapshot(IPSEC))
+    owned = applied(first)
+    gw = dict(snapshot(IPSEC).gateway)
+    gw["metadata"]["finalizers"] = [FINALIZER]
+    gw["status"] = {**(gw.get("status") or {}), **(first.status or {})}
+    again = run(dataclasses.replace(snapshot(IPSEC, owned=owned), gateway=gw), now=LATER)
+    assert again.actions == () and again.status is None and again.events == () and not again.add_finalizer
+
+
+def test_an_edited_or_deleted_owned_object_is_restored_and_others_fields_are_kept() -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    edited = copy.deepcopy(owned)
+    edited["Role"]["rules"].append({"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]})
+    edited["Role"]["metadata"]["labels"]["team"] = "theirs"
+    del edited["NetworkPolicy"]
+    d = run(snapshot(IPSEC, owned=edited))
+    kinds = {(type(a).__name__, a.obj["kind"]) for a in d.actions if not isinstance(a, diff.Delete)}
+    assert kinds == {("Replace", "Role"), ("Create", "NetworkPolicy")}
+    role = next(a.obj for a in d.actions if isinstance(a, diff.Replace))
+    assert role["rules"] == owned["Role"]["rules"], "our rules are back"
+    assert role["metadata"]["labels"]["team"] == "theirs", "labels others add are kept"
+    assert role["metadata"]["resourceVersion"] == "11", "replaced on the version we decided on"
+
+
+def test_an_object_of_our_name_that_we_do_not_own_is_never_touched() -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    theirs = copy.deepcopy(owned)
+    theirs["ConfigMap"]["metadata"]["ownerReferences"] = []
+    theirs["ConfigMap"]["data"] = {"x": "y"}
+    d = run(snapshot(IPSEC, owned=theirs))
+    assert not [a for a in d.actions if getattr(a, "obj", {}).get("kind") == "ConfigMap"]
+    assert d.foreign == (diff.Foreign("ConfigMap", "vpngw-acme"),)
+    conds = {c["type"]: c for c in d.status["conditions"]}  # type: ignore[index]
+    assert conds["OwnedObjects"]["reason"] == "ObjectNameTaken" and conds["Ready"]["status"] == "False"
+
+
+def test_an_invalid_cr_keeps_the_deployed_plan_and_names_every_field_error() -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    deployed = plan_of(owned["ConfigMap"])
+    bad = edit(IPSEC, 1, ["spec", "authorization", "exposures"], ["web", "nope"])
+    bad = edit(bad, 2, ["spec", "ipsec", "remoteSubnets"], ["203.0.113.0/28"])  # overlaps s1's
+    d = run(snapshot(bad, owned=owned))
+    assert not any(a.obj["kind"] == "ConfigMap" for a in d.actions if not isinstance(a, diff.Delete))
+    assert not [a for a in d.actions if isinstance(a, diff.Delete)], "nothing is torn down"
+    cond = {c["type"]: c for c in d.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert cond["status"] == "False"
+    assert (
+        'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "nope" names no exposure' in cond["message"]
+    )
+    assert "VPNPeer/tenant-acme/s2: spec.ipsec.remoteSubnets[0]" in cond["message"]
+    assert "the deployed plan keeps running" in cond["message"]
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "UnknownExposure")]
+    assert plan_of(owned["ConfigMap"]) == deployed
+
+
+def test_a_schema_invalid_gateway_is_reported_without_touching_anything() -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    bad = edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/33")
+    d = run(snapshot(bad, owned=owned))
+    assert d.actions == ()
+    cond = {c["type"]: c for c in d.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert "spec.serviceCIDR" in cond["message"] and cond["reason"] != "Rendered"
+
+
+def test_conditions_keep_their_transition_time_and_events_come_only_with_changes() -> None:
+    first = run(snapshot(IPSEC))
+    gw = dict(snapshot(IPSEC).gateway)
+    gw["status"] = first.status
+    pod_ready = [{"metadata": {"name": "p", "creationTimestamp": NOW}, "spec": {"nodeName": "node-a"},
+                  "status": {"conditions": [{"type": "Ready", "status": "True"}]}}]  # fmt: skip
+    later = run(dataclasses.replace(snapshot(IPSEC), gateway=gw, pods=tuple(pod_ready)), now=LATER)
+    conds = {c["type"]: c for c in later.status["conditions"]}  # type: ignore[index]
+    assert conds["PodReady"]["status"] == "True" and conds["PodReady"]["lastTransitionTime"] == LATER
+    assert conds["ConfigRendered"]["lastTransitionTime"] == NOW, "unchanged status keeps its time"
+    assert conds["Ready"]["status"] == "True"
+    assert sorted(e.reason for e in later.events) == ["PodReady", "Ready"]
+
+
+def test_without_nic2_nothing_that_needs_it_is_made_and_a_running_pod_is_left_alone() -> None:
+    none = CloudState(None, None, (Condition("CloudReady", False, "NoStaticNIC", "no entry"),))
+    d = run(snapshot(IPSEC), cloud=none)
+    assert set(by_kind(d)) == {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"}
+    owned = applied(run(snapshot(IPSEC)))
+    d2 = run(snapshot(IPSEC, owned=owned), cloud=none)
+    assert d2.actions == () or all(a.obj["kind"] not in ("ConfigMap", "Deployment") for a in d2.actions
+                                   if not isinstance(a, diff.Delete))  # fmt: skip
+    assert not [a for a in d2.actions if isinstance(a, diff.Delete)]
+
+
+def test_without_a_node_the_deployment_is_held_and_the_status_says_why() -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    nowhere = Placement(None, "NoSchedulableNode", "no Ready node can take the gateway (2 node(s))")
+    d = run(snapshot(IPSEC, owned=owned), where=nowhere)
+    assert not any(getattr(a, "kind", None) == "Deployment" or getattr(a, "obj", {}).get("kind") == "Deployment"
+                   for a in d.actions)  # fmt: skip
+    conds = {c["type"]: c for c in d.status["conditions"]}  # type: ignore[index]
+    assert conds["PodReady"]["reason"] == "NoSchedulableNode"
+    assert d.status["nodeName"] == "node-a", "the status keeps the node the Deployment still names"  # type: ignore[index]
+
+
+def test_the_key_of_a_gateway_and_its_object_names() -> None:
+    assert GatewayKey("VPNGateway", "t", "hq").object_name == "vpngw-hq"
+    assert GatewayKey("IPsecGateway", "t", "hq").object_name == "ipsecgw-hq"
+    assert key_of({"kind": "IPsecGateway", "metadata": {"namespace": "t", "name": "x"}}) == GatewayKey(
+        "IPsecGateway", "t", "x"
+    )
+
+
+def test_static_nic_settings_are_validated_naming_the_entry() -> None:
+    from controller.settings import SettingsError, from_config
+
+    ok = from_config({"staticNICs": {"t/hq": {"mac": "FA:16:3E:00:00:01", "address": "192.0.2.2/26",
+                                             "gateway": "192.0.2.1", "publicIP": "203.0.113.5"}}})  # fmt: skip
+    assert ok.static_nics["t/hq"] == StaticNic(
+        "fa:16:3e:00:00:01", "192.0.2.2/26", "192.0.2.1", "203.0.113.5"
+    )
+    with pytest.raises(
+        SettingsError, match=r"config.staticNICs.t/hq.gateway: 192.0.2.99 is not on 192.0.2.0/30"
+    ):
+        from_config({"staticNICs": {"t/hq": {"mac": "fa:16:3e:00:00:01", "address": "192.0.2.2/30",
+                                            "gateway": "192.0.2.99"}}})  # fmt: skip
+    with pytest.raises(SettingsError, match="nadTemplate: must contain"):
+        from_config({"gatewayPod": {"nadTemplate": '{"type": "host-device"}'}})
+    with pytest.raises(SettingsError, match=r"config: unknown key\(s\) gatewayPods"):
+        from_config({"gatewayPods": {}})
