@@ -365,3 +365,27 @@ def test_bad_settings_exit_2_naming_the_setting(tmp_path: Path, cluster: Cluster
     assert "config.staticNICs.tenant-acme/acme.mac: 'nope' is not a MAC address" in ctl.log()
     ctl2 = cluster.start_controller(CONFIG, "--node-selector", "pool", name="bad2")
     assert ctl2.proc.wait(30) == 2 and "--node-selector: 'pool' is not label=value" in ctl2.log()
+
+
+KUBECTL = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
+
+
+def test_kubectl_apply_of_the_example_then_get_vpngateways_shows_the_columns(cluster: Cluster) -> None:
+    import subprocess
+
+    start(cluster)
+    kc = [str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig)]
+    assert subprocess.run([*kc, "create", "namespace", NS], capture_output=True, check=False).returncode == 0
+    applied = subprocess.run([*kc, "apply", "-f", "docs/examples/ipsec.yaml"], capture_output=True, text=True,
+                             check=False, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+    assert "vpngateway.vpn.bnerd.net/acme created" in applied.stdout
+    wait_for(lambda: gateway(cluster).get("status", {}).get("publicIP"), 20, "the controller's status")
+    out = subprocess.run(
+        [*kc, "get", "vpngateways", "-n", NS], capture_output=True, text=True, check=True
+    ).stdout
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["NAME", "TYPE", "NODE", "PUBLIC", "IP", "READY", "AGE"]
+    name, kind, node, public, ready = row.split()[:5]
+    assert (name, kind, public, ready) == ("acme", "ipsec", "203.0.113.10", "False")
+    assert node in ("node-a", "node-b")
