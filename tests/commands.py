@@ -58,12 +58,15 @@ HOST_COMMANDS = frozenset(
         "dpkg-query",
         "tar",
         "unzip",
+        "mariadbd",
+        "mariadb-install-db",
     }
 )
 """What the lab, tests, demo and benchmarks run besides the image's commands (setup.sh must install it)."""
 
-NOT_DEBIAN = frozenset({"helm", "kubectl", "hadolint"})
-"""Brought by setup.sh from other registries (.tools/bin from npm, .venv from PyPI), not by apt."""
+NOT_DEBIAN = frozenset({"helm", "kubectl", "hadolint", "uwsgi", "neutron-db-manage"})
+"""Brought by setup.sh from other registries (.tools/bin from npm, .venv and .venv-neutron from PyPI), not by
+apt."""
 
 MACHINE_COMMANDS = frozenset({"npm", "python3"})
 """Every machine of this kind has CPython and Node.js with npm (setup.sh installs Debian's npm only where

@@ -19,8 +19,11 @@ from typing import Any
 
 import pytest
 
+from lab.openstack.process import cleanup_stale as cleanup_stale_openstack
 from lab.world import Lab, cleanup_stale
 from tests.commands import declared, started
+
+pytest_plugins = ("lab.openstack.fixtures",)
 
 REQUIRED_TOOLS = ("ip", "iptables", "iptables-restore", "conntrack", "swanctl", "wireguard-go", "wg", "ping")
 _lab_outcomes: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0}
@@ -80,6 +83,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionstart(session: pytest.Session) -> None:
     if os.geteuid() == 0 and shutil.which("ip"):
         cleanup_stale()  # leftovers of a run that was SIGKILLed; a live run's namespaces are kept
+        cleanup_stale_openstack()  # ... and its MariaDB/Neutron run directories
 
 
 _commands_run: dict[str, str] = {}
