@@ -49,6 +49,8 @@ class CloudWant:
     plan: gwplan.Plan | None
     """The plan in force (its virtual IPs, peers and reverse exposures decide address pairs, routes and
     security-group rules); None when the gateway has never rendered."""
+    routers: tuple[str, ...] = ()
+    """The routers of the ClusterLinks (in the gateway's namespace) that name this gateway."""
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from controller.status import Condition
 from controller.workqueue import WorkQueue
 from gwkit import httpd
 from gwkit.kube import ApiError, KubeClient, KubeError, Obj, Resource, Unreachable
-from gwkit.kube.client import BY_KIND, NODES, PODS, VPNPEERS
+from gwkit.kube.client import BY_KIND, CLUSTERLINKS, NODES, PODS, VPNPEERS
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class Operator:
 
         self.informers: dict[str, Informer] = {k: inf(BY_KIND[k]) for k in GATEWAY_KINDS}
         self.informers["VPNPeer"] = inf(VPNPEERS)
+        self.informers["ClusterLink"] = inf(CLUSTERLINKS)
         for kind in OWNED_KINDS:
             self.informers[kind] = inf(BY_KIND[kind], selector=owned_selector)
         self.informers["Pod"] = inf(PODS, selector=owned_selector)
@@ -164,6 +165,11 @@ class Operator:
                 ref = ((o.get("spec") or {}).get("gatewayRef") or {}).get("name")
                 if ref:
                     keys.add(GatewayKey("VPNGateway", str(o["metadata"]["namespace"]), str(ref)))
+        elif kind == "ClusterLink":
+            for o in objs:
+                for name in (o.get("spec") or {}).get("gateways") or []:
+                    for k in GATEWAY_KINDS:
+                        keys.add(GatewayKey(k, str(o["metadata"]["namespace"]), str(name)))
         elif kind == "Pod":
             for o in objs:
                 md = o.get("metadata") or {}
@@ -237,7 +243,7 @@ class Operator:
             where = place(snap, self.settings)
             if where.node is not None:
                 self.pins[key] = where.node
-        want = CloudWant(key, where.node, provider_id(snap, where.node), rendered.in_force)
+        want = CloudWant(key, where.node, provider_id(snap, where.node), rendered.in_force, self.routers(key))
         try:
             cloud = await self.cloud.ensure(want)
         except CloudError as exc:
@@ -293,6 +299,18 @@ class Operator:
                 self.metrics.reconciles.labels(result).inc()
                 self.metrics.duration.observe(time.monotonic() - started)
                 self.metrics.queue_depth.set(len(self.queue))
+
+    def routers(self, key: GatewayKey) -> tuple[str, ...]:
+        """The routers of the ClusterLinks in the gateway's namespace that name it."""
+        return tuple(
+            sorted(
+                str(link["spec"]["routerID"])
+                for link in self.informers["ClusterLink"].items()
+                if link["metadata"].get("namespace") == key.namespace
+                and key.name in ((link.get("spec") or {}).get("gateways") or [])
+                and (link.get("spec") or {}).get("routerID")
+            )
+        )
 
     def enqueue_all(self) -> None:
         for gw in self._gateways():

@@ -103,7 +103,29 @@ def add_run_parser(sub: Any) -> None:
         help="YAML settings: gatewayPod (resources, tolerations, nodeSelector, nadTemplate, "
         f"priorityClassName), staticNICs, networkPolicy (${ENV['config']}; docs/controller.md)",
     )
-    r.add_argument("--cloud", choices=("static",), default="static", help="where NIC2 comes from")
+    r.add_argument(
+        "--cloud",
+        choices=("static", "openstack"),
+        default=env("VPNGW_CLOUD", "static"),
+        help="where NIC2 comes from: staticNICs in --config, or OpenStack (a Neutron port per gateway) "
+        "($VPNGW_CLOUD)",
+    )
+    r.add_argument("--os-cloud", default=env("OS_CLOUD"), help="the clouds.yaml entry ($OS_CLOUD)")
+    r.add_argument(
+        "--gateway-network",
+        default=env("VPNGW_GATEWAY_NETWORK"),
+        help="Neutron network for gateway ports ($VPNGW_GATEWAY_NETWORK)",
+    )
+    r.add_argument(
+        "--gateway-subnet",
+        default=env("VPNGW_GATEWAY_SUBNET"),
+        help="its subnet (default: its only IPv4 subnet)",
+    )
+    r.add_argument(
+        "--external-network",
+        default=env("VPNGW_EXTERNAL_NETWORK"),
+        help="where floating IPs come from ($VPNGW_EXTERNAL_NETWORK)",
+    )
     r.add_argument("--monitoring-namespace", default="monitoring", help="may scrape the gateway exporters")
     r.add_argument(
         "--apiserver-endpoints",
@@ -174,8 +196,30 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return check(s)
 
 
-def cloud_of(s: Settings) -> Cloud:
-    return StaticCloud(s.static_nics)
+def cloud_of(s: Settings, args: argparse.Namespace) -> Cloud:
+    if s.cloud == "static":
+        return StaticCloud(s.static_nics)
+    for flag, value in (("--os-cloud", args.os_cloud), ("--gateway-network", args.gateway_network),
+                        ("--external-network", args.external_network)):  # fmt: skip
+        if not value:
+            raise SettingsError(f"{flag}: required with --cloud openstack")
+    import openstack
+    import openstack.exceptions
+
+    from controller.openstack import OpenStackCloud, OpenStackSettings
+
+    try:
+        # No retries inside the SDK: a POST whose answer was lost would be re-sent (a second port); the
+        # reconcile retries, after finding what exists by tag.
+        conn = openstack.connect(
+            cloud=args.os_cloud, connect_retries=0, status_code_retries=0, api_timeout=30
+        )
+    except openstack.exceptions.ConfigException as exc:
+        raise SettingsError(f"--os-cloud {args.os_cloud}: {exc}") from exc
+    return OpenStackCloud(
+        conn,
+        OpenStackSettings(args.gateway_network, args.external_network, args.gateway_subnet, s.instance),
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -198,7 +242,7 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
             elector = LeaderElector(kube, settings.operator_namespace, args.leader_election_id, identity)
         else:
             elector = AlwaysLeader()
-        op = Operator(kube, settings, cloud_of(settings), elector, workers=args.workers,
+        op = Operator(kube, settings, cloud_of(settings, args), elector, workers=args.workers,
                       resync_seconds=args.resync_seconds)  # fmt: skip
         log.info(
             "controller.starting identity=%s api=%s source=%s namespace=%s instance=%s cloud=%s "

@@ -1,0 +1,173 @@
+"""What a gateway should have in the cloud (OpenStack Neutron and Nova), as data. Pure.
+
+From the plan in force and the ClusterLinks that serve the gateway:
+
+* security-group ingress rules on the gateway's own group: IPsec site peers with an IPv4 endpoint get
+  UDP 500, UDP 4500 and ESP from that /32; WireGuard site peers their listen port (UDP) from the /32. A
+  peer whose endpoint is a hostname (it cannot be pinned) or a road warrior (it comes from anywhere)
+  opens the port to 0.0.0.0/0, and ``SecurityGroupScoped`` goes False naming it. Reverse exposures admit
+  their ports from each ``internalSourceCIDRs`` entry (their traffic arrives on the port; the security
+  group never sees tunnel traffic).
+* allowed-address-pairs: one /32 per reverse exposure's virtual IP (fabric traffic to it arrives on the
+  port, and its replies leave from it).
+* router extra routes: each reverse exposure's virtual IP /32 via the port's address, on the routers of
+  the ClusterLinks that name this gateway only (the seed put them on every link's router: a route into
+  one customer's service CIDR on another customer's router).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import gwplan
+from controller.names import GatewayKey
+from controller.status import Condition
+
+SECURITY_GROUP_SCOPED = "SecurityGroupScoped"
+ROUTING_READY = "RoutingReady"
+ANYWHERE = "0.0.0.0/0"
+
+
+@dataclass(frozen=True, order=True)
+class Rule:
+    """An ingress security-group rule (IPv4)."""
+
+    protocol: str
+    """``udp``, ``tcp`` or ``esp``."""
+    port: int | None
+    remote: str
+    """The source CIDR."""
+
+
+@dataclass(frozen=True)
+class Open:
+    peer: str
+    why: Literal["hostname endpoint", "road warrior"]
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CloudPlan:
+    rules: frozenset[Rule]
+    vips: tuple[str, ...]
+    """Reverse exposures' virtual IPs (address pairs and routes)."""
+    routers: tuple[str, ...]
+    """The routers to carry the routes (the ClusterLinks naming the gateway)."""
+    opened: tuple[Open, ...]
+
+
+def tags(key: GatewayKey, instance: str) -> tuple[str, str]:
+    """The Neutron tags of everything owned for ``key`` (no commas: Neutron's tag filter splits on them)."""
+    return (f"vpngw-instance:{instance}", f"vpngw-gateway:{key.kind}.{key.namespace}.{key.name}")
+
+
+def resource_name(key: GatewayKey) -> str:
+    return f"{key.object_name}.{key.namespace}"
+
+
+def _ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def plan_cloud(plan: gwplan.Plan | None, routers: Iterable[str]) -> CloudPlan:
+    rules: set[Rule] = set()
+    opened: list[Open] = []
+    if plan is None:
+        return CloudPlan(frozenset(), (), tuple(sorted(set(routers))), ())
+    if plan.ipsec is not None:
+        for t in plan.ipsec.tunnels:
+            body: dict[str, Any] = dict(next(iter(t.conn.values()), {}))
+            addr = (body.get("remote_addrs") or ["%any"])[0]
+            if addr == "%any":
+                remote = ANYWHERE
+                opened.append(Open(t.name, "road warrior"))
+            elif _ipv4(addr):
+                remote = f"{addr}/32"
+            else:
+                remote = ANYWHERE
+                opened.append(Open(t.name, "hostname endpoint", addr))
+            rules |= {Rule("udp", 500, remote), Rule("udp", 4500, remote), Rule("esp", None, remote)}
+    if plan.wireguard is not None:
+        wg = plan.wireguard
+        for p in wg.peers:
+            host = p.endpoint.rpartition(":")[0] if p.endpoint else None
+            if host is None:
+                remote = ANYWHERE
+                opened.append(Open(p.name, "road warrior"))
+            elif _ipv4(host):
+                remote = f"{host}/32"
+            else:
+                remote = ANYWHERE
+                opened.append(Open(p.name, "hostname endpoint", host))
+            rules.add(Rule("udp", wg.listen_port, remote))
+    for rev in plan.nat.reverse_exposures:
+        for port in rev.ports:
+            for cidr in plan.nat.internal_source_cidrs:
+                rules.add(Rule(port.protocol.lower(), port.port, cidr))
+    vips = tuple(sorted(r.virtual_ip for r in plan.nat.reverse_exposures))
+    return CloudPlan(frozenset(rules), vips, tuple(sorted(set(routers))), tuple(opened))
+
+
+def scope_condition(cp: CloudPlan) -> Condition:
+    if not cp.opened:
+        return Condition(SECURITY_GROUP_SCOPED, True, "AllSourcesPinned", "every peer's source is a /32")
+    names = ", ".join(f"{o.peer} ({o.why}{' ' + o.detail if o.detail else ''})" for o in cp.opened)
+    return Condition(
+        SECURITY_GROUP_SCOPED,
+        False,
+        "HostnameEndpointOpensPort",
+        f"the gateway's port is open to 0.0.0.0/0 for: {names}; pin an IPv4 endpoint to scope it",
+    )
+
+
+def routing_condition(cp: CloudPlan, programmed: bool, detail: str = "") -> Condition:
+    if not cp.vips:
+        return Condition(ROUTING_READY, True, "NoReverseExposures", "no reverse exposure needs routes")
+    if not programmed:
+        return Condition(
+            ROUTING_READY, False, "RoutesPending", detail or "address pairs or routes not programmed"
+        )
+    where = (
+        f"on router(s) {', '.join(cp.routers)}"
+        if cp.routers
+        else "no ClusterLink names this gateway: no router routes"
+    )
+    return Condition(ROUTING_READY, True, "RoutesProgrammed", f"{len(cp.vips)} virtual IP(s) paired; {where}")
+
+
+@dataclass(frozen=True)
+class PairsChange:
+    pairs: tuple[dict[str, str], ...]
+    changed: bool
+
+
+def address_pairs(
+    current: Sequence[dict[str, str]], vips: Sequence[str], service_cidr: str | None
+) -> PairsChange:
+    """The port's address pairs: ours (a /32 inside the gateway's serviceCIDR) replaced by ``vips``,
+    anyone else's kept as they are (the list is replaced whole, so theirs must be in it)."""
+    net = ipaddress.IPv4Network(service_cidr) if service_cidr else None
+
+    def ours(p: dict[str, str]) -> bool:
+        try:
+            ip = ipaddress.IPv4Network(p.get("ip_address", ""), strict=False)
+        except ValueError:
+            return False
+        return net is not None and ip.prefixlen == 32 and ip.subnet_of(net)
+
+    keep = [dict(p) for p in current if not ours(p)]
+    mine = [{"ip_address": f"{v}/32"} for v in vips]
+    want = keep + mine
+    have_ours = sorted(p["ip_address"].split("/")[0] for p in current if ours(p))
+    return PairsChange(tuple(want), have_ours != sorted(vips))
+
+
+def routes(vips: Sequence[str], nexthop: str) -> list[dict[str, str]]:
+    return [{"destination": f"{v}/32", "nexthop": nexthop} for v in vips]

@@ -1,0 +1,357 @@
+"""The OpenStack cloud backend: a gateway's Neutron port, floating IP, Nova attachment, address pairs,
+router routes and security group, through openstacksdk. The I/O shell of ``controller.cloudplan``.
+
+Level-triggered like the rest: ``ensure`` finds what the cloud holds for the gateway BY TAG (never from
+local state: a restarted controller finds everything again, and a crash between two steps never
+duplicates a port or a floating IP), compares it with ``cloudplan``'s answer, and changes only what
+differs (a no-op reconcile only reads). Steps, in order, each named in ``CloudReady``'s reason when it
+fails (``PortFailed``, ``AttachFailed``, ...):
+
+1. ``SecurityGroup``: the gateway's own group (tagged), its ingress rules exactly as planned (a 409
+   duplicate is success; rules no longer wanted are deleted). Neutron's default egress rules stay.
+2. ``Port``: one port on the gateway network (tagged), a fixed IP on the gateway subnet, our group.
+3. ``AddressPairs``: replaced whole, with the port's ``revision_number`` as precondition (``If-Match``):
+   another writer's change in between is a 412, after which the port is read again and theirs kept.
+4. ``FloatingIP``: one on the external network, 1:1 on the port (tagged).
+5. ``Attach``: the port on the Nova server behind the pinned node (``spec.providerID``); moved (detach,
+   wait, attach) when the gateway is re-pinned; ``ensure`` waits until Neutron shows it attached.
+6. ``Routes``: atomic ``add_extraroutes`` / ``remove_extraroutes`` (never a PUT of a router's whole list)
+   on the routers of the ClusterLinks naming the gateway; our routes (nexthop: the port's address) are
+   removed from every other router.
+
+``release`` deletes all of it (the finalizer). openstacksdk is synchronous: each call runs on a worker
+thread.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+
+from controller.cloud import CLOUD_READY, CloudError, CloudState, CloudWant
+from controller.cloudplan import (
+    Rule,
+    address_pairs,
+    plan_cloud,
+    resource_name,
+    routes,
+    routing_condition,
+    scope_condition,
+    tags,
+)
+from controller.desired import Nic2
+from controller.names import GatewayKey
+from controller.status import Condition
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+PROVIDER_ID = re.compile(r"^openstack://[^/]*/([0-9A-Fa-f-]{36})$")
+
+
+@dataclass(frozen=True)
+class OpenStackSettings:
+    network: str
+    """The gateway network (name or id): every gateway's port is on it."""
+    external_network: str
+    """Where floating IPs come from (name or id)."""
+    subnet: str | None = None
+    """The gateway subnet (name or id); None: the network's only IPv4 subnet."""
+    instance: str = "vpngw"
+    attach_timeout: float = 60.0
+
+
+def server_of(provider_id: str | None) -> str | None:
+    """The Nova server id in a Node's ``spec.providerID`` (``openstack:///<id>``, ``openstack://<region>/<id>``)."""
+    m = PROVIDER_ID.match(provider_id or "")
+    return m.group(1).lower() if m else None
+
+
+class _Step:
+    """Translates whatever a step raises into a CloudError naming the step (once, here)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> _Step:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> None:
+        if ev is None or isinstance(ev, CloudError) or not isinstance(ev, Exception):
+            return
+        code = getattr(ev, "status_code", None)
+        detail = " ".join(str(ev).split())[:400]
+        raise CloudError(
+            f"{self.name}Failed", f"{self.name}: {detail}" + (f" (HTTP {code})" if code else "")
+        ) from ev
+
+
+class OpenStackCloud:
+    """``controller.cloud.Cloud`` over an openstacksdk ``Connection``."""
+
+    def __init__(
+        self, conn: Any, settings: OpenStackSettings, *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self.conn = conn
+        self.settings = settings
+        self._sleep = sleep
+        self._ids: tuple[str, str, str, str, int, str | None] | None = None
+
+    # --- Cloud ----------------------------------------------------------------------------------
+
+    async def ensure(self, want: CloudWant) -> CloudState:
+        return await anyio.to_thread.run_sync(self._ensure, want)
+
+    async def release(self, key: GatewayKey) -> None:
+        await anyio.to_thread.run_sync(self._release, key)
+
+    # --- steps ----------------------------------------------------------------------------------
+
+    def _network(self) -> tuple[str, str, str, str, int, str | None]:
+        """(network id, subnet id, external network id, subnet cidr, prefix, gateway ip), looked up once."""
+        if self._ids is None:
+            with _Step("Network"):
+                net = self.conn.network.find_network(self.settings.network, ignore_missing=False)
+                ext = self.conn.network.find_network(self.settings.external_network, ignore_missing=False)
+                if self.settings.subnet:
+                    sub = self.conn.network.find_subnet(self.settings.subnet, ignore_missing=False)
+                else:
+                    subs = [s for s in self.conn.network.subnets(network_id=net.id) if s.ip_version == 4]
+                    if len(subs) != 1:
+                        raise CloudError(
+                            "NetworkFailed",
+                            f"network {net.name} has {len(subs)} IPv4 subnets: set the subnet",
+                        )
+                    sub = subs[0]
+                cidr = ipaddress.IPv4Network(sub.cidr)
+                self._ids = (net.id, sub.id, ext.id, str(cidr), cidr.prefixlen, sub.gateway_ip)
+        return self._ids
+
+    def _tags(self, key: GatewayKey) -> list[str]:
+        return list(tags(key, self.settings.instance))
+
+    def _find(self, listing: Callable[..., Any], key: GatewayKey, **adopt: Any) -> list[Any]:
+        """Our resources of one kind, by tag, oldest first. Neutron takes no tags at creation (most POSTs
+        refuse them, a port's silently drops them), so a resource is created, then tagged: one left
+        untagged by a crash in between is found by ``adopt`` (its name, or for a floating IP its port)
+        and tagged now, never created twice."""
+        found = sorted(
+            listing(tags=",".join(self._tags(key))), key=lambda r: str(getattr(r, "created_at", "") or "")
+        )
+        if found or not adopt:
+            return found
+        orphans = [r for r in listing(**adopt) if not (getattr(r, "tags", None) or [])]
+        for r in orphans:
+            log.info("cloud.adopted gateway=%s resource=%s id=%s", key, type(r).__name__, r.id)
+            self.conn.network.set_tags(r, self._tags(key))
+        return orphans
+
+    def _tagged(self, resource: Any, key: GatewayKey) -> Any:
+        return self.conn.network.set_tags(resource, self._tags(key))
+
+    def _security_group(self, key: GatewayKey, wanted: frozenset[Rule]) -> Any:
+        net = self.conn.network
+        with _Step("SecurityGroup"):
+            found = self._find(net.security_groups, key, name=resource_name(key))
+            if found:
+                sg = found[0]
+            else:
+                sg = net.create_security_group(
+                    name=resource_name(key), description=f"VPN gateway {key} (vpngw {self.settings.instance})"
+                )
+                self._tagged(sg, key)
+            have: dict[Rule, list[str]] = {}
+            for r in net.security_group_rules(security_group_id=sg.id):
+                if r.direction != "ingress" or r.ether_type != "IPv4":
+                    continue
+                rule = Rule(str(r.protocol or ""), r.port_range_min, str(r.remote_ip_prefix or "0.0.0.0/0"))
+                have.setdefault(rule, []).append(r.id)
+            for rule in sorted(wanted - have.keys()):
+                try:
+                    net.create_security_group_rule(
+                        security_group_id=sg.id,
+                        direction="ingress",
+                        ether_type="IPv4",
+                        protocol=rule.protocol,
+                        port_range_min=rule.port,
+                        port_range_max=rule.port,
+                        remote_ip_prefix=rule.remote,
+                    )
+                except Exception as exc:
+                    if (
+                        getattr(exc, "status_code", None) != 409
+                    ):  # SecurityGroupRuleExists: someone was faster
+                        raise
+            for rule, ids in have.items():
+                for rid in ids[0 if rule not in wanted else 1 :]:
+                    net.delete_security_group_rule(rid, ignore_missing=True)
+        return sg
+
+    def _port(self, key: GatewayKey, sg: Any) -> Any:
+        net = self.conn.network
+        net_id, sub_id, *_ = self._network()
+        with _Step("Port"):
+            found = self._find(net.ports, key, name=resource_name(key), network_id=net_id)
+            if found:
+                port = found[0]
+                if sg.id not in (port.security_group_ids or []):
+                    port = net.update_port(port, security_groups=[*port.security_group_ids, sg.id])
+                return port
+            port = net.create_port(
+                network_id=net_id,
+                name=resource_name(key),
+                description=f"VPN gateway {key} NIC2 (vpngw {self.settings.instance})",
+                fixed_ips=[{"subnet_id": sub_id}],
+                security_groups=[sg.id],
+                port_security_enabled=True,
+            )
+            self._tagged(port, key)
+            return net.get_port(port.id)
+
+    def _pairs(self, port: Any, vips: tuple[str, ...], service_cidr: str | None) -> Any:
+        net = self.conn.network
+        with _Step("AddressPairs"):
+            for _ in range(5):
+                change = address_pairs(list(port.allowed_address_pairs or []), vips, service_cidr)
+                if not change.changed:
+                    return port
+                try:
+                    return net.update_port(
+                        port, if_revision=port.revision_number, allowed_address_pairs=list(change.pairs)
+                    )
+                except Exception as exc:
+                    if getattr(exc, "status_code", None) != 412:
+                        raise
+                    log.info("cloud.pairs_raced port=%s revision=%s", port.id, port.revision_number)
+                    port = net.get_port(port.id)  # someone else changed it: keep theirs, redo ours
+            raise CloudError("AddressPairsFailed", "AddressPairs: the port kept changing under us (5 x 412)")
+
+    def _floating_ip(self, key: GatewayKey, port: Any) -> Any:
+        net = self.conn.network
+        ext_id = self._network()[2]
+        with _Step("FloatingIP"):
+            found = self._find(net.ips, key, port_id=port.id)
+            if not found:
+                fip = net.create_ip(
+                    floating_network_id=ext_id, port_id=port.id, description=f"VPN gateway {key}"
+                )
+                return self._tagged(fip, key)
+            fip = found[0]
+            if fip.port_id != port.id:
+                fip = net.update_ip(fip, port_id=port.id)
+            return fip
+
+    def _attach(self, port: Any, server: str) -> Any:
+        compute = self.conn.compute
+        with _Step("Attach"):
+            if port.device_id == server:
+                return port
+            if port.device_id:
+                if not str(port.device_owner or "").startswith("compute:"):
+                    raise CloudError("AttachFailed", f"Attach: port {port.id} is used by {port.device_owner}")
+                log.info("cloud.detaching port=%s server=%s", port.id, port.device_id)
+                compute.delete_server_interface(port.id, server=port.device_id, ignore_missing=True)
+                port = self._wait_port(port.id, lambda p: not p.device_id, "detached")
+            compute.create_server_interface(server, port_id=port.id)
+            return self._wait_port(port.id, lambda p: p.device_id == server, f"attached to {server}")
+
+    def _wait_port(self, port_id: str, done: Callable[[Any], bool], what: str) -> Any:
+        deadline = time.monotonic() + self.settings.attach_timeout
+        delay = 0.1
+        while True:
+            port = self.conn.network.get_port(port_id)
+            if done(port):
+                return port
+            if time.monotonic() > deadline:
+                raise CloudError(
+                    "AttachFailed",
+                    f"Attach: port {port_id} not {what} after {self.settings.attach_timeout:g} s",
+                )
+            self._sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _routes(self, routers: tuple[str, ...], vips: tuple[str, ...], nexthop: str) -> None:
+        net = self.conn.network
+        with _Step("Routes"):
+            want = {(r["destination"], r["nexthop"]) for r in routes(vips, nexthop)}
+            for router in net.routers():
+                have = {
+                    (r["destination"], r["nexthop"])
+                    for r in router.routes or []
+                    if r.get("nexthop") == nexthop
+                }
+                target = want if router.id in routers else set()
+                add, remove = target - have, have - target
+                if add:
+                    net.add_extra_routes_to_router(router, {"router": {"routes": [
+                        {"destination": d, "nexthop": n} for d, n in sorted(add)]}})  # fmt: skip
+                if remove:
+                    net.remove_extra_routes_from_router(router, {"router": {"routes": [
+                        {"destination": d, "nexthop": n} for d, n in sorted(remove)]}})  # fmt: skip
+            missing = set(routers) - {r.id for r in net.routers()}
+            if missing:
+                raise CloudError(
+                    "RoutesFailed", f"Routes: ClusterLink router(s) {', '.join(sorted(missing))} not found"
+                )
+
+    def _ensure(self, want: CloudWant) -> CloudState:
+        cp = plan_cloud(want.plan, want.routers)
+        _, _, _, _, prefix, gateway_ip = self._network()
+        sg = self._security_group(want.key, cp.rules)
+        port = self._port(want.key, sg)
+        service_cidr = want.plan.nat.service_cidr if want.plan is not None else None
+        port = self._pairs(port, cp.vips, service_cidr)
+        fip = self._floating_ip(want.key, port)
+        address = str(port.fixed_ips[0]["ip_address"])
+        nic = Nic2(str(port.mac_address), f"{address}/{prefix}", str(gateway_ip))
+        conds = [scope_condition(cp)]
+        try:
+            self._routes(cp.routers, cp.vips, address)
+            conds.append(routing_condition(cp, True))
+        except CloudError as exc:
+            conds.append(routing_condition(cp, False, str(exc)))
+            raise
+        server = server_of(want.provider_id)
+        if want.node is not None:
+            if server is None:
+                raise CloudError(
+                    "NoProviderID", f"node {want.node} has no OpenStack providerID ({want.provider_id!r})"
+                )
+            port = self._attach(port, server)
+        where = f"attached to server {server}" if want.node is not None else "not attached (no node)"
+        conds.insert(
+            0,
+            Condition(
+                CLOUD_READY,
+                True,
+                "Ready",
+                f"port {port.id} {address}, floating IP {fip.floating_ip_address}, {where}",
+            ),
+        )
+        return CloudState(nic, str(fip.floating_ip_address), tuple(conds))
+
+    def _release(self, key: GatewayKey) -> None:
+        net, compute = self.conn.network, self.conn.compute
+        with _Step("Release"):
+            ports = self._find(net.ports, key, name=resource_name(key))
+            for fip in self._find(net.ips, key) + [
+                f for p in ports for f in self._find(net.ips, key, port_id=p.id)
+            ]:
+                net.delete_ip(fip, ignore_missing=True)
+            for port in ports:
+                address = port.fixed_ips[0]["ip_address"] if port.fixed_ips else None
+                if address:
+                    self._routes((), (), str(address))
+                if port.device_id and str(port.device_owner or "").startswith("compute:"):
+                    compute.delete_server_interface(port.id, server=port.device_id, ignore_missing=True)
+                    self._wait_port(port.id, lambda p: not p.device_id, "detached")
+                net.delete_port(port, ignore_missing=True)
+            for sg in self._find(net.security_groups, key, name=resource_name(key)):
+                net.delete_security_group(sg, ignore_missing=True)
+        log.info("cloud.released gateway=%s", key)

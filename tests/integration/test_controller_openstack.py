@@ -1,0 +1,275 @@
+"""The controller's OpenStack backend against a REAL Neutron (PyPI neutron 29 on MariaDB, lab/openstack)
+and the Nova os-interface EMULATOR (which writes the port through the real Neutron, as Nova does).
+
+A gateway with site peers, a road warrior and a hostname peer, exposures and reverse exposures, linked by
+a ClusterLink: every resource exists with the right fields; a peer removed deletes its rules; a reverse
+exposure removed deletes its pair and routes; another customer's ClusterLink router gets none of this
+gateway's routes; a crash between the port and the floating IP never duplicates; another client's
+address pairs survive our updates, also when it races us (a real 412); Neutron down is reported and
+recovered; release leaves nothing tagged.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from controller.cloud import CloudError, CloudState, CloudWant
+from controller.cloudplan import tags
+from controller.names import GatewayKey
+from controller.openstack import OpenStackCloud, OpenStackSettings, server_of
+from controller.reconcile import Snapshot, peers_of, render_gateway
+from controller.settings import Settings
+from lab.openstack.fixtures import OpenStackLab
+from lab.cluster import wait_for
+from lab.openstack.proxy import Fault
+from tests.examples import example_docs
+
+pytestmark = pytest.mark.lab
+
+KEY = GatewayKey("VPNGateway", "tenant-acme", "acme")
+SETTINGS = Settings(internal_source_cidrs=("192.0.2.64/26",))
+
+
+def docs(hostname_peer: bool = True, road_warrior: bool = True) -> list[dict[str, Any]]:
+    out = example_docs("ipsec.yaml")
+    if hostname_peer:
+        hq = copy.deepcopy(out[2])
+        hq["metadata"]["name"] = "hq"
+        hq["spec"]["endpoint"] = "vpn.hq.example"
+        hq["spec"]["ipsec"] = {"id": "hq.example", "remoteSubnets": ["203.0.113.32/28"]}
+        hq["spec"]["authorization"] = {}
+        out.append(hq)
+    if road_warrior:
+        rw = copy.deepcopy(out[2])
+        rw["metadata"]["name"] = "laptop"
+        rw["spec"] = {"gatewayRef": {"name": "acme"}, "type": "roadWarrior",
+                      "ipsec": {"id": "laptop.example", "remoteSubnets": ["203.0.113.48/28"]}}  # fmt: skip
+        out.append(rw)
+    return out
+
+
+def plan_of_docs(d: list[dict[str, Any]]) -> Any:
+    gw = {**d[0], "metadata": {**d[0]["metadata"], "uid": "u", "generation": 1}}
+    peers = peers_of(KEY, [{**p, "metadata": {**p["metadata"], "uid": "p"}} for p in d[1:]])
+    rendered = render_gateway(Snapshot(KEY, gw, peers), SETTINGS)
+    assert rendered.plan is not None, rendered.problems
+    return rendered.plan
+
+
+@pytest.fixture
+def lab(openstack_lab: OpenStackLab) -> Iterator[OpenStackLab]:
+    yield openstack_lab
+
+
+def backend(lab: OpenStackLab, **kw: Any) -> OpenStackCloud:
+    conn = lab.connect(connect_retries=0, status_code_retries=0)
+    return OpenStackCloud(conn, OpenStackSettings(lab.cloud.gateway.network_id, lab.cloud.external.network_id,
+                                                  lab.cloud.gateway.subnet_id, "test", **kw))  # fmt: skip
+
+
+def want(
+    lab: OpenStackLab, d: list[dict[str, Any]] | None = None, node: int = 0, links: int = 1
+) -> CloudWant:
+    n = lab.cloud.nodes[node]
+    routers = tuple(c.router_id for c in lab.cloud.clusters[:links])
+    return CloudWant(KEY, n.name, n.provider_id, plan_of_docs(d if d is not None else docs()), routers)
+
+
+def ensure(cloud: OpenStackCloud, w: CloudWant) -> CloudState:
+    return anyio.run(cloud.ensure, w)
+
+
+def tagged(lab: OpenStackLab, what: str) -> list[Any]:
+    conn = lab.connect(direct=True)
+    listing = {"ports": conn.network.ports, "ips": conn.network.ips, "sgs": conn.network.security_groups}[
+        what
+    ]
+    return list(listing(tags=",".join(tags(KEY, "test"))))
+
+
+def ingress(lab: OpenStackLab) -> set[tuple[str, int | None, str]]:
+    conn = lab.connect(direct=True)
+    (sg,) = tagged(lab, "sgs")
+    return {
+        (r.protocol, r.port_range_min, r.remote_ip_prefix)
+        for r in conn.network.security_group_rules(security_group_id=sg.id)
+        if r.direction == "ingress"
+    }
+
+
+def routes_on(lab: OpenStackLab, router_id: str) -> list[dict[str, str]]:
+    return list(lab.connect(direct=True).network.get_router(router_id).routes or [])
+
+
+def test_every_resource_exists_with_the_right_fields(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    state = ensure(cloud, want(lab))
+    (port,) = tagged(lab, "ports")
+    (fip,) = tagged(lab, "ips")
+    (sg,) = tagged(lab, "sgs")
+    assert port.network_id == lab.cloud.gateway.network_id and sg.id in port.security_group_ids
+    assert port.fixed_ips[0]["subnet_id"] == lab.cloud.gateway.subnet_id
+    assert port.mac_address.startswith("fa:16:3e:")
+    assert state.nic is not None and state.nic.mac == port.mac_address
+    assert state.nic.address == f"{port.fixed_ips[0]['ip_address']}/26" and state.nic.gateway == "192.0.2.1"
+    assert fip.port_id == port.id and state.public_ip == fip.floating_ip_address
+    assert port.device_id == server_of(lab.cloud.nodes[0].provider_id)
+    assert port.device_owner == "compute:nova"
+    assert [p["ip_address"] for p in port.allowed_address_pairs] == ["198.18.0.4/32"] or all(
+        p["ip_address"].startswith("198.18.0.") for p in port.allowed_address_pairs
+    )
+    rules = ingress(lab)
+    for site in ("198.51.100.2/32", "198.51.100.6/32"):
+        assert {("udp", 500, site), ("udp", 4500, site), ("esp", None, site)} <= rules
+    assert ("udp", 500, "0.0.0.0/0") in rules, "hostname peer and road warrior open IKE"
+    assert ("tcp", 631, "192.0.2.64/26") in rules, "reverse exposure from internalSourceCIDRs"
+    conds = {c.type: c for c in state.conditions}
+    assert conds["CloudReady"].status and conds["RoutingReady"].reason == "RoutesProgrammed"
+    scoped = conds["SecurityGroupScoped"]
+    assert (scoped.status, scoped.reason) == (False, "HostnameEndpointOpensPort")
+    assert (
+        "hq (hostname endpoint vpn.hq.example)" in scoped.message
+        and "laptop (road warrior)" in scoped.message
+    )
+    vip = port.allowed_address_pairs[0]["ip_address"]
+    mine = routes_on(lab, lab.cloud.clusters[0].router_id)
+    assert {"destination": vip, "nexthop": port.fixed_ips[0]["ip_address"]} in mine
+    assert not any(
+        r["nexthop"] == port.fixed_ips[0]["ip_address"]
+        for r in routes_on(lab, lab.cloud.clusters[1].router_id)
+    ), "another customer's router gets none of this gateway's routes"
+
+
+def test_a_no_op_ensure_only_reads(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    ensure(cloud, want(lab))
+    lab.neutron_proxy.clear_log()
+    lab.nova_proxy.clear_log()
+    ensure(cloud, want(lab))
+    assert lab.neutron_proxy.writes(r".") == [] and lab.nova_proxy.writes(r".") == []
+
+
+def test_all_pinned_peers_make_the_group_scoped(lab: OpenStackLab) -> None:
+    state = ensure(backend(lab), want(lab, docs(hostname_peer=False, road_warrior=False)))
+    scoped = next(c for c in state.conditions if c.type == "SecurityGroupScoped")
+    assert (scoped.status, scoped.reason) == (True, "AllSourcesPinned")
+    assert not any(remote == "0.0.0.0/0" for _, _, remote in ingress(lab))
+
+
+def test_a_peer_removed_deletes_its_rules_and_a_reverse_exposure_removed_its_pair_and_routes(
+    lab: OpenStackLab,
+) -> None:
+    cloud = backend(lab)
+    ensure(cloud, want(lab))
+    (port,) = tagged(lab, "ports")
+    addr = port.fixed_ips[0]["ip_address"]
+    d = [x for x in docs() if x["metadata"]["name"] != "s2"]
+    d[0] = copy.deepcopy(d[0])
+    del d[0]["spec"]["reverseExposures"]
+    for p in d[1:]:
+        p["spec"].setdefault("authorization", {}).pop("reverseExposures", None)
+    ensure(cloud, want(lab, d))
+    rules = ingress(lab)
+    assert not any(remote == "198.51.100.6/32" for _, _, remote in rules), "s2's rules deleted"
+    assert ("udp", 500, "198.51.100.2/32") in rules, "s1's kept"
+    assert ("tcp", 631, "192.0.2.64/26") not in rules
+    (port,) = tagged(lab, "ports")
+    assert port.allowed_address_pairs == []
+    assert not any(r["nexthop"] == addr for r in routes_on(lab, lab.cloud.clusters[0].router_id))
+
+
+def test_a_crash_between_the_port_and_the_floating_ip_never_duplicates(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    lab.neutron_proxy.fail("POST", r"^/v2\.0/floatingips$", 503, times=1)
+    with pytest.raises(CloudError) as err:
+        ensure(cloud, want(lab))
+    assert err.value.step == "FloatingIPFailed"
+    assert len(tagged(lab, "ports")) == 1 and tagged(lab, "ips") == []
+    fresh = backend(lab)  # a restarted controller: no memory of the first attempt
+    ensure(fresh, want(lab))
+    assert len(tagged(lab, "ports")) == 1 and len(tagged(lab, "ips")) == 1
+
+
+def test_a_port_left_untagged_by_a_crash_is_adopted_not_duplicated(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    lab.neutron_proxy.fail("PUT", r"^/v2\.0/ports/[^/]+/tags$", 503, times=1)  # created, never tagged
+    with pytest.raises(CloudError):
+        ensure(cloud, want(lab))
+    conn = lab.connect(direct=True)
+    assert len(list(conn.network.ports(name="vpngw-acme.tenant-acme"))) == 1
+    ensure(backend(lab), want(lab))
+    assert len(list(conn.network.ports(name="vpngw-acme.tenant-acme"))) == 1
+    assert len(tagged(lab, "ports")) == 1
+
+
+def test_another_clients_address_pairs_survive_also_when_it_races_us(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    ensure(cloud, want(lab, docs(hostname_peer=False, road_warrior=False)))
+    (port,) = tagged(lab, "ports")
+    other = lab.connect(direct=True)
+    theirs = {"ip_address": "192.0.2.50/32"}
+    other.network.update_port(port, allowed_address_pairs=[*port.allowed_address_pairs, theirs])
+    # Our next update (a new reverse exposure) is held in the proxy while the other client edits again:
+    # our If-Match revision is stale by the time it reaches Neutron (a real 412), we read again, redo ours.
+    d = docs(hostname_peer=False, road_warrior=False)
+    d[0]["spec"]["reverseExposures"].append({"name": "scanner", "target": {"address": "203.0.113.2"},
+                                             "ports": [{"port": 9100}]})  # fmt: skip
+    d[1]["spec"]["authorization"]["reverseExposures"].append("scanner")
+    lab.neutron_proxy.clear_log()
+    rule = lab.neutron_proxy.add("PUT", rf"^/v2\.0/ports/{port.id}$", Fault.delay(2.0), times=1)
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(ensure(cloud, want(lab, d))))
+    t.start()
+    wait_for(lambda: rule.hits == 1, 20, "our address-pairs update held in the proxy")
+    current = other.network.get_port(port.id)
+    late = {"ip_address": "192.0.2.51/32"}
+    other.network.update_port(current, allowed_address_pairs=[*current.allowed_address_pairs, late])
+    t.join(30)
+    assert rule.hits == 1 and result, "ensure finished"
+    puts = [r for r in lab.neutron_proxy.calls("PUT", rf"^/v2\.0/ports/{port.id}$")]
+    assert [r.status for r in puts] == [412, 200], "the held update met a newer revision, then ours went in"
+    pairs = {p["ip_address"] for p in other.network.get_port(port.id).allowed_address_pairs}
+    assert {"192.0.2.50/32", "192.0.2.51/32"} <= pairs, "theirs, both times"
+    assert len([p for p in pairs if p.startswith("198.18.0.")]) == 2, "ours: both reverse exposures"
+
+
+def test_neutron_down_is_a_named_failure_and_the_next_ensure_recovers(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    ensure(cloud, want(lab))
+    lab.neutron.stop()
+    try:
+        with pytest.raises(CloudError) as err:
+            ensure(cloud, want(lab))
+        assert err.value.retryable and err.value.step.endswith("Failed")
+    finally:
+        lab.neutron.start()
+    state = ensure(cloud, want(lab))
+    assert next(c for c in state.conditions if c.type == "CloudReady").status
+
+
+def test_re_pinning_moves_the_port_to_the_new_nodes_server(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    ensure(cloud, want(lab, node=0))
+    ensure(cloud, want(lab, node=1))
+    (port,) = tagged(lab, "ports")
+    assert port.device_id == server_of(lab.cloud.nodes[1].provider_id)
+    detaches = lab.nova_proxy.calls("DELETE", r"/os-interface/")
+    assert len(detaches) == 1 and server_of(lab.cloud.nodes[0].provider_id) in detaches[0].path
+
+
+def test_release_leaves_nothing_tagged_and_no_route(lab: OpenStackLab) -> None:
+    cloud = backend(lab)
+    ensure(cloud, want(lab))
+    (port,) = tagged(lab, "ports")
+    addr = port.fixed_ips[0]["ip_address"]
+    anyio.run(cloud.release, KEY)
+    assert tagged(lab, "ports") == tagged(lab, "ips") == tagged(lab, "sgs") == []
+    for c in lab.cloud.clusters:
+        assert not any(r["nexthop"] == addr for r in routes_on(lab, c.router_id))
+    anyio.run(cloud.release, KEY)  # idempotent
