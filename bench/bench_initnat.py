@@ -2,15 +2,18 @@
 
 1. Applying 1,000 exposures x 2 grants: the ``iptables-restore --noflush`` transaction itself, the whole
    apply (save + --test + restore + read-back save) and a no-op re-apply, for the legacy and the nft
-   variant; for the current ruleset, the one before VPNGW-TARGETS (no drop of connections to a target's
-   real address), and the rejected alternative of admitting established flows per grant and source.
+   variant; for the current ruleset (with the reply chain VPNGW-MANGLE), the one before the reply chain,
+   the one before VPNGW-TARGETS (no drop of connections to a target's real address), and the rejected
+   alternative of admitting established flows per grant and source.
 2. Revoking one grant of that ruleset: withdrawing its admission alone (before) against withdrawing it
    with a tombstone, flushing its conntrack mark and lifting the tombstone (now).
 3. Deleting one grant's 5,000 of 10,000 conntrack entries: init-nat's ctnetlink flush by mark side by
    side with ``conntrack -D -m MARK/MASK`` in the same run (fresh entries before each measurement).
 4. The per-packet price of per-grant established rules: UDP forwarding rate through a namespace whose
    chain holds the current design (one shared established rule) or 2,000 per-grant rules, with the
-   flow's mark matched by the last (worst case) or the middle one.
+   flow's mark matched by the last (worst case) or the middle one; and of the reply chain: the same flow
+   with VPNGW-MANGLE in front, once in its own direction (two rules that do not match) and once as the
+   replies of a connection that came in on NIC2 (the bit restored, routed by the two fwmark rules).
 
 Usage: ``.venv/bin/python bench/bench_initnat.py [--rounds N] [--only PART]`` (prints tables;
 docs/initnat.md).
@@ -39,6 +42,7 @@ from initnat.conntrack import NetlinkFlusher  # noqa: E402
 from initnat.iptables import Iptables  # noqa: E402
 
 MASK = 0x0FFF0000
+REPLY = rules.Reply("ens7", rules.DEFAULT_REPLY_MARK)
 
 
 def big_nat(exposures: int = 1000, grants_each: int = 2) -> Nat:
@@ -58,10 +62,25 @@ def _stats(xs: list[float]) -> str:
     )
 
 
+def _table(ruleset: rules.Ruleset, name: str) -> rules.TableRules:
+    return next(t for t in ruleset.tables if t.table == name)
+
+
+def _replaced(ruleset: rules.Ruleset, table: rules.TableRules) -> rules.Ruleset:
+    tabs = tuple(table if t.table == table.table else t for t in ruleset.tables)
+    return rules.Ruleset(tabs, ruleset.marks, ruleset.mask)
+
+
+def without_reply(ruleset: rules.Ruleset) -> rules.Ruleset:
+    """The ruleset before the reply chain (no mangle table)."""
+    tabs = tuple(t for t in ruleset.tables if t.table != "mangle")
+    return rules.Ruleset(tabs, ruleset.marks, ruleset.mask)
+
+
 def per_grant_established(ruleset: rules.Ruleset) -> rules.Ruleset:
     """The rejected alternative: the shared established rule replaced by one rule per (grant, source)
     that accepts only that mark's flows from that source (what an iptables-only revocation needs)."""
-    flt, nat = ruleset.tables
+    flt = _table(ruleset, "filter")
     m = f"{ruleset.mask:#x}"
     per: list[str] = []
     seen = set()
@@ -78,27 +97,25 @@ def per_grant_established(ruleset: rules.Ruleset) -> rules.Ruleset:
     out: list[str] = []
     for r in flt.rules:
         out.extend(per if "vpngw established granted flows" in r else [r])
-    return rules.Ruleset(
-        (rules.TableRules("filter", flt.chains, tuple(out)), nat), ruleset.marks, ruleset.mask
-    )
+    return _replaced(ruleset, rules.TableRules("filter", flt.chains, tuple(out)))
 
 
 def without_targets(ruleset: rules.Ruleset) -> rules.Ruleset:
     """The ruleset before VPNGW-TARGETS (an empty chain stays declared, as the restore needs it)."""
-    flt, nat = ruleset.tables
+    flt = _table(ruleset, "filter")
     kept = tuple(r for r in flt.rules if rules.TARGET_CHAIN not in r)
-    return rules.Ruleset((rules.TableRules("filter", flt.chains, kept), nat), ruleset.marks, ruleset.mask)
+    return _replaced(ruleset, rules.TableRules("filter", flt.chains, kept))
 
 
 def bench_restore(rounds: int) -> None:
     t0 = time.perf_counter()
-    policy = rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"))
+    policy = rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"), reply=REPLY)
     ruleset = rules.render(policy)
     render_s = time.perf_counter() - t0
     print(f"1,000 exposures x 2 grants: validate+render {render_s * 1000:.1f} ms")
     # What every apply also computes to find revocations: the previous policy against the new one, and
     # the kernel's admission rules (parsed from a save) against the new rendering.
-    saved = tables.parse_save("*filter\n" + "\n".join(ruleset.tables[0].rules) + "\nCOMMIT\n")
+    saved = tables.parse_save("*filter\n" + "\n".join(_table(ruleset, "filter").rules) + "\nCOMMIT\n")
     memory, kernel = [], []
     for _ in range(max(rounds, 5)):
         t = time.perf_counter()
@@ -111,17 +128,19 @@ def bench_restore(rounds: int) -> None:
     print(f"  revocation check, previous policy   {_stats(memory)}")
     print(f"  revocation check, kernel's rules    {_stats(kernel)}")
     variants = [
-        ("current", ruleset),
-        ("before VPNGW-TARGETS", without_targets(ruleset)),
-        ("per-grant established", per_grant_established(ruleset)),
+        ("current (with the reply chain)", ruleset),
+        ("before the reply chain", without_reply(ruleset)),
+        ("before VPNGW-TARGETS", without_targets(without_reply(ruleset))),
+        ("per-grant established", per_grant_established(without_reply(ruleset))),
     ]
-    for label, rs in variants:
-        counts = ", ".join(f"{t.table} {len(t.rules)}" for t in rs.tables)
-        print(f" {label}: {rs.rule_count} rules ({counts})")
-        for variant in ("legacy", "nft"):
-            ipt = Iptables(variant)
-            restore, whole, noop = [], [], []
-            for _ in range(rounds):
+    times: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = {
+        (label, v): ([], [], []) for label, _ in variants for v in ("legacy", "nft")
+    }
+    for r in range(rounds):  # the rulesets interleaved (order alternating), so machine noise hits all alike
+        for label, rs in variants if r % 2 == 0 else variants[::-1]:
+            for variant in ("legacy", "nft"):
+                ipt = Iptables(variant)
+                restore, whole, noop = times[(label, variant)]
                 _reset(variant)
                 t = time.perf_counter()
                 applied = ipt.apply(rs)
@@ -130,10 +149,15 @@ def bench_restore(rounds: int) -> None:
                 t = time.perf_counter()
                 assert not ipt.apply(rs).changed
                 noop.append(time.perf_counter() - t)
+                _reset(variant)
+    for label, rs in variants:
+        counts = ", ".join(f"{t.table} {len(t.rules)}" for t in rs.tables)
+        print(f" {label}: {rs.rule_count} rules ({counts})")
+        for variant in ("legacy", "nft"):
+            restore, whole, noop = times[(label, variant)]
             print(f"  {variant:6s} restore transaction  {_stats(restore)}")
             print(f"  {variant:6s} whole apply         {_stats(whole)}   (save, --test, restore, read back)")
             print(f"  {variant:6s} no-op re-apply      {_stats(noop)}   (save + compare)")
-            _reset(variant)
 
 
 def bench_revocation(rounds: int) -> None:
@@ -141,14 +165,14 @@ def bench_revocation(rounds: int) -> None:
     the current one (withdraw + tombstone, flush, delete the tombstone). Each round starts from the full
     ruleset."""
     nat = big_nat()
-    full = rules.validate(nat, nic2_address=IPv4Address("192.0.2.2"))
+    full = rules.validate(nat, nic2_address=IPv4Address("192.0.2.2"), reply=REPLY)
     revoked_nat = Nat(
         service_cidr=nat.service_cidr,
         exposures=nat.exposures,
         grants=tuple(g for g in nat.grants if g.mark != 0x10000),
         mark_mask=nat.mark_mask,
     )
-    after = rules.validate(revoked_nat, nic2_address=IPv4Address("192.0.2.2"))
+    after = rules.validate(revoked_nat, nic2_address=IPv4Address("192.0.2.2"), reply=REPLY)
     gone = rules.flushes(full, after)
     assert gone == {rules.Flush(0x10000, MASK)}, gone
     flusher = NetlinkFlusher()
@@ -182,7 +206,7 @@ def bench_revocation(rounds: int) -> None:
 
 
 def _reset(variant: str) -> None:
-    for table in ("filter", "nat"):
+    for table in ("filter", "nat", "mangle"):
         subprocess.run([f"iptables-{variant}", "-t", table, "-F"], check=True)
         subprocess.run([f"iptables-{variant}", "-t", table, "-X"], check=True)
 
@@ -244,7 +268,7 @@ def bench_conntrack(rounds: int) -> None:
 
 SENDER = """
 import socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("10.1.0.2", 40000)); s.connect(("10.2.0.2", 9))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("10.1.0.2", 40000)); s.connect((sys.argv[2], 9))
 payload, n, end = b"x" * 64, 0, time.perf_counter() + float(sys.argv[1])
 while time.perf_counter() < end:
     for _ in range(100):
@@ -254,6 +278,9 @@ while time.perf_counter() < end:
             pass
 print(n)
 """
+
+
+DEST = "10.9.0.9"
 
 
 def _ip(*args: str) -> None:
@@ -287,11 +314,35 @@ def _packets_chain(grants: int, position: int | None) -> str:
     return "\n".join(lines)
 
 
-def _established_flow(ns: str, mark: int) -> None:
-    """The sender's flow as an established (replied, assured) conntrack entry carrying ``mark``."""
+def _established_flow(ns: str, mark: int, *, replies: bool = False) -> None:
+    """The sender's flow as an established (replied, assured) conntrack entry carrying ``mark``; with
+    ``replies`` the entry is the other way round, so the sender's packets are its REPLY direction."""
     _in(ns, "conntrack", "-F", check=False)
-    _in(ns, "conntrack", "-I", "-p", "udp", "-s", "10.1.0.2", "-d", "10.2.0.2", "--sport", "40000",
-        "--dport", "9", "-t", "600", "-u", "SEEN_REPLY,ASSURED", "-m", str(mark))  # fmt: skip
+    ends = [("10.1.0.2", "40000"), (DEST, "9")]
+    (src, sport), (dst, dport) = ends[::-1] if replies else ends
+    _in(ns, "conntrack", "-I", "-p", "udp", "-s", src, "-d", dst, "--sport", sport,
+        "--dport", dport, "-t", "600", "-u", "SEEN_REPLY,ASSURED", "-m", str(mark))  # fmt: skip
+
+
+def _reply_chain() -> str:
+    """The mangle chain as init-nat renders it, NIC2 being the router's r1 (the destination side)."""
+    lines = ["*mangle", f":{rules.MANGLE_CHAIN} - [0:0]", f"-A PREROUTING -j {rules.MANGLE_CHAIN}"]
+    lines += list(rules.reply_rules(rules.Reply("r1", rules.DEFAULT_REPLY_MARK)))
+    return "\n".join([*lines, "COMMIT", ""])
+
+
+def _reply_routing(ns: str, on: bool) -> None:
+    """init-nat's two fwmark rules and a table 100 whose default route leads to the destination too."""
+    bit = f"{rules.DEFAULT_REPLY_MARK:#x}/{rules.DEFAULT_REPLY_MARK:#x}"
+    for prio, table, extra in (("1002", "main", ["suppress_prefixlength", "0"]), ("1003", "100", [])):
+        if on:
+            _ip("-n", ns, "rule", "add", "fwmark", bit, "lookup", table, *extra, "priority", prio)
+        else:
+            subprocess.run(
+                ["ip", "-n", ns, "rule", "del", "priority", prio], check=False, capture_output=True
+            )
+    if on:
+        _ip("-n", ns, "route", "replace", "default", "via", "10.2.0.2", "dev", "r1", "table", "100")
 
 
 def _in(ns: str, *argv: str, check: bool = True, input: str | None = None) -> str:
@@ -299,6 +350,37 @@ def _in(ns: str, *argv: str, check: bool = True, input: str | None = None) -> st
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} in {ns}: {res.stderr.strip()}")
     return res.stdout
+
+
+def _packet_rate(
+    variant: str, hosts: tuple[str, str, str], position: int | None, reply: str, grants: int, seconds: float
+) -> float:
+    """One measurement: the router's chains for the case, a fresh conntrack entry, the sender for
+    ``seconds``; kpps delivered."""
+    s, r, d = hosts
+    _reply_routing(r, bool(reply))  # the fwmark rules exist for every packet's route lookup
+    try:
+        for table in ("filter", "mangle"):
+            for op in ("-F", "-X"):
+                _in(r, f"iptables-{variant}", "-t", table, op, check=False)
+        _in(r, f"iptables-{variant}-restore", input=_packets_chain(grants, position))
+        if reply:
+            _in(r, f"iptables-{variant}-restore", input=_reply_chain())
+        bit = rules.DEFAULT_REPLY_MARK if reply == "replies" else 0
+        _established_flow(r, ((position or 1) << 16) | bit, replies=reply == "replies")
+        _in(d, "iptables-legacy", "-Z", "INPUT")
+        _in(s, sys.executable, "-c", SENDER, str(seconds), DEST)
+        if reply == "replies":  # the bit was restored, and it is what routed them
+            save = _in(r, f"iptables-{variant}-save", "-c", "-t", "mangle")
+            restored = next(x for x in save.splitlines() if "--restore-mark" in x)
+            assert not restored.startswith("[0:"), restored
+            mark = f"{rules.DEFAULT_REPLY_MARK:#x}"
+            got = _in(r, "ip", "route", "get", DEST, "from", "10.1.0.2", "iif", "r0", "mark", mark)
+            assert "table 100" in got, got
+        out = _in(d, "iptables-legacy", "-L", "INPUT", "-vnx")
+        return int(next(x for x in out.splitlines() if "dpt:9" in x).split()[0]) / seconds / 1000
+    finally:
+        _reply_routing(r, False)
 
 
 def bench_packets(rounds: int, seconds: float = 1.5, grants: int = 2000) -> None:
@@ -313,10 +395,12 @@ def bench_packets(rounds: int, seconds: float = 1.5, grants: int = 2000) -> None
         (r, "r1", "10.2.0.1/24"),
         (d, "d0", "10.2.0.2/24"),
     )
-    cases = [
-        ("current: one shared established rule", None),
-        (f"per-grant: {grants} rules, flow's mark in the middle", grants // 2),
-        (f"per-grant: {grants} rules, flow's mark last", grants),
+    cases: list[tuple[str, int | None, str]] = [
+        ("current: one shared established rule", None, ""),
+        ("+ reply chain and rules, the flow's own direction", None, "own"),
+        ("+ reply chain and rules, replies of a NIC2 flow", None, "replies"),
+        (f"per-grant: {grants} rules, flow's mark in the middle", grants // 2, ""),
+        (f"per-grant: {grants} rules, flow's mark last", grants, ""),
     ]
     try:
         for ns in (s, r, d):
@@ -329,28 +413,27 @@ def bench_packets(rounds: int, seconds: float = 1.5, grants: int = 2000) -> None
             _ip("-n", ns, "link", "set", dev, "up")
         _ip("-n", s, "route", "add", "default", "via", "10.1.0.1")
         _ip("-n", d, "route", "add", "default", "via", "10.2.0.1")
+        # The destination is behind the router's DEFAULT route (main), as a fabric client is behind a pod's:
+        # the reply rules' main lookup (suppress_prefixlength 0) then falls through to table 100.
+        _ip("-n", d, "addr", "add", f"{DEST}/32", "dev", "lo")
+        _ip("-n", r, "route", "add", "default", "via", "10.2.0.2")
         _in(r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         _in(d, "iptables-legacy", "-A", "INPUT", "-p", "udp", "--dport", "9", "-j", "DROP")
         print(f"forwarding one established UDP flow (64 B payload), {seconds} s per measurement:")
         for variant in ("legacy", "nft"):
-            for label, position in cases:
-                rates = []
-                for _ in range(rounds):
-                    for op in ("-F", "-X"):
-                        _in(r, f"iptables-{variant}", "-t", "filter", op, check=False)
-                    _in(r, f"iptables-{variant}-restore", input=_packets_chain(grants, position))
-                    _established_flow(r, (position or 1) << 16)
-                    _in(d, "iptables-legacy", "-Z", "INPUT")
-                    _in(s, sys.executable, "-c", SENDER, str(seconds))
-                    out = _in(d, "iptables-legacy", "-L", "INPUT", "-vnx")
-                    delivered = int(next(x for x in out.splitlines() if "dpt:9" in x).split()[0])
-                    rates.append(delivered / seconds / 1000)
+            rates: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+            for _ in range(rounds):  # the cases interleaved, so a slower minute of the machine hits all
+                for label, position, reply in cases:
+                    rates[label].append(_packet_rate(variant, (s, r, d), position, reply, grants, seconds))
+            for label, _, _ in cases:
+                xs = rates[label]
                 print(
-                    f"  {variant:6s} {label:52s} median {statistics.median(rates):7.1f} kpps  "
-                    f"min {min(rates):7.1f}  max {max(rates):7.1f}"
+                    f"  {variant:6s} {label:58s} median {statistics.median(xs):7.1f} kpps  "
+                    f"min {min(xs):7.1f}  max {max(xs):7.1f}"
                 )
-            for op in ("-F", "-X"):
-                _in(r, f"iptables-{variant}", "-t", "filter", op, check=False)
+            for table in ("filter", "mangle"):
+                for op in ("-F", "-X"):
+                    _in(r, f"iptables-{variant}", "-t", table, op, check=False)
     finally:
         for ns in (s, r, d):
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)

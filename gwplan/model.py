@@ -86,7 +86,11 @@ class Nic:
     table: int = 100
     """Routing table of the source-policy route."""
     rule_priority: int = 1000
-    """Priority of the ``from <address> lookup <table>`` rule."""
+    """Priority of the ``from <address> lookup <table>`` rule; init-nat's other rules use the next three
+    (exposure targets, then the two reply rules of ``reply_mark``)."""
+    reply_mark: int | None = None
+    """The conntrack/packet mark bit (one bit, outside ``Nat.mark_mask``) that makes replies to
+    connections that came in on NIC2 leave through NIC2; None: init-nat's default, 0x10000000."""
 
 
 @dataclass(frozen=True)
@@ -378,6 +382,7 @@ def from_dict(doc: Any) -> Plan:
             gateway=n.str_("gateway", None),
             table=n.get("table", int, 100),
             rule_priority=n.get("rulePriority", int, 1000),
+            reply_mark=n.get("replyMark", int, None),
         )
     ipsec = None
     if "ipsec" in r.doc:

@@ -119,6 +119,7 @@ class Gateway:
             nic2_address=nic.address.ip,
             resolved=resolve_targets(plan, self.resolver),
             tunnel_interfaces=tunnels,
+            reply=rules.Reply(nic.name, nic_cfg.reply_mark),
         )
         # What to revoke, each mark with the mask it was SET under: what the previous plan admitted and
         # this one does not, and, whatever memory says, what the kernel's admission rules admit and this

@@ -7,11 +7,25 @@ too, so::
 
     ip rule add from <NIC2 address>/32 lookup <table> priority <prio>
     ip rule add to <exposure target>/32 lookup <table> priority <prio + 1>     (one per target)
+    ip rule add fwmark <B>/<B> lookup main suppress_prefixlength 0 priority <prio + 2>
+    ip rule add fwmark <B>/<B> lookup <table> priority <prio + 3>
     ip route replace default via <NIC2 gateway> dev <NIC2> table <table>
     ip route replace <NIC2 subnet> dev <NIC2> scope link table <table>         (on-link hosts direct)
 
-Ours are: rules at OUR two priorities that look up OUR table, and the routes in OUR table. Nothing else
-is written or removed. charon's table 220 (priority 220) still wins for the tunnels' remote subnets.
+The two ``fwmark`` rules route replies to connections that came in on NIC2 (the mangle chain gives their
+reply packets the bit B, ``nic.replyMark``; rules.reply_rules): a reverse exposure's fabric client is
+answered through NIC2 although the main table's default route is eth0. The first of them lets the main
+table's SPECIFIC routes win over NIC2's table (only main's default route is suppressed): a WireGuard
+peer's routes live in main, and with ``src_valid_mark`` on (as hosts running Calico's WireGuard leave it
+for the pods they create) the kernel's reverse-path check of a reply coming out of the tunnel is a lookup
+WITH the mark; without this rule it would find NIC2, not the tunnel device, and strict rp_filter drops
+the reply (measured, docs/initnat.md).
+
+Ours are: rules at OUR priorities that look up OUR table (the ``fwmark`` one at prio + 3 included), the
+``fwmark ... lookup main suppress_prefixlength 0`` rule at prio + 2, and the routes in OUR table. Nothing
+else is written or removed. charon's table 220 (priority 220, before all of ours: rules.validate_nic
+keeps prio + 2 above it) still wins for the tunnels' remote subnets, also for replies that carry the
+bit (under kernel XFRM a tunnel's decapsulated packets come in on NIC2).
 The NIC is found by MAC (Multus may name it anything, not net1).
 """
 
@@ -54,10 +68,11 @@ class RoutingChange:
     route: bool
     address: bool
     targets: bool = False
+    reply: bool = False
 
     @property
     def changed(self) -> bool:
-        return self.rule or self.route or self.address or self.targets
+        return self.rule or self.route or self.address or self.targets or self.reply
 
 
 class Netlink(Protocol):
@@ -125,7 +140,9 @@ def ensure(ipr: Netlink, nic: Nic2, cfg: NicConfig, targets: Iterable[IPv4Addres
     """Idempotently: NIC2 up with its address, our rules and our table's routes. Reports changes."""
     try:
         change = _ensure(ipr, nic, cfg)
-        return replace(change, targets=_ensure_targets(ipr, cfg, frozenset(targets)))
+        return replace(
+            change, targets=_ensure_targets(ipr, cfg, frozenset(targets)), reply=_ensure_reply(ipr, cfg)
+        )
     except NicError:
         raise
     except Exception as exc:  # pyroute2 raises NetlinkError (not an OSError) and friends; translate once here
@@ -206,6 +223,79 @@ def _ensure_targets(ipr: Netlink, cfg: NicConfig, targets: frozenset[IPv4Address
         ipr.rule("add", dst=str(t), dst_len=32, table=cfg.table, priority=prio)
         changed = True
     return changed
+
+
+MAIN_TABLE = 254
+
+
+def _ensure_reply(ipr: Netlink, cfg: NicConfig) -> bool:
+    """The two reply rules (module docstring), exactly once each with ``cfg.reply_mark``: ours at prio + 2
+    are the ``fwmark`` rules that look up main with ``suppress_prefixlength 0``, at prio + 3 the rules that
+    look up our table. Stale ones (another mark, a duplicate) are deleted; missing ones added. Returns
+    whether anything changed."""
+    bit = cfg.reply_mark
+    wanted: tuple[tuple[int, int, dict[str, int]], ...] = (
+        (cfg.rule_priority + 2, MAIN_TABLE, {"suppress_prefixlen": 0}),
+        (cfg.rule_priority + 3, cfg.table, {}),
+    )
+    changed = False
+    dump = list(ipr.get_rules(family=2))
+    for prio, table, extra in wanted:
+        ours = [
+            r
+            for r in dump
+            if r.get_attr("FRA_PRIORITY") == prio
+            and _rule_table(r) == table
+            and (table != MAIN_TABLE or (r.get_attr("FRA_FWMARK") and _suppressed(r) == 0))
+        ]
+        good = [
+            r for r in ours if _is_reply_rule(r, bit) and _suppressed(r) == extra.get("suppress_prefixlen")
+        ]
+        if len(ours) == 1 and len(good) == 1:
+            continue
+        for r in ours:  # stale (replyMark changed, or edited) or duplicated: replace as a whole
+            ipr.rule("del", **_rule_key(r, prio, table))
+        ipr.rule("add", fwmark=bit, fwmask=bit, table=table, priority=prio, **extra)
+        changed = True
+    return changed
+
+
+def _suppressed(r: Any) -> int | None:
+    value = r.get_attr("FRA_SUPPRESS_PREFIXLEN")
+    return None if value is None or value == 0xFFFFFFFF else int(value)
+
+
+def _is_reply_rule(r: Any, bit: int) -> bool:
+    """A plain ``fwmark bit/bit`` rule: no other selector (a rule that also names a source, destination,
+    interface or port range is not the one we want)."""
+    return (
+        r.get_attr("FRA_FWMARK") == bit
+        and r.get_attr("FRA_FWMASK") == bit
+        and not r["src_len"]
+        and not r["dst_len"]
+        and not any(
+            r.get_attr(a) for a in ("FRA_IIFNAME", "FRA_OIFNAME", "FRA_SPORT_RANGE", "FRA_DPORT_RANGE")
+        )
+        and not r["flags"] & 0x2  # FIB_RULE_INVERT
+    )
+
+
+def _rule_key(r: Any, prio: int, table: int) -> dict[str, Any]:
+    """What deletes exactly this rule (the kernel matches each attribute given, the rest as wildcards)."""
+    key: dict[str, Any] = {"priority": prio, "table": table}
+    for attr, arg in (
+        ("FRA_FWMARK", "fwmark"),
+        ("FRA_FWMASK", "fwmask"),
+        ("FRA_SRC", "src"),
+        ("FRA_DST", "dst"),
+    ):
+        if (value := r.get_attr(attr)) is not None:
+            key[arg] = value
+    if key.get("src"):
+        key["src_len"] = r["src_len"]
+    if key.get("dst"):
+        key["dst_len"] = r["dst_len"]
+    return key
 
 
 def _rule_table(r: Any) -> int:

@@ -13,6 +13,11 @@ Model (one gateway pod, one network namespace)::
                          POSTROUTING VPNGW-POSTROUTING  SNAT  exposures -> NIC2's address (targets reply
                                                         to us); reverse exposures -> Nat.source_address
                                                         (inside serviceCIDR: the tunnels' traffic selector)
+    fabric --NIC2--> gw: PREROUTING  VPNGW-MANGLE       (mangle) a NEW connection that comes in on NIC2
+                                                        gets the reply bit in its conntrack mark; its
+                                                        REPLY packets get it as their packet mark, and
+                                                        policy routing (routing.py) sends them out
+                                                        through NIC2 whatever the main table says
 
 Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
 filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
@@ -43,13 +48,15 @@ FILTER_CHAIN = "VPNGW-FORWARD"
 TARGET_CHAIN = "VPNGW-TARGETS"
 DNAT_CHAIN = "VPNGW-PREROUTING"
 SNAT_CHAIN = "VPNGW-POSTROUTING"
+MANGLE_CHAIN = "VPNGW-MANGLE"
 OWN_PREFIX = "VPNGW-"
-Table = Literal["filter", "nat"]
+Table = Literal["filter", "nat", "mangle"]
 
 JUMPS: tuple[tuple[Table, str, str], ...] = (
     ("filter", "FORWARD", FILTER_CHAIN),
     ("nat", "PREROUTING", DNAT_CHAIN),
     ("nat", "POSTROUTING", SNAT_CHAIN),
+    ("mangle", "PREROUTING", MANGLE_CHAIN),
 )
 """(table, built-in chain, our chain): each jump is kept exactly once, as the built-in chain's FIRST
 rule, so a foreign ACCEPT cannot bypass our authorisation."""
@@ -61,6 +68,15 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
 _MAC = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
 _RESERVED_TABLES = frozenset({0, 253, 254, 255})  # unspec, default, main, local
+
+DEFAULT_REPLY_MARK = 0x10000000
+"""``nic.replyMark`` when the plan has none: bit 28, outside the default ``nat.markMask`` (0x0fff0000)."""
+CHARON_RULE_PRIORITY = 220
+"""charon's ``routing_table_prio`` (table 220 holds the routes to the tunnels' remote subnets): our reply
+rules must come after it, so replies into a tunnel keep following charon's routes."""
+RULE_OFFSETS = 3
+"""Our rules sit at ``nic.rulePriority`` + 0 (from NIC2's address), +1 (to exposure targets), +2 and +3
+(the reply rules, routing.py)."""
 
 
 class NatConfigError(ValueError):
@@ -206,6 +222,9 @@ class NicConfig:
     gateway: IPv4Address | None
     table: int
     rule_priority: int
+    reply_mark: int = DEFAULT_REPLY_MARK
+    """One bit: the conntrack mark of connections that came in on NIC2, the packet mark of their replies
+    and the ``fwmark`` of the reply rules."""
 
 
 def validate_nic(nic: Nic) -> NicConfig:
@@ -214,8 +233,29 @@ def validate_nic(nic: Nic) -> NicConfig:
         address=None if nic.address is None else interface(nic.address, "nic.address"),
         gateway=None if nic.gateway is None else address(nic.gateway, "nic.gateway"),
         table=_checked_table(nic.table),
-        rule_priority=_int(nic.rule_priority, "nic.rulePriority", 1, 32765),
+        rule_priority=_rule_priority(nic.rule_priority),
+        reply_mark=DEFAULT_REPLY_MARK if nic.reply_mark is None else reply_mark(nic.reply_mark),
     )
+
+
+def _rule_priority(value: object) -> int:
+    # Our reply rules (+2, +3) must come after charon's 220, and +3 before main's 32766.
+    low, high = CHARON_RULE_PRIORITY - 1, 32765 - RULE_OFFSETS
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value < low:
+        raise NatConfigError(
+            f"nic.rulePriority: {value} would put init-nat's reply rules ({value + 2}, {value + 3}) in front "
+            f"of charon's table {CHARON_RULE_PRIORITY}: replies into a tunnel must follow charon's routes; "
+            f"use {low}..{high} (the default is 1000)"
+        )
+    return _int(value, "nic.rulePriority", low, high)
+
+
+def reply_mark(value: object, field: str = "nic.replyMark") -> int:
+    """A single mark bit (``fwmark B/B`` and ``--set-xmark B/B``: one bit cannot collide with itself)."""
+    bit = _int(value, field, 1, 2**31)
+    if bit & (bit - 1):
+        raise NatConfigError(f"{field}: {bit:#x} is not a single bit (e.g. 0x10000000)")
+    return bit
 
 
 def _checked_table(value: object) -> int:
@@ -265,6 +305,15 @@ class Flush:
         return f"{self.mark:#x}/{self.mask:#x}"
 
 
+@dataclass(frozen=True, order=True)
+class Reply:
+    """Replies to connections that came in on ``device`` (NIC2) leave through it (:func:`render`'s mangle
+    chain marks them with ``mark``; routing.py's reply rules route that mark to NIC2's table)."""
+
+    device: str
+    mark: int
+
+
 @dataclass(frozen=True)
 class Policy:
     """The NAT section, validated and flattened. Input of rendering and of :func:`revoked`."""
@@ -280,6 +329,8 @@ class Policy:
     tunnel_interfaces: tuple[str, ...] = ()
     """Devices whose peers choose their own destinations (WireGuard): a NEW connection coming in through
     one of them is forwarded only if we DNATed it (an exposure's virtual IP)."""
+    reply: Reply | None = None
+    """NIC2 and the reply bit; None renders no mangle chain (what callers that know no NIC2 name get)."""
 
     @property
     def marks(self) -> frozenset[int]:
@@ -297,9 +348,11 @@ def validate(
     nic2_address: IPv4Address,
     resolved: Mapping[str, IPv4Address] | None = None,
     tunnel_interfaces: Sequence[tuple[str, str]] = (),
+    reply: Reply | None = None,
 ) -> Policy:
     """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to addresses;
-    ``tunnel_interfaces`` are (field, device name) of tunnels whose peers pick their destinations."""
+    ``tunnel_interfaces`` are (field, device name) of tunnels whose peers pick their destinations;
+    ``reply`` is NIC2's name and ``nic.replyMark`` (validated: a device name, one bit outside markMask)."""
     resolved = resolved or {}
     for field_name, dev in tunnel_interfaces:
         if not is_device_name(dev):
@@ -316,6 +369,20 @@ def validate(
             "(`--mark X`), so init-nat could not read its own rules back; leave at least one bit out "
             "(the default is 0xfff0000)"
         )
+    if reply is not None:
+        if not is_device_name(reply.device):
+            raise NatConfigError(
+                f"nic: NIC2's name {_show(reply.device)} cannot be used in an iptables rule "
+                f"({DEVICE_NAME_RULE})"
+            )
+        bit = reply_mark(reply.mark)
+        if bit & mask:
+            # Grants' --set-xmark G/MASK would overwrite the bit, and flushes by G/MASK would see it.
+            raise NatConfigError(
+                f"nic.replyMark: {bit:#x}{' (the default)' if bit == DEFAULT_REPLY_MARK else ''} is inside "
+                f"nat.markMask {mask:#x}: the reply bit must be outside the grants' marks; set "
+                f"nic.replyMark to a bit outside it, e.g. {_free_bit(mask):#x}"
+            )
     cidr = None if nat.service_cidr is None else network(nat.service_cidr, "nat.serviceCidr")
     source = None if nat.source_address is None else address(nat.source_address, "nat.sourceAddress")
     if source is not None and cidr is not None and source not in cidr:
@@ -430,7 +497,13 @@ def validate(
         reverse_snat=source,
         service_cidr=cidr,
         tunnel_interfaces=tuple(dev for _, dev in tunnel_interfaces),
+        reply=reply,
     )
+
+
+def _free_bit(mask: int) -> int:
+    """The highest bit outside ``mask`` (there is one: a full mask is refused)."""
+    return next(1 << b for b in range(31, -1, -1) if not mask & (1 << b))
 
 
 # --- rendering ---------------------------------------------------------------------------------------
@@ -574,13 +647,30 @@ def _render(policy: Policy) -> Ruleset:
             snat.append(
                 f"-A {SNAT_CHAIN} -m conntrack --ctorigdst {s.vip} {_c(label)} -j SNAT --to-source {to}"
             )
-    return Ruleset(
-        tables=(
-            TableRules("filter", (FILTER_CHAIN, TARGET_CHAIN), tuple(filter_rules + target_rules)),
-            TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
-        ),
-        marks=policy.marks,
-        mask=policy.mask,
+    out = [
+        TableRules("filter", (FILTER_CHAIN, TARGET_CHAIN), tuple(filter_rules + target_rules)),
+        TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
+    ]
+    if policy.reply is not None:
+        out.append(TableRules("mangle", (MANGLE_CHAIN,), reply_rules(policy.reply)))
+    return Ruleset(tables=tuple(out), marks=policy.marks, mask=policy.mask)
+
+
+def reply_rules(reply: Reply) -> tuple[str, ...]:
+    """The mangle chain (PREROUTING, before routing decides): a NEW connection that comes in on NIC2 gets
+    the reply bit in its conntrack mark (``--set-xmark B/B`` touches that bit only: the grants' bits are
+    set later, in FORWARD, under their mask); packets of the REPLY direction get the connection's bit as
+    their packet mark, which the reply rules route to NIC2's table. NEW only: a connection that began
+    elsewhere (a tunnel peer's, to an exposure) keeps its replies on the main/charon routes even though
+    they come in on NIC2. REPLY only: the fabric client's own packets are routed as before (into the
+    tunnel). Locally answered connections (IKE, WireGuard) are OUTPUT, never here: the ``from <NIC2
+    address>`` rule routes them."""
+    b = _hex(reply.mark)
+    return (
+        f"-A {MANGLE_CHAIN} -i {reply.device} -m conntrack --ctstate NEW "
+        f"{_c('vpngw came in on NIC2')} -j CONNMARK --set-xmark {b}/{b}",
+        f"-A {MANGLE_CHAIN} -m conntrack --ctdir REPLY {_c('vpngw replies leave through NIC2')} "
+        f"-j CONNMARK --restore-mark --nfmask {b} --ctmask {b}",
     )
 
 

@@ -13,6 +13,9 @@ either way. So init-nat makes sure of them itself, whatever the pod inherited:
   ``max(conf.all.rp_filter, conf.<dev>.rp_filter)``, so writing 2 on NIC2 gives loose whatever ``all`` is.
   Traffic to NIC2's own address (IKE, WireGuard) and exposure replies pass even strict mode: the
   source-policy rules send their reverse lookups to NIC2 (docs/initnat.md, measured).
+* ``src_valid_mark`` is left as it is: with it on, the reverse-path check of a reply carrying the reply
+  bit is a lookup with the mark, and routing.py's main-first reply rule gives it the same answer as
+  without (measured for WireGuard, whose peer routes live in main; docs/initnat.md).
 
 Where ``/proc/sys`` is read-only (a container that is not privileged: the runtime mounts it so even with
 NET_ADMIN), a setting that already holds is fine and one that does not is an error naming the sysctl and

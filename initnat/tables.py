@@ -343,7 +343,7 @@ def choose_variant(legacy_save: str, nft_save: str) -> Variant:
     return "legacy" if count_rules(legacy_save) > count_rules(nft_save) else "nft"
 
 
-def own_rules_text(saved: dict[str, SavedTable], tables: Iterable[str] = ("filter", "nat")) -> str:
+def own_rules_text(saved: dict[str, SavedTable], tables: Iterable[str] = ("filter", "nat", "mangle")) -> str:
     """Our chains and jumps as text, for logs and tests that compare states."""
     lines: list[str] = []
     for name in tables:

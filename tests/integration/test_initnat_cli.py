@@ -236,9 +236,9 @@ def test_watch_follows_kubelet_swaps_and_keeps_the_last_good_ruleset(ns: str, tm
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
     try:
-        wait_for(lambda: "0x20000" in our_rules(ns), 10, "the first apply")
+        wait_for(lambda: "0x20000/" in our_rules(ns), 10, "the first apply")
         kubelet_swap(volume, make_plan(GA), 2)
-        took = wait_for(lambda: "0x20000" not in our_rules(ns), 5, "the re-apply after a ..data swap")
+        took = wait_for(lambda: "0x20000/" not in our_rules(ns), 5, "the re-apply after a ..data swap")
         assert took < 2.0, f"re-applied {took:.2f} s after the change"
         good = our_rules(ns)
 
@@ -250,7 +250,9 @@ def test_watch_follows_kubelet_swaps_and_keeps_the_last_good_ruleset(ns: str, tm
         tmp = volume / "next.json"
         tmp.write_bytes(dumps(make_plan(GB)))
         os.replace(tmp, volume / "plan.json")  # an atomic rename over the path works as well
-        wait_for(lambda: "0x20000" in our_rules(ns) and "0x10000" not in our_rules(ns), 5, "rename re-apply")
+        wait_for(
+            lambda: "0x20000/" in our_rules(ns) and "0x10000/" not in our_rules(ns), 5, "rename re-apply"
+        )
     finally:
         proc.terminate()
         try:

@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 import pytest
@@ -196,7 +197,7 @@ def test_lifting_tombstones_deletes_exactly_those_rules(ns: str, variant: str) -
     assert tables.tombstones_in(ipt.saved()) == {one} and foreign_lines(ipt) == foreign
 
 
-def _masked(mask: int, *grants: Grant) -> rules.Policy:
+def _masked(mask: int, *grants: Grant, reply: rules.Reply | None = None) -> rules.Policy:
     return rules.validate(
         Nat(
             service_cidr="198.18.0.0/24",
@@ -205,6 +206,7 @@ def _masked(mask: int, *grants: Grant) -> rules.Policy:
             mark_mask=mask,
         ),
         nic2_address=IPv4Address("192.0.2.2"),
+        reply=reply,
     )
 
 
@@ -224,6 +226,10 @@ def test_the_widest_mark_mask_accepted_round_trips_and_a_full_one_would_not(ns: 
     assert tables.revoked_in_kernel(tables.admissions_in(saved), plain) == set()
     with pytest.raises(rules.NatConfigError, match=r"nat\.markMask: 0xffffffff"):
         _masked(0xFFFFFFFF, GB)
+    # The reply bit is then the one bit left (nic.replyMark 0x1): it round-trips as well.
+    with_reply = rules.render(_masked(0xFFFFFFFE, GB, reply=rules.Reply("ens7", 0x1)))
+    ipt.apply(with_reply)
+    assert tables.in_sync(ipt.saved(), with_reply) and not ipt.apply(with_reply).changed
     full = rules.Ruleset(  # what rendering a full mask would give, were it accepted
         tuple(
             rules.TableRules(t.table, t.chains, tuple(r.replace("fffffffe", "ffffffff") for r in t.rules))
@@ -254,3 +260,72 @@ def test_a_one_address_service_cidr_reads_back_in_sync(ns: str, variant: str) ->
     )
     assert ipt.apply(one).changed
     assert tables.in_sync(ipt.saved(), one) and not ipt.apply(one).changed
+
+
+FOREIGN_MANGLE = """\
+*mangle
+:CNI-MANGLE - [0:0]
+-A PREROUTING -i eth0 -j MARK --set-xmark 0x4000/0x4000
+-A CNI-MANGLE -j RETURN
+COMMIT
+"""
+
+
+@dataclass
+class Counting:
+    """The real tools in the namespace, counting the real (not --test) restores."""
+
+    run: Runner
+    restores: int = 0
+
+    def __call__(self, argv: Sequence[str], input: str | None = None) -> Completed:
+        if argv[0].endswith("-restore") and "--test" not in argv:
+            self.restores += 1
+        return self.run(argv, input)
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+def test_the_reply_chain_reads_back_in_sync_after_a_restart_and_its_drift_is_repaired(
+    ns: str, variant: str
+) -> None:
+    """The mangle table goes through the same transaction, read-back and repair as the others, with
+    the real iptables: in sync as rendered (a restarted init-nat, which remembers nothing, writes
+    nothing), foreign mangle rules untouched, our jump put back first, a rule of ours deleted or edited
+    by hand restored."""
+    real = Counting(in_ns(ns))
+    ipt = Iptables(variant, real)  # type: ignore[arg-type]
+    assert real.run([f"iptables-{variant}-restore", "--noflush"], FOREIGN_MANGLE).returncode == 0
+    rs = rules.render(_masked(0x0FFF0000, GA, GB, reply=rules.Reply("ens7", 0x10000000)))
+    assert [t.table for t in rs.tables] == ["filter", "nat", "mangle"]
+    assert ipt.apply(rs).changed and real.restores == 1
+    foreign = foreign_lines(ipt)
+    assert "-A PREROUTING -i eth0 -j MARK --set-xmark 0x4000/0x4000" in foreign
+    assert ipt.print_known and ipt.printed is None, "read back exactly as rendered: no probe"
+    saved = ipt.saved()
+    assert saved["mangle"].rules["PREROUTING"][0] == "-A PREROUTING -j VPNGW-MANGLE", "our jump first"
+    assert saved["mangle"].rules["VPNGW-MANGLE"] == list(rs.tables[2].rules)
+
+    restarted = Iptables(variant, real)  # type: ignore[arg-type]
+    assert not restarted.apply(rs).changed and real.restores == 1, "a restart finds it in sync"
+    assert foreign_lines(ipt) == foreign
+
+    chain = "VPNGW-MANGLE"
+    drifts = [
+        [f"iptables-{variant}", "-t", "mangle", "-D", chain, "2"],
+        [f"iptables-{variant}", "-t", "mangle", "-R", chain, "1", "-i", "ens8", "-j", "CONNMARK",
+         "--set-xmark", "0x10000000/0x10000000"],
+        [f"iptables-{variant}", "-t", "mangle", "-I", "PREROUTING", "1", "-j", "CNI-MANGLE"],
+        [f"iptables-{variant}", "-t", "mangle", "-F", chain],
+    ]  # fmt: skip
+    for drift in drifts:
+        assert real.run(drift).returncode == 0, drift
+        assert not tables.in_sync(ipt.saved(), rs), drift
+        assert restarted.apply(rs).changed, drift
+        assert tables.in_sync(ipt.saved(), rs) and not restarted.apply(rs).changed, drift
+    assert ipt.saved()["mangle"].rules["PREROUTING"][:2] == [
+        "-A PREROUTING -j VPNGW-MANGLE",
+        "-A PREROUTING -j CNI-MANGLE",
+    ]
+    assert [line for line in foreign_lines(ipt) if "CNI-MANGLE" not in line] == [
+        line for line in foreign if "CNI-MANGLE" not in line
+    ], "foreign mangle rules untouched"

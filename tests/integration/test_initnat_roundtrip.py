@@ -34,6 +34,14 @@ MASK = 0x0FFF0000
 # Our admission rules and the DNAT rule start with an address then the protocol; this "other version"
 # prints the protocol first, in every chain. Same rule, same kernel object, other bytes.
 _ADDRESS_THEN_PROTOCOL = re.compile(r"^(-A \S+) (-[sd] \S+) (-p \S+) ", re.MULTILINE)
+# Likewise our mangle rule (and its probe copy): the state match printed before the interface.
+_INTERFACE_THEN_STATE = re.compile(
+    r"^(-A VPNGW(?:PROBE)?-MANGLE) (-i \S+) (-m conntrack --ctstate NEW) ", re.M
+)
+
+
+def other_print(save: str) -> str:
+    return _INTERFACE_THEN_STATE.sub(r"\1 \3 \2 ", _ADDRESS_THEN_PROTOCOL.sub(r"\1 \3 \2 ", save))
 
 
 @pytest.fixture
@@ -64,7 +72,7 @@ class OtherPrint:
                 return Completed(4, "", "Another app is currently holding the xtables lock")
         res = run_process(netns.ns_exec(self.ns, *argv), input)
         if argv[0].endswith("-save") and self.reprint:
-            return Completed(res.returncode, _ADDRESS_THEN_PROTOCOL.sub(r"\1 \3 \2 ", res.stdout), res.stderr)
+            return Completed(res.returncode, other_print(res.stdout), res.stderr)
         return res
 
 
@@ -136,6 +144,9 @@ def test_a_kernel_that_prints_our_rules_differently_is_in_sync_and_revokes_nothi
     assert f"variant={variant}" in line and "learned=yes" in line, line
     assert "-A VPNGW-FORWARD -p tcp -s 203.0.113.0/28 " in line, "the kernel's print, to compare by eye"
     assert "-A VPNGW-FORWARD -s 203.0.113.0/28 -p tcp " in line, "and ours"
+    assert gw.iptables.printed is not None
+    (mangle,) = [(k, r) for t, k, r in gw.iptables.printed.lines if t == "mangle"]
+    assert mangle[0].startswith("-A VPNGW-MANGLE -m conntrack --ctstate NEW -i n2 "), "the reply chain too"
     add_flows(ns, GA.mark, 1)
     add_flows(ns, GB.mark, 17)
 
@@ -154,7 +165,7 @@ def test_a_kernel_that_prints_our_rules_differently_is_in_sync_and_revokes_nothi
     assert flusher.flushed == [(GA.mark, MASK)] and printer.restores == 5, "the swap, then the -D lift"
     assert flows(ns, GA.mark) == 0 and flows(ns, GB.mark) == 3
     save = gw.iptables.run([f"iptables-{variant}-save"]).stdout
-    assert "0x10000" not in save, "GA's admission withdrawn and its tombstone lifted"
+    assert "0x10000/" not in save, "GA's admission withdrawn and its tombstone lifted"
     assert "-A VPNGW-FORWARD -p tcp -s 203.0.113.16/28 " in save, "GB's admission, in the kernel's print"
     gw.apply(plan(GB))
     assert printer.restores == 5 and flusher.flushed == [(GA.mark, MASK)], "and stable again"

@@ -85,10 +85,14 @@ def test_policy_routing_is_idempotent_and_touches_only_ours(ns: str, ipr: IPRout
     again = routing.ensure(ipr, nic, cfg, targets)
     assert not again.changed, again
     assert (show(ns, "rule"), show(ns, "route", "show", "table", "100")) == state
+    assert "1002:\tfrom all fwmark 0x10000000/0x10000000 lookup main suppress_prefixlength 0" in rule_text
+    assert "1003:\tfrom all fwmark 0x10000000/0x10000000 lookup 100" in rule_text
     assert (
         rule_text.replace("1000:\tfrom 192.0.2.2 lookup 100\n", "")
         .replace("1001:\tfrom all to 192.0.2.66 lookup 100\n", "")
         .replace("1001:\tfrom all to 192.0.2.70 lookup 100\n", "")
+        .replace("1002:\tfrom all fwmark 0x10000000/0x10000000 lookup main suppress_prefixlength 0\n", "")
+        .replace("1003:\tfrom all fwmark 0x10000000/0x10000000 lookup 100\n", "")
         == foreign[0]
     ), "foreign rules untouched"
     assert (show(ns, "route", "show", "table", "77"), show(ns, "route")) == foreign[1:]
@@ -109,3 +113,61 @@ def test_stale_rule_of_ours_is_replaced_when_nic2s_address_changes(ns: str, ipr:
     rule_text = show(ns, "rule")
     assert "from 192.0.2.5 lookup 100" in rule_text and "from 192.0.2.2 lookup 100" not in rule_text
     assert "192.0.2.5/26" in show(ns, "addr", "show", "dev", "ens9")
+
+
+REPLY_MAIN = "1002:\tfrom all fwmark {m}/{m} lookup main suppress_prefixlength 0"
+REPLY_OURS = "1003:\tfrom all fwmark {m}/{m} lookup 100"
+
+
+def test_reply_rules_route_the_reply_bit_to_nic2_and_only_ours_are_managed(ns: str, ipr: IPRoute) -> None:
+    """The two fwmark rules: a packet with the reply bit leaves through NIC2 instead of the main table's
+    default route, while main's specific routes still win; a replyMark change replaces ours; rules at
+    our priorities that are not ours stay."""
+    # A pod-like main table: the default route elsewhere (a second veth stands in for eth0), a specific one.
+    netns.run(["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "c-gw"])
+    for dev in ("eth0", "c-gw"):
+        netns.run(["ip", "-n", ns, "link", "set", dev, "up"])
+    netns.addr(ns, "eth0", "10.244.0.2/30")
+    netns.route(ns, "default", "via", "10.244.0.1")
+    netns.route(ns, "203.0.113.0/28", "dev", "peer9")  # as a WireGuard peer's route lives in main
+    foreign = [
+        ["fwmark", "0x10000000/0x10000000", "lookup", "77", "priority", "1002"],  # another table
+        ["from", "10.3.3.3", "lookup", "main", "priority", "1002"],  # main, but no fwmark: not ours
+    ]
+    for args in foreign:
+        netns.run(["ip", "-n", ns, "rule", "add", *args])
+    cfg = rules.validate_nic(Nic(gateway="192.0.2.1"))
+    nic = routing.find_nic(ipr, cfg, MAC)
+    assert routing.ensure(ipr, nic, cfg).reply
+    text = show(ns, "rule")
+    m = "0x10000000"
+    assert REPLY_MAIN.format(m=m) in text and REPLY_OURS.format(m=m) in text
+    assert "1002:\tfrom all fwmark 0x10000000/0x10000000 lookup 77" in text
+    assert "1002:\tfrom 10.3.3.3 lookup main" in text
+
+    def route(*args: str) -> str:
+        return show(ns, "route", "get", *args)
+
+    assert "dev eth0" in route("198.51.100.7"), "unmarked: the pod's default route"
+    assert "via 192.0.2.1 dev ens9 table 100" in route("198.51.100.7", "mark", m), "marked: NIC2"
+    assert "dev peer9" in route("203.0.113.5", "mark", m), "marked, but main's specific route wins"
+    assert "dev ens9" in route("192.0.2.9", "mark", m), "NIC2's own subnet"
+
+    state = show(ns, "rule")
+    assert not routing.ensure(ipr, nic, cfg).changed, "idempotent"
+    assert show(ns, "rule") == state
+    # A rule of ours deleted by hand (drift) is put back.
+    netns.run(["ip", "-n", ns, "rule", "del", "priority", "1003", "fwmark", f"{m}/{m}", "lookup", "100"])
+    assert "dev eth0" in route("198.51.100.7", "mark", m), "without it the reply takes eth0"
+    assert routing.ensure(ipr, nic, cfg).reply and show(ns, "rule") == state
+
+    # Another bit: ours are replaced, the foreign ones at our priority stay.
+    other = rules.validate_nic(Nic(gateway="192.0.2.1", reply_mark=0x1))
+    assert routing.ensure(ipr, nic, other).reply
+    text = show(ns, "rule")
+    assert REPLY_MAIN.format(m="0x1") in text and REPLY_OURS.format(m="0x1") in text
+    assert REPLY_MAIN.format(m=m) not in text and REPLY_OURS.format(m=m) not in text
+    assert "1002:\tfrom all fwmark 0x10000000/0x10000000 lookup 77" in text
+    assert "1002:\tfrom 10.3.3.3 lookup main" in text
+    assert "via 192.0.2.1 dev ens9 table 100" in route("198.51.100.7", "mark", "0x1")
+    assert not routing.ensure(ipr, nic, other).changed

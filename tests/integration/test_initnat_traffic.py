@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -209,6 +210,12 @@ def conntrack_entries(lab: Lab) -> list[str]:
     return sorted(" ".join(t for t in line.split() if t.startswith(keep)) for line in out.splitlines())
 
 
+def granted(entry: str) -> bool:
+    """A conntrack entry (conntrack_entries) with a grant's mark (within MASK; the reply bit is outside:
+    IKE's and ESP's entries came in on NIC2 and carry it, and come and go with their timeouts)."""
+    return any(int(t[5:]) & MASK for t in entry.split() if t.startswith("mark="))
+
+
 def marked(lab: Lab, mark: int, *state: str) -> int:
     """Conntrack entries carrying ``mark`` (only TCP ones in ``state`` when given)."""
     filters = ["-p", "tcp", "--state", ",".join(state)] if state else []
@@ -311,9 +318,9 @@ async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_n
     assert routing_before == [
         lab.gw.run("ip", *a).stdout for a in (["rule"], ["route", "show", "table", "100"])
     ]
-    assert [e for e in cts_before if "mark=" in e and "mark=0" not in e] == [
-        e for e in conntrack_entries(lab) if "mark=" in e and "mark=0" not in e
-    ], "the marked flows' conntrack entries are untouched"
+    assert [e for e in cts_before if granted(e)] == [e for e in conntrack_entries(lab) if granted(e)], (
+        "the marked flows' conntrack entries are untouched"
+    )
 
     # Revoke s1/web: its connection is cut within 2 s of the plan change; s2's two keep working.
     v2 = plan(lab, tuple(g for g in v1.nat.grants if g.mark != GRANT_S1_WEB))
@@ -385,43 +392,175 @@ def rp_filter_drops(lab: Lab) -> int:
     return int(next(line.split()[1] for line in out.splitlines() if line.startswith("TcpExtIPReverse")))
 
 
-async def test_fabric_traffic_to_a_reverse_exposure_enters_through_nic2_only_when_its_rp_filter_is_loose(
-    pod_lab: Lab, procs: Procs, tmp_path: Path
+REPLY_BIT = 0x10000000  # rules.DEFAULT_REPLY_MARK: the plans here leave nic.replyMark unset
+FABRIC_MARK, CLUSTER_MARK = 0x00040000, 0x00050000
+RVIP = "198.18.0.20"
+
+
+def reply_flagged(lab: Lab) -> list[str]:
+    """Conntrack entries (TCP to the reverse exposure) that carry the reply bit: they came in on NIC2."""
+    out = lab.gw.run("conntrack", "-L", "-p", "tcp", "-m", f"{REPLY_BIT:#x}/{REPLY_BIT:#x}", check=False)
+    return [line for line in out.stdout.decode().splitlines() if f"dst={RVIP} " in line]
+
+
+def mangle_counters(lab: Lab, variant: str) -> list[tuple[int, str]]:
+    """(packets, rule) of our mangle chain in the variant's ``iptables-save -c``."""
+    save = lab.gw.run(f"iptables-{variant}-save", "-c", "-t", "mangle").stdout.decode()
+    return [
+        (int(c.lstrip("[").split(":")[0]), r)
+        for c, r in (line.split("] ", 1) for line in save.splitlines() if line.startswith("["))
+        if r.startswith("-A VPNGW-MANGLE ")
+    ]
+
+
+def initnat_once(lab: Lab, plan_file: Path, variant: str) -> str:
+    res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), "--iptables", variant, check=False)
+    assert res.returncode == 0, res.stderr.decode()
+    return res.stderr.decode()
+
+
+def reverse_plan(lab: Lab, site: Host, *grants: Grant) -> Plan:
+    return plan(
+        lab,
+        grants,
+        reverse=(ReverseExposure("db", RVIP, site.lan_host, (Port(7070),)),),
+        internal=("192.0.2.64/26", "10.244.0.0/30"),
+    )
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+async def test_a_fabric_client_behind_nic2_reaches_a_reverse_exposure_and_is_answered_through_nic2(
+    pod_lab: Lab, procs: Procs, tmp_path: Path, variant: str
 ) -> None:
-    """What init-nat's rp_filter setting is for (measured, not guessed). The lab's gateway namespace starts
-    with strict reverse-path filtering (lab.netns.POD_SYSCTLS). Fabric traffic to a reverse exposure
-    arrives on NIC2 (the cloud routes serviceCIDR to the gateway's port) from a source the pod's main table
-    routes via eth0: strict filtering drops it before FORWARD (the IPReversePathFilter counter moves).
-    After init-nat's apply (NIC2 loose) the grant admits the SYN and it reaches the site through the
-    tunnel (the gateway's conntrack entry with the grant's mark)."""
+    """The gap this closes (docs/initnat.md, "Replies through NIC2"): a fabric host that is no exposure
+    target reaches a reverse exposure through NIC2 (the cloud routes serviceCIDR to the gateway's port);
+    the site answers through the tunnel, and after conntrack undoes the NAT the reply's destination is the
+    fabric client, which the pod's main table routes via eth0. The reply bit of the connection (set in
+    mangle PREROUTING because it came in on NIC2) routes its replies to NIC2's table instead. A cluster
+    client behind eth0 keeps being answered via eth0 (its own namespace has no other way back). Live IPsec
+    (charon, kernel-libipsec), the real iptables variant under test, policy routing, conntrack.
+
+    Also: a restart finds the new chain and rules in sync (nothing written), each half of the reply routing
+    deleted by hand (a mutant without it) loses the round trip and the next apply repairs it, revoking
+    the fabric grant cuts its live connection within 2 s while the cluster's keeps echoing, and what
+    init-nat's rp_filter setting is for: strict filtering on NIC2 drops the fabric's SYN before FORWARD."""
     lab = pod_lab
     s1 = lab.add_site()
+    cluster = lab.hosts["cl"]
+    netns.route(cluster.ns, SERVICE_CIDR, "via", CLUSTER_POD)
     netns.addr(lab.svc.ns, "lo", f"{FABRIC_CLIENT}/32")  # a fabric host that is no exposure target
-    (tmp_path / "echo.py").write_text(ECHO_SERVER)
-    (tmp_path / "once.py").write_text(ONE_SHOT)
+    for name, body in (("echo", ECHO_SERVER), ("long", LONG_CLIENT), ("once", ONE_SHOT)):
+        (tmp_path / f"{name}.py").write_text(body)
+    once = tmp_path / "once.py"
     procs.start(s1, PY, str(tmp_path / "echo.py"), s1.lan_host, "7070", name="echo7070")
     wait_for(lambda: "listening" in procs.output("echo7070"), 10, "the site's echo server")
-    rvip, mark = "198.18.0.20", 0x00040000
-    p = plan(
+    both = reverse_plan(
         lab,
-        (Grant("s1", "db", "reverse", ("192.0.2.64/26",), mark),),
-        reverse=(ReverseExposure("db", rvip, s1.lan_host, (Port(7070),)),),
-        internal=("192.0.2.64/26",),
+        s1,
+        Grant("fabric", "db", "reverse", ("192.0.2.64/26",), FABRIC_MARK),
+        Grant("cluster", "db", "reverse", ("10.244.0.0/30",), CLUSTER_MARK),
     )
     plan_file = tmp_path / "plan.json"
-    write_plan(plan_file, p)
-    res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), check=False)
-    assert res.returncode == 0, res.stderr.decode()
-    assert "initnat.sysctl_set name=net.ipv4.conf.ens7.rp_filter value=2" in res.stderr.decode()
+    write_plan(plan_file, both)
+    assert "initnat.sysctl_set name=net.ipv4.conf.ens7.rp_filter value=2" in initnat_once(
+        lab, plan_file, variant
+    )
     assert await tunnels_up(lab, [s1]) == ["s1"]
 
-    one_shot(lab.svc, FABRIC_CLIENT, rvip, 7070, tmp_path / "once.py")
-    assert marked(lab, mark) >= 1, "with NIC2 loose the fabric's SYN crossed FORWARD and was admitted"
-    lab.gw.run("conntrack", "-D", "-m", f"{mark:#x}/{MASK:#x}", check=False)
+    def fabric() -> bool:
+        return one_shot(lab.svc, FABRIC_CLIENT, RVIP, 7070, once)
+
+    def from_cluster() -> bool:
+        return one_shot(cluster, CLUSTER_GW, RVIP, 7070, once)
+
+    assert fabric(), "the fabric client's round trip: SYN via NIC2 into the tunnel, SYN-ACK back via NIC2"
+    assert from_cluster(), "a client behind eth0 still works"
+    assert "from 198.18.0.1" in procs.output("echo7070"), "SNATed to nat.sourceAddress, into the tunnel"
+    flagged = reply_flagged(lab)
+    assert flagged and all(f"src={FABRIC_CLIENT} " in line for line in flagged), (
+        "only the connection that came in on NIC2 carries the reply bit"
+    )
+    assert all(f"mark={REPLY_BIT | FABRIC_MARK}" in line for line in flagged), "and its grant's mark"
+    # Where routing sends a reply: to the fabric client via NIC2 only with the bit (main says eth0); into
+    # the tunnel (charon's table 220, priority 220, before our reply rules) with or without it, as a
+    # reply to a tunnel peer coming in on NIC2 under kernel XFRM would.
+    route = ("ip", "route", "get", FABRIC_CLIENT, "from", s1.lan_host, "iif", "ipsec0")
+    assert "dev eth0" in lab.gw.run(*route).stdout.decode()
+    assert "dev ens7" in lab.gw.run(*route, "mark", hex(REPLY_BIT)).stdout.decode()
+    to_tunnel = ("ip", "route", "get", s1.lan_host, "from", SVC_ADDR, "iif", "ens7", "mark", hex(REPLY_BIT))
+    assert "dev ipsec0 table 220" in lab.gw.run(*to_tunnel).stdout.decode()
+
+    # A restart (a re-run init container) finds everything in sync: nothing written, counters kept.
+    counted = mangle_counters(lab, variant)
+    assert len(counted) == 2 and all(n > 0 for n, _ in counted), counted
+    assert "changed=False routing_changed=False" in initnat_once(lab, plan_file, variant)
+    again = mangle_counters(lab, variant)
+    assert [r for _, r in again] == [r for _, r in counted]
+    assert all(a >= b for (b, _), (a, _) in zip(counted, again, strict=True)), "not rewritten: counters kept"
+
+    # Mutants without the reply routing: each half deleted by hand loses the round trip (and only the
+    # fabric's); the next apply repairs it.
+    restore = next(r for _, r in counted if "--restore-mark" in r)
+    lab.gw.run(f"iptables-{variant}", "-t", "mangle", "-D", *shlex.split(restore)[1:])
+    assert not fabric(), "without restoring the bit on replies the SYN-ACK leaves via eth0"
+    assert from_cluster()
+    assert "changed=True routing_changed=False" in initnat_once(lab, plan_file, variant)
+    assert fabric(), "drift in the mangle chain repaired"
+    lab.gw.run("ip", "rule", "del", "priority", "1003")
+    assert not fabric(), "without the fwmark rule to NIC2's table the SYN-ACK leaves via eth0"
+    assert "changed=False routing_changed=True" in initnat_once(lab, plan_file, variant)
+    assert fabric(), "the rule is back"
+
+    # The sidecar (a fresh process: it finds the kernel in sync) and two long-lived connections.
+    initnat = procs.start(
+        lab.gw,
+        PY,
+        "-m",
+        "initnat",
+        "--plan",
+        str(plan_file),
+        "--watch",
+        "--iptables",
+        variant,
+        name="initnat",
+    )
+    wait_for(lambda: "initnat.applied" in procs.output("initnat"), 15, "the sidecar's first apply")
+    assert "changed=False routing_changed=False" in procs.output("initnat")
+    clients = {
+        "fabric": procs.start(lab.svc, PY, str(tmp_path / "long.py"), FABRIC_CLIENT, RVIP, "7070", name="lf"),
+        "cluster": procs.start(cluster, PY, str(tmp_path / "long.py"), CLUSTER_GW, RVIP, "7070", name="lc"),
+    }
+    for name, out in (("fabric", "lf"), ("cluster", "lc")):
+        wait_for(lambda o=out: procs.output(o).count("ok ") >= 3, 10, f"the {name} client echoing")
+    assert marked(lab, FABRIC_MARK, "ESTABLISHED") == 1 and marked(lab, CLUSTER_MARK, "ESTABLISHED") == 1
+
+    # Revoking the fabric grant cuts its live connection within 2 s; the cluster's keeps echoing.
+    changed_at = time.time()
+    write_plan(
+        plan_file, dataclasses.replace(both, nat=dataclasses.replace(both.nat, grants=both.nat.grants[1:]))
+    )
+    wait_for(lambda: clients["fabric"].poll() is not None, 10, "the fabric client to be cut")
+    last_ok = max(float(x.split()[1]) for x in procs.output("lf").splitlines() if x.startswith("ok "))
+    assert last_ok - changed_at < 2.0, f"the fabric client still echoed {last_ok - changed_at:.2f} s later"
+    oks = procs.output("lc").count("ok ")
+    await anyio.sleep(1.5)
+    assert clients["cluster"].poll() is None and procs.output("lc").count("ok ") >= oks + 5
+    assert marked(lab, FABRIC_MARK) == 0, "the revoked grant's conntrack entries are gone"
+    assert f"revoked_marks={FABRIC_MARK:#x}/{MASK:#x}" in procs.output("initnat")
+    assert not fabric(), "revoked: no new connection either"
+    assert initnat.poll() is None
+
+    # What NIC2's loose rp_filter is for (measured): strict, the fabric's SYN never reaches FORWARD.
+    initnat.terminate()
+    initnat.wait(timeout=10)
+    write_plan(plan_file, both)
+    initnat_once(lab, plan_file, variant)
+    assert fabric()
     netns.NsSysctls(lab.gw.ns).write("net.ipv4.conf.ens7.rp_filter", 1)
+    lab.gw.run("conntrack", "-D", "-m", f"{FABRIC_MARK:#x}/{MASK:#x}", check=False)
     before = rp_filter_drops(lab)
-    one_shot(lab.svc, FABRIC_CLIENT, rvip, 7070, tmp_path / "once.py")
-    assert marked(lab, mark) == 0, "strict: nothing reached FORWARD"
+    assert not fabric()
+    assert marked(lab, FABRIC_MARK) == 0, "strict: nothing reached FORWARD"
     assert rp_filter_drops(lab) > before, "dropped by the reverse-path filter, not lost elsewhere"
 
 
@@ -440,6 +579,63 @@ def peer_routing_into_its_tunnel(lab: Lab, site: Host, tmp_path: Path, extra: st
     for dst in (SERVICE_CIDR, extra):
         netns.route(site.ns, dst, "dev", "wg0")
     netns.route(lab.rtr.ns, site.lans[0], "via", GW_NIC2_ADDR)
+
+
+async def test_a_wireguard_reverse_exposure_answers_the_fabric_through_nic2_also_with_src_valid_mark(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """WireGuard: the site's routes live in the MAIN table (wg0), not in charon's table 220. A fabric
+    client's connection to a reverse exposure goes through wg0 and its replies come out of it with the
+    reply bit. With ``src_valid_mark`` on (hosts running Calico's WireGuard mode set
+    net.ipv4.conf.all.src_valid_mark=1, and a pod's namespace inherits it) the reverse-path check of such a
+    reply is a route lookup WITH the mark: were NIC2's table its answer, the strict rp_filter of wg0 (the
+    lab's namespace is strict, as many hosts leave pods) would drop it. The ``fwmark ... lookup main
+    suppress_prefixlength 0`` rule lets main's specific routes (the peer's) win: measured here, deleting it
+    drops the replies (the IPReversePathFilter counter moves) with src_valid_mark on, and not with it off."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    netns.addr(lab.svc.ns, "lo", f"{FABRIC_CLIENT}/32")
+    (tmp_path / "echo.py").write_text(ECHO_SERVER)
+    (tmp_path / "once.py").write_text(ONE_SHOT)
+    procs.start(s1, PY, str(tmp_path / "echo.py"), s1.lan_host, "7070", name="echo7070")
+    wait_for(lambda: "listening" in procs.output("echo7070"), 10, "the site's echo server")
+    wg_plan = dataclasses.replace(
+        reverse_plan(lab, s1, Grant("fabric", "db", "reverse", ("192.0.2.64/26",), FABRIC_MARK)),
+        type="wireguard",
+        wireguard=WireGuard("wg0", 51820, "10.99.0.1/24", SecretRef("gw-wg", "privateKey")),
+    )
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, wg_plan)
+    initnat_once(lab, plan_file, "nft")
+    keys = wireguard_pair(lab, s1, tmp_path)
+    lab.gw.wireguard["wg0"].wg(
+        "set", "wg0", "peer", keys[s1.role][1], "allowed-ips", f"10.99.0.2/32,{s1.lans[0]}"
+    )
+    s1.wireguard["wg0"].wg("set", "wg0", "peer", keys["gw"][1], "allowed-ips", f"10.99.0.1/32,{SERVICE_CIDR}")
+    netns.route(lab.gw.ns, s1.lans[0], "dev", "wg0")  # the peer's route: main table
+    netns.route(s1.ns, SERVICE_CIDR, "dev", "wg0")
+    assert s1.ping("10.99.0.1", src="10.99.0.2", count=2), "the handshake (the site initiates)"
+    sysctls = netns.NsSysctls(lab.gw.ns)
+    sysctls.write("net.ipv4.conf.all.src_valid_mark", 1)
+    assert sysctls.read("net.ipv4.conf.wg0.rp_filter") == 1 == sysctls.read("net.ipv4.conf.all.rp_filter")
+
+    def fabric() -> bool:
+        return one_shot(lab.svc, FABRIC_CLIENT, RVIP, 7070, tmp_path / "once.py")
+
+    assert fabric(), "into wg0 by the main table, answered through NIC2"
+    assert reply_flagged(lab) and "from 198.18.0.1" in procs.output("echo7070")
+    reply = ("ip", "route", "get", FABRIC_CLIENT, "from", s1.lan_host, "iif", "wg0", "mark", hex(REPLY_BIT))
+    assert "dev ens7" in lab.gw.run(*reply).stdout.decode(), "a reply out of the tunnel leaves via NIC2"
+
+    lab.gw.run("ip", "rule", "del", "priority", "1002")  # the suppress_prefixlength rule
+    before = rp_filter_drops(lab)
+    assert not fabric(), "with src_valid_mark on and no main-first rule the replies are dropped"
+    assert rp_filter_drops(lab) > before, "by wg0's reverse-path filter (its lookup with the mark found NIC2)"
+    sysctls.write("net.ipv4.conf.all.src_valid_mark", 0)
+    assert fabric(), "with src_valid_mark off the same rules pass: the check ignores the mark"
+    sysctls.write("net.ipv4.conf.all.src_valid_mark", 1)
+    assert "changed=False routing_changed=True" in initnat_once(lab, plan_file, "nft")
+    assert fabric(), "the rule is back"
 
 
 def target_drops(lab: Lab) -> int:

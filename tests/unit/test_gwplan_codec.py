@@ -96,3 +96,19 @@ def test_device_names_the_rule_admits_round_trip(name: str) -> None:
         wireguard=g.WireGuard(name, 51820, "10.99.0.1/24", g.SecretRef("k", "k")),
     )
     assert g.loads(g.dumps(plan)).wireguard == plan.wireguard
+
+
+def test_nic_reply_mark_is_optional_and_round_trips() -> None:
+    """``nic.replyMark`` (init-nat's reply bit) is new: a plan without it reads as None (init-nat's default)
+    and its bytes are what they were before the field existed; one that sets it keeps it."""
+    doc = json.loads(g.dumps(PLAN))
+    assert "replyMark" not in doc["nic"], "absent when unset: older plans keep their bytes and hash"
+    assert g.loads(g.dumps(PLAN)).nic.reply_mark is None
+    marked = g.Plan(gateway=PLAN.gateway, type="ipsec", ipsec=PLAN.ipsec, nic=g.Nic(reply_mark=0x1))
+    data = g.dumps(marked)
+    assert json.loads(data)["nic"]["replyMark"] == 1 and g.loads(data) == marked
+    doc = json.loads(data)
+    del doc["hash"]
+    doc["nic"]["replyMark"] = "0x1"
+    with pytest.raises(g.PlanError, match=r"nic\.replyMark: expected int"):
+        g.from_dict(doc)

@@ -322,6 +322,17 @@ def test_a_port_removed_from_an_exposure_revokes_its_grants() -> None:
         pytest.param(Nic(table=0), r"nic.table: 0 is not", id="table-0"),
         pytest.param(Nic(rule_priority=0), r"nic.rulePriority", id="prio"),
         pytest.param(Nic(rule_priority=32766), r"nic.rulePriority", id="prio-main"),
+        # The reply rules sit at +2 and +3: after charon's table 220, before main's 32766.
+        pytest.param(
+            Nic(rule_priority=218), r"nic.rulePriority: 218 would put .* \(220, 221\) in front", id="prio-220"
+        ),
+        pytest.param(
+            Nic(rule_priority=32763), r"nic.rulePriority: 32763 is not an integer 219..32762", id="prio-+3"
+        ),
+        pytest.param(Nic(reply_mark=0x3), r"nic.replyMark: 0x3 is not a single bit", id="reply-two-bits"),
+        pytest.param(Nic(reply_mark=0), r"nic.replyMark: 0 is not an integer", id="reply-zero"),
+        pytest.param(Nic(reply_mark=2**32), r"nic.replyMark", id="reply-too-wide"),
+        pytest.param(Nic(reply_mark=True), r"nic.replyMark", id="reply-bool"),
     ],
 )
 def test_nic_fields_are_checked(nic: Nic, message: str | None) -> None:
@@ -330,6 +341,12 @@ def test_nic_fields_are_checked(nic: Nic, message: str | None) -> None:
         return
     with pytest.raises(NatConfigError, match=message):
         rules.validate_nic(nic)
+
+
+def test_nic_edges_that_are_accepted() -> None:
+    assert rules.validate_nic(Nic(rule_priority=219)).rule_priority == 219, "reply rules at 221, 222"
+    assert rules.validate_nic(Nic(rule_priority=32762)).rule_priority == 32762, "the last at 32765"
+    assert rules.validate_nic(Nic(reply_mark=0x80000000)).reply_mark == 0x80000000
 
 
 def test_nic_mac_is_normalised_lower_case() -> None:
@@ -508,3 +525,76 @@ def test_a_bad_wireguard_device_name_is_named(dev: str) -> None:
         rules.validate(
             nat(), nic2_address=NIC2, resolved=RESOLVED, tunnel_interfaces=(("wireguard.interface", dev),)
         )
+
+
+def reply_policy(
+    n: Nat | None = None, device: str = "ens7", mark: int = rules.DEFAULT_REPLY_MARK
+) -> rules.Policy:
+    return rules.validate(n or nat(), nic2_address=NIC2, resolved=RESOLVED, reply=rules.Reply(device, mark))
+
+
+def test_the_reply_bit_defaults_to_bit_28_outside_the_default_mark_mask() -> None:
+    assert rules.validate_nic(Nic()).reply_mark == 0x10000000 == rules.DEFAULT_REPLY_MARK
+    assert rules.validate_nic(Nic(reply_mark=0x1)).reply_mark == 0x1
+    assert not rules.DEFAULT_REPLY_MARK & Nat().mark_mask
+
+
+def test_the_mangle_chain_marks_nic2_connections_and_restores_the_bit_on_their_replies() -> None:
+    rs = rules.render(reply_policy())
+    assert [t.table for t in rs.tables] == ["filter", "nat", "mangle"], "mangle last: filter commits first"
+    (mangle,) = [t for t in rs.tables if t.table == "mangle"]
+    assert mangle.chains == ("VPNGW-MANGLE",)
+    assert mangle.rules == (
+        "-A VPNGW-MANGLE -i ens7 -m conntrack --ctstate NEW "
+        '-m comment --comment "vpngw came in on NIC2" -j CONNMARK --set-xmark 0x10000000/0x10000000',
+        '-A VPNGW-MANGLE -m conntrack --ctdir REPLY -m comment --comment "vpngw replies leave through NIC2" '
+        "-j CONNMARK --restore-mark --nfmask 0x10000000 --ctmask 0x10000000",
+    )
+    assert ("mangle", "PREROUTING", "VPNGW-MANGLE") in rules.JUMPS
+    assert rs.tables[:2] == rules.render(policy()).tables, "filter and nat do not depend on it"
+    assert [t.table for t in rules.render(policy()).tables] == ["filter", "nat"], "no NIC2: no mangle"
+    other = rules.render(reply_policy(device="eth9", mark=0x1)).tables[2].rules
+    assert other[0].startswith("-A VPNGW-MANGLE -i eth9 ") and other[0].endswith("--set-xmark 0x1/0x1")
+    stoned = rules.render(reply_policy(), [rules.Flush(A, MASK)])
+    assert stoned.tables[2] == rs.tables[2], "tombstones go into the filter chain only"
+
+
+@pytest.mark.parametrize(
+    ("mask", "mark", "message"),
+    [
+        pytest.param(
+            0x1FFF0000,
+            rules.DEFAULT_REPLY_MARK,
+            r"nic.replyMark: 0x10000000 \(the default\) is inside nat.markMask 0x1fff0000: .* 0x80000000",
+            id="default-inside-a-wider-mask",
+        ),
+        pytest.param(0xFFFFFFFE, rules.DEFAULT_REPLY_MARK, r"e.g. 0x1$", id="widest-mask-leaves-bit-0"),
+        pytest.param(
+            MASK, 0x10000, r"nic.replyMark: 0x10000 is inside nat.markMask 0xfff0000", id="a-grant-bit"
+        ),
+        pytest.param(MASK, 0x30000000, r"nic.replyMark: 0x30000000 is not a single bit", id="two-bits"),
+    ],
+)
+def test_the_reply_bit_must_lie_outside_the_grants_mark_mask(mask: int, mark: int, message: str) -> None:
+    n = nat(mark_mask=mask, grants=())
+    with pytest.raises(NatConfigError, match=message):
+        reply_policy(n, mark=mark)
+
+
+def test_the_widest_mark_mask_works_with_the_bit_it_leaves_free() -> None:
+    n = nat(mark_mask=0xFFFFFFFE, grants=(Grant("s1", "web", "exposure", ("203.0.113.0/28",), 0x2),))
+    (mangle,) = rules.render(reply_policy(n, mark=0x1)).tables[2:]
+    assert mangle.rules[0].endswith("--set-xmark 0x1/0x1")
+
+
+@pytest.mark.parametrize("device", ["-j ACCEPT", "ens 7", "x" * 16, ""])
+def test_a_nic2_name_that_cannot_be_an_iptables_argument_is_refused(device: str) -> None:
+    with pytest.raises(NatConfigError, match=r"nic: NIC2's name .* cannot be used in an iptables rule"):
+        reply_policy(device=device)
+
+
+def test_the_reply_bit_changes_no_grant_decision() -> None:
+    """Grants set only their mask's bits and revocation compares admissions: the bit is invisible to both."""
+    with_reply, without = reply_policy(), policy()
+    assert rules.revoked(without, with_reply) == () and rules.revoked(with_reply, without) == ()
+    assert with_reply.admissions == without.admissions

@@ -341,3 +341,54 @@ def test_tombstones_are_found_whatever_order_the_kernel_prints_their_options_in(
     assert reordered != line
     save = f"*filter\n:VPNGW-FORWARD - [0:0]\n{reordered}\nCOMMIT\n"
     assert tables.tombstones_in(tables.parse_save(save)) == stones
+
+
+def _with_reply(nat: Nat = GRANTS) -> Ruleset:
+    return rules.render(
+        rules.validate(nat, nic2_address=IPv4Address("192.0.2.2"), reply=rules.Reply("ens7", 0x10000000))
+    )
+
+
+def _mangle_other_print(line: str) -> str:
+    """Another iptables' print of our mangle rule: the state match before the interface."""
+    return re.sub(r"^(-A VPNGW(?:PROBE)?-MANGLE) (-i \S+) (-m conntrack --ctstate NEW) ", r"\1 \3 \2 ", line)
+
+
+def test_the_mangle_chain_goes_through_the_same_payload_sync_and_jump_machinery() -> None:
+    rs = _with_reply()
+    text = tables.payload(rs, {})
+    assert text.index("*filter") < text.index("*nat") < text.index("*mangle"), "filter still commits first"
+    mangle = text[text.index("*mangle") :]
+    assert mangle.splitlines()[:3] == ["*mangle", ":VPNGW-MANGLE - [0:0]", "-I PREROUTING 1 -j VPNGW-MANGLE"]
+    assert tables.in_sync(tables.parse_save(_save(rs, str)), rs)
+    # our jump moved behind a foreign one (a CNI inserting at 1), or missing: put back first, once
+    moved = _save(rs, str).replace(
+        "-A PREROUTING -j VPNGW-MANGLE\n", "-A PREROUTING -j CNI-MANGLE\n-A PREROUTING -j VPNGW-MANGLE\n"
+    )
+    assert not tables.in_sync(tables.parse_save(moved), rs)
+    assert tables.jump_fixes(tables.parse_save(moved), "mangle") == [
+        "-D PREROUTING -j VPNGW-MANGLE",
+        "-I PREROUTING 1 -j VPNGW-MANGLE",
+    ]
+    # drift in our mangle chain (a rule deleted by hand) is not in sync: the next apply rewrites it
+    rule = rs.tables[2].rules[1]
+    assert not tables.in_sync(tables.parse_save(_save(rs, str).replace(rule + "\n", "")), rs)
+    # a ruleset from before the mangle chain: the chain is missing in the kernel, not in sync
+    old = tables.parse_save(_save(_rendered(), str))
+    assert tables.kernel_rules(old, rs) is None and not tables.in_sync(old, rs)
+    assert tables.revoked_in_kernel(tables.admissions_in(old), rs) == frozenset(), "nothing revoked by it"
+    assert "mangle -A PREROUTING -j VPNGW-MANGLE" in tables.own_rules_text(tables.parse_save(_save(rs, str)))
+
+
+def test_a_mangle_print_is_learned_by_the_probe_like_any_other() -> None:
+    rs = _with_reply()
+    text = tables.probe_payload(rs)
+    assert "*mangle\n:VPNGWPROBE-MANGLE - [0:0]\n" in text and "VPNGW-" not in text
+    kernel = tables.parse_save("\n".join(_mangle_other_print(line) for line in text.splitlines()))
+    memo = tables.printed(tables.probed(kernel, rs), rs)
+    assert memo is not None and {(t, r) for t, _, r in memo.lines} == {("mangle", rs.tables[2].rules[0])}
+    live = tables.parse_save(_save(rs, _mangle_other_print))
+    assert not tables.in_sync(live, rs) and tables.in_sync(tables.as_rendered(live, memo), rs)
+    assert "-X VPNGWPROBE-MANGLE" in tables.probe_cleanup_payload(rs)
+    snapshot = tables.snapshot_payload(tables.parse_save(_save(rs, str)), rs)
+    assert "*mangle\n:VPNGW-MANGLE - [0:0]\n" + rs.tables[2].rules[0] in snapshot, "rolled back too"
