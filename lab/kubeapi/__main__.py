@@ -1,0 +1,7 @@
+"""``python -m lab.kubeapi``: run the Kubernetes API emulator as a process."""
+
+import sys
+
+from lab.kubeapi.cli import main
+
+sys.exit(main())

@@ -1,0 +1,312 @@
+"""Per-kind behaviour of the registry strategies the emulator models (pure functions on dicts).
+
+What each built-in kind's strategy does on create/update that clients can observe: a subset of defaulting
+(Deployment, Pod, Secret, Namespace), status reset on create for kinds with a status subresource,
+Secret ``stringData`` folded into ``data``, ``immutable`` ConfigMaps/Secrets, CRD status conditions, and
+the conversion between core/v1 Events and events.k8s.io/v1 Events (one storage, two views).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from lab.kubeapi.errors import FieldError
+from lab.kubeapi.resources import ResourceType
+
+SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+    "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+    "start and "
+    "end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+DNS_LABEL_KINDS = frozenset({("", "namespaces"), ("", "services")})
+PATH_SEGMENT_KINDS = frozenset(
+    {
+        ("rbac.authorization.k8s.io", p)
+        for p in ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+    }
+)
+
+
+def validate_name(rtype: ResourceType, name: str) -> list[FieldError]:
+    if rtype.key in PATH_SEGMENT_KINDS:
+        # RBAC names are path segments (system:discovery)
+        if name in (".", "..") or "/" in name or "%" in name:
+            return [FieldError("metadata.name", "Invalid value", 'may not contain "/" or "%"', name, True)]
+        return []
+    if rtype.key in DNS_LABEL_KINDS:
+        if len(name) > 63 or not LABEL.match(name):
+            return [FieldError("metadata.name", "Invalid value", LABEL_MSG, name, True)]
+        return []
+    if len(name) > 253 or not SUBDOMAIN.match(name):
+        return [FieldError("metadata.name", "Invalid value", SUBDOMAIN_MSG, name, True)]
+    return []
+
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUALIFIED = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def validate_labels(meta: Mapping[str, Any]) -> list[FieldError]:
+    errs: list[FieldError] = []
+    for k, v in (meta.get("labels") or {}).items():
+        prefix, _, name = k.rpartition("/")
+        if (
+            not name
+            or len(name) > 63
+            or not _QUALIFIED.match(name)
+            or (prefix and not SUBDOMAIN.match(prefix))
+        ):
+            errs.append(
+                FieldError(
+                    "metadata.labels",
+                    "Invalid value",
+                    "name part must consist of alphanumeric characters, '-', '_' or '.', and must "
+                    "start and end "
+                    "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', "
+                    "regex used for "
+                    "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
+                    k,
+                    True,
+                )
+            )
+        if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
+            errs.append(
+                FieldError(
+                    "metadata.labels",
+                    "Invalid value",
+                    "a valid label must be an empty string or consist of alphanumeric characters, "
+                    "'-', '_' or "
+                    "'.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or "
+                    "'my_value',  "
+                    "or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
+                    v,
+                    True,
+                )
+            )
+    return errs
+
+
+def initial_status(rtype: ResourceType) -> dict[str, Any] | None:
+    """The status a create leaves (kinds with a status subresource cannot set it on create)."""
+    if rtype.key == ("", "pods"):
+        return {"phase": "Pending", "qosClass": "BestEffort"}
+    if rtype.key == ("apps", "deployments"):
+        return {}
+    if rtype.key == ("policy", "poddisruptionbudgets"):
+        return {"currentHealthy": 0, "desiredHealthy": 0, "disruptionsAllowed": 0, "expectedPods": 0}
+    if rtype.key == ("", "services"):
+        return {"loadBalancer": {}}
+    return None
+
+
+def _default_pod_spec(spec: dict[str, Any]) -> None:
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    for c in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+        if not isinstance(c, dict):
+            continue
+        image = str(c.get("image", ""))
+        latest = ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")
+        c.setdefault("imagePullPolicy", "Always" if latest and "@" not in image else "IfNotPresent")
+        c.setdefault("terminationMessagePath", "/dev/termination-log")
+        c.setdefault("terminationMessagePolicy", "File")
+        c.setdefault("resources", {})
+        for p in c.get("ports", []) or []:
+            if isinstance(p, dict):
+                p.setdefault("protocol", "TCP")
+
+
+def apply_defaults(rtype: ResourceType, obj: dict[str, Any]) -> None:
+    """A subset of the built-in defaulting (the fields controllers and kubectl commonly read)."""
+    key = rtype.key
+    if key == ("apps", "deployments"):
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("replicas", 1)
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("progressDeadlineSeconds", 600)
+        spec.setdefault(
+            "strategy",
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
+        )
+        tmpl = spec.setdefault("template", {})
+        tmpl.setdefault("metadata", {})
+        _default_pod_spec(tmpl.setdefault("spec", {}))
+    elif key == ("", "pods"):
+        _default_pod_spec(obj.setdefault("spec", {}))
+    elif key == ("", "secrets"):
+        obj.setdefault("type", "Opaque")
+    elif key == ("", "namespaces"):
+        obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+    elif key == ("", "services"):
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("sessionAffinity", "None")
+        for p in spec.get("ports", []) or []:
+            if isinstance(p, dict):
+                p.setdefault("protocol", "TCP")
+                p.setdefault("targetPort", p.get("port"))
+
+
+def fold_secret(obj: dict[str, Any]) -> list[FieldError]:
+    """stringData is write-only: merged into data (base64) and dropped; data must be base64."""
+    errs: list[FieldError] = []
+    data = obj.get("data") or {}
+    for k, v in list(data.items()):
+        try:
+            base64.b64decode(str(v), validate=True)
+        except (binascii.Error, ValueError):
+            errs.append(FieldError(f"data[{k}]", "Invalid value", "illegal base64 data", "<secret>", False))
+    string_data = obj.pop("stringData", None) or {}
+    if string_data:
+        data = dict(data)
+        for k, v in string_data.items():
+            data[k] = base64.b64encode(str(v).encode()).decode()
+        obj["data"] = data
+    return errs
+
+
+def immutable_violation(
+    rtype: ResourceType, old: Mapping[str, Any], new: Mapping[str, Any]
+) -> list[FieldError]:
+    if rtype.key not in (("", "configmaps"), ("", "secrets")) or not old.get("immutable"):
+        return []
+    errs = []
+    for f in ("data", "binaryData"):
+        if (old.get(f) or {}) != (new.get(f) or {}):
+            errs.append(FieldError(f, "Forbidden", "field is immutable when `immutable` is set"))
+    if not new.get("immutable"):
+        errs.append(FieldError("immutable", "Forbidden", "field is immutable when `immutable` is set"))
+    return errs
+
+
+def crd_status(crd: Mapping[str, Any], now: str, old: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the apiextensions controllers write: names accepted, established, stored versions."""
+    spec = crd.get("spec") or {}
+    names = dict(spec.get("names") or {})
+    names.setdefault("singular", str(names.get("kind", "")).lower())
+    names.setdefault("listKind", f"{names.get('kind', '')}List")
+    versions = spec.get("versions") or []
+    stored = [v["name"] for v in versions if v.get("storage")]
+    old_status = (old or {}).get("status") or {}
+    prev_stored = list(old_status.get("storedVersions") or [])
+    conds_old = {c.get("type"): c for c in old_status.get("conditions") or []}
+
+    def cond(t: str, reason: str, message: str) -> dict[str, Any]:
+        prev = conds_old.get(t)
+        ts = prev["lastTransitionTime"] if prev and prev.get("status") == "True" else now
+        return {"type": t, "status": "True", "lastTransitionTime": ts, "reason": reason, "message": message}
+
+    return {
+        "conditions": [
+            cond("NamesAccepted", "NoConflicts", "no conflicts found"),
+            cond("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+        ],
+        "acceptedNames": names,
+        "storedVersions": prev_stored + [v for v in stored if v not in prev_stored],
+    }
+
+
+def validate_crd(crd: Mapping[str, Any]) -> list[FieldError]:
+    spec = crd.get("spec") or {}
+    names = spec.get("names") or {}
+    errs: list[FieldError] = []
+    name = (crd.get("metadata") or {}).get("name", "")
+    if not spec.get("group"):
+        errs.append(FieldError("spec.group", "Required value"))
+    if not names.get("plural"):
+        errs.append(FieldError("spec.names.plural", "Required value"))
+    if not names.get("kind"):
+        errs.append(FieldError("spec.names.kind", "Required value"))
+    if name != f"{names.get('plural', '')}.{spec.get('group', '')}":
+        errs.append(
+            FieldError(
+                "metadata.name", "Invalid value", 'must be spec.names.plural+"."+spec.group', name, True
+            )
+        )
+    versions = spec.get("versions") or []
+    if not versions or sum(1 for v in versions if v.get("storage")) != 1:
+        errs.append(
+            FieldError(
+                "spec.versions",
+                "Invalid value",
+                "must have exactly one version marked as storage version",
+                [],
+                False,
+            )
+        )
+    if spec.get("scope") not in ("Namespaced", "Cluster"):
+        errs.append(
+            FieldError(
+                "spec.scope",
+                "Unsupported value",
+                'supported values: "Cluster", "Namespaced"',
+                spec.get("scope", ""),
+                True,
+            )
+        )
+    return errs
+
+
+# --- core/v1 Event <-> events.k8s.io/v1 Event ----------------------------------------------------
+
+_EVENT_MAP = (
+    ("involvedObject", "regarding"),
+    ("related", "related"),
+    ("message", "note"),
+    ("reason", "reason"),
+    ("type", "type"),
+    ("eventTime", "eventTime"),
+    ("series", "series"),
+    ("reportingComponent", "reportingController"),
+    ("reportingInstance", "reportingInstance"),
+    ("action", "action"),
+    ("source", "deprecatedSource"),
+    ("firstTimestamp", "deprecatedFirstTimestamp"),
+    ("lastTimestamp", "deprecatedLastTimestamp"),
+    ("count", "deprecatedCount"),
+)
+
+
+def event_to_v1beta(core: Mapping[str, Any]) -> dict[str, Any]:
+    """core/v1 Event as events.k8s.io/v1."""
+    out: dict[str, Any] = {
+        "kind": "Event",
+        "apiVersion": "events.k8s.io/v1",
+        "metadata": core.get("metadata", {}),
+    }
+    for c, e in _EVENT_MAP:
+        if c in core and core[c] is not None:
+            out[e] = copy.deepcopy(core[c])
+    if isinstance(out.get("series"), dict) and "lastObservedTime" in out["series"]:
+        pass
+    return out
+
+
+def event_to_core(ev: Mapping[str, Any]) -> dict[str, Any]:
+    """events.k8s.io/v1 Event as core/v1 (the storage form)."""
+    out: dict[str, Any] = {
+        "kind": "Event",
+        "apiVersion": "v1",
+        "metadata": copy.deepcopy(ev.get("metadata", {})),
+    }
+    for c, e in _EVENT_MAP:
+        if e in ev and ev[e] is not None:
+            out[c] = copy.deepcopy(ev[e])
+    out.setdefault("involvedObject", {})
+    return out
