@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: setup demo test lint bench chart
+.PHONY: setup demo test lint bench chart images images-lock
 
 setup:
 	bash scripts/setup.sh
@@ -32,3 +32,11 @@ chart:
 	$(PY) -m controller crds > helm/vpngw/crds/vpngw-crds.yaml
 	cp monitoring/alerts.yml helm/vpngw/files/alerts.yml
 	cp monitoring/grafana-dashboard.json helm/vpngw/files/grafana-dashboard.json
+
+## make images: the gateway and controller images, built locally (no registry) into out/*.oci.tar
+images: setup
+	bash images/build.sh
+
+## make images-lock: rebuild and rewrite the images' package locks (review the diff)
+images-lock: setup
+	bash images/build.sh --update-lock

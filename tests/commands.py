@@ -60,6 +60,9 @@ HOST_COMMANDS = frozenset(
         "unzip",
         "mariadbd",
         "mariadb-install-db",
+        "podman",
+        "buildah",
+        "skopeo",
     }
 )
 """What the lab, tests, demo and benchmarks run besides the image's commands (setup.sh must install it)."""

@@ -1,6 +1,8 @@
-"""The container images, checked as far as this machine allows (no Docker engine runs here, so they are
-not built): hadolint on every Dockerfile, every COPY source exists, and the gateway image's charon
-configuration is loaded by a real charon, with every plugin it names."""
+"""The container images' sources, checked without building them: hadolint on every Dockerfile, every COPY
+source exists in the build context images/imagectl.py stages, and the gateway image's charon
+configuration is loaded by a real charon outside any container, with every plugin it names. The images
+themselves are built and run in test_images_run.py (and checked against their locks in
+test_images_lock.py)."""
 
 from __future__ import annotations
 
@@ -40,16 +42,24 @@ def test_hadolint_accepts(dockerfile: Path) -> None:
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
-def test_every_copy_source_exists_in_the_build_context(dockerfile: Path) -> None:
+def test_every_copy_source_exists_in_the_build_context(dockerfile: Path, tmp_path: Path) -> None:
+    """images/build.sh builds from the context ``imagectl.py context`` stages, not from the repository."""
+    image = dockerfile.parent.name
+    subprocess.run(
+        [sys.executable, str(ROOT / "images" / "imagectl.py"), "context", image, str(tmp_path / "ctx")],
+        capture_output=True,
+        check=True,
+        cwd=ROOT,
+    )
     sources = [
         src
         for line in dockerfile.read_text().splitlines()
-        if (m := re.match(r"COPY\s+(.+)\s+\S+$", line.strip()))
+        if (m := re.match(r"COPY\s+(?!--from=)(.+)\s+\S+$", line.strip()))
         for src in m.group(1).split()
     ]
     assert sources
-    missing = [s for s in sources if not (ROOT / s).exists()]
-    assert not missing, f"{dockerfile}: COPY sources missing from the repository root: {missing}"
+    missing = [s for s in sources if not (tmp_path / "ctx" / s).exists()]
+    assert not missing, f"{dockerfile}: COPY sources missing from the staged build context: {missing}"
 
 
 @pytest.fixture
@@ -80,7 +90,7 @@ def test_gateway_charon_config_loads_every_plugin_it_names(lab: Lab, open_tmp: P
     lists for it (with fewer it aborts: switching group and handing over the socket need SETGID and
     CHOWN). charon's mount namespace sees an /etc/group with the image's vpngw group; this machine's is
     not touched."""
-    wanted = re.search(r"^\s*load = (.+)$", GATEWAY_CONF.read_text(), re.M)
+    wanted = re.search(r"^charon \{.*?^\s*load = (.+?)$", GATEWAY_CONF.read_text(), re.M | re.S)
     assert wanted
     assert "NET_ADMIN" in CHARON_CAPS, "the Dockerfile's charon capability line was not found"
     plugins = wanted.group(1).split()
