@@ -25,8 +25,8 @@ from controller.names import GatewayKey
 from controller.openstack import OpenStackCloud, OpenStackSettings, server_of
 from controller.reconcile import Snapshot, peers_of, render_gateway
 from controller.settings import Settings
-from lab.openstack.fixtures import OpenStackLab
 from lab.cluster import wait_for
+from lab.openstack.fixtures import OpenStackLab
 from lab.openstack.proxy import Fault
 from tests.examples import example_docs
 
