@@ -117,7 +117,9 @@ def events(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any
                 continue
         elif old.get("status") == c["status"] and old.get("reason") == c["reason"]:
             continue
-        out.append(StatusEvent("Normal" if ok else "Warning", str(c["reason"]), f"{c['type']}: {c['message']}"))
+        out.append(
+            StatusEvent("Normal" if ok else "Warning", str(c["reason"]), f"{c['type']}: {c['message']}")
+        )
     return out
 
 
