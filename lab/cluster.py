@@ -168,8 +168,8 @@ class Cluster:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
         return self.kube.get(api_version, kind, name, namespace)
 
-    def start_controller(self, config: Mapping[str, Any] | None = None, *args: str,
-                         name: str = "controller") -> Controller:  # fmt: skip
+    def start_controller(self, config: Mapping[str, Any] | None = None, *args: str, name: str = "controller",
+                         env: Mapping[str, str] | None = None) -> Controller:  # fmt: skip
         port = free_port()
         cfg = self.workdir / f"{name}-config.yaml"
         cfg.write_text(yaml.safe_dump(dict(config or {})))
@@ -181,12 +181,29 @@ class Cluster:
             "--listen", f"127.0.0.1:{port}",
             *args,
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         with log_path.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=environ)
         ctl = Controller(proc, port, log_path)
         self.controllers.append(ctl)
         return ctl
+
+
+def clouds_yaml(path: Path, network_url: str, compute_url: str, name: str = "lab") -> Path:
+    """A clouds.yaml for a noauth Neutron (and Nova's os-interface emulator) at these URLs."""
+    doc = {
+        "clouds": {
+            name: {
+                "auth_type": "none",
+                "auth": {"endpoint": network_url.rstrip("/")},
+                "network_endpoint_override": network_url.rstrip("/"),
+                "compute_endpoint_override": compute_url.rstrip("/") + "/v2.1",
+                "region_name": "RegionOne",
+            }
+        }
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ recovered; release leaves nothing tagged.
 from __future__ import annotations
 
 import copy
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -273,3 +274,62 @@ def test_release_leaves_nothing_tagged_and_no_route(lab: OpenStackLab) -> None:
     for c in lab.cloud.clusters:
         assert not any(r["nexthop"] == addr for r in routes_on(lab, c.router_id))
     anyio.run(cloud.release, KEY)  # idempotent
+
+
+def test_the_controller_process_with_the_openstack_backend_creates_and_releases_everything(
+    lab: OpenStackLab, tmp_path: Any
+) -> None:
+    """The whole path: the controller as a process, the API emulator, the real Neutron and the Nova emulator
+    through their proxies. The gateway's NIC2 in the plan is the port Neutron allocated, status.publicIP
+    its floating IP; SIGKILLed between the port and the floating IP, a new controller finishes the job
+    without a duplicate; deleting the gateway leaves nothing tagged."""
+    from controller.desired import plan_of
+    from lab.cluster import Cluster, clouds_yaml
+
+    key_tags = ",".join(tags(KEY, "vpngw"))
+    conn = lab.connect(direct=True)
+    with Cluster(tmp_path / "k8s") as c:
+        for n in lab.cloud.nodes[:2]:
+            c.add_node(n.name, provider_id=n.provider_id)
+        cfg = clouds_yaml(tmp_path / "clouds.yaml", lab.network_url, lab.compute_url)
+        net = lab.cloud
+        args = ["--cloud", "openstack", "--os-cloud", "lab", "--gateway-network", net.gateway.network_id,
+                "--gateway-subnet", net.gateway.subnet_id,
+                "--external-network", net.external.network_id]  # fmt: skip
+        env = {"OS_CLIENT_CONFIG_FILE": str(cfg)}
+        held = lab.neutron_proxy.add("POST", r"^/v2\.0/floatingips$", Fault.hang(120), times=1)
+        first = c.start_controller({"internalSourceCIDRs": ["192.0.2.64/26"]}, *args, name="first", env=env)
+        wait_for(first.ready, 30, "the controller")
+        c.apply(docs())
+        wait_for(lambda: list(conn.network.ports(tags=key_tags)), 30, "the port")
+        wait_for(lambda: held.hits == 1, 30, "the floating IP's POST, held")
+        first.stop(signal.SIGKILL)
+        lab.neutron_proxy.clear()
+        second = c.start_controller({"internalSourceCIDRs": ["192.0.2.64/26"]}, *args, name="second", env=env)
+        gw = wait_for(
+            lambda: (
+                (g := c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme"))
+                and (g.get("status") or {}).get("publicIP")
+                and g
+            ),
+            60,
+            "status.publicIP",
+        )
+        (port,) = conn.network.ports(tags=key_tags)
+        (fip,) = conn.network.ips(tags=key_tags)
+        assert gw["status"]["publicIP"] == fip.floating_ip_address and fip.port_id == port.id
+        plan = plan_of(c.get("v1", "ConfigMap", "vpngw-acme", "tenant-acme"))  # type: ignore[arg-type]
+        assert plan.nic.mac == port.mac_address
+        assert plan.nic.address == f"{port.fixed_ips[0]['ip_address']}/26"
+        conds = {x["type"]: x for x in gw["status"]["conditions"]}
+        assert conds["SecurityGroupScoped"]["reason"] == "HostnameEndpointOpensPort"
+        assert conds["CloudReady"]["status"] == "True" and conds["RoutingReady"]["status"] == "True"
+        c.kube.delete("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme")
+        wait_for(
+            lambda: c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") is None,
+            60,
+            "deleted",
+        )
+        assert list(conn.network.ports(tags=key_tags)) == list(conn.network.ips(tags=key_tags)) == []
+        assert list(conn.network.security_groups(tags=key_tags)) == []
+        assert second.proc.poll() is None
