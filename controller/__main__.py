@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the CRDs (VPNGateway, VPNPeer, IPsecGateway, ClusterLink) as multi-document YAML, "
         "generated from the same rules the controller validates with.",
     )
+    sub.add_parser(
+        "rbac",
+        help="print the rights the controller needs (the chart's ClusterRole and Role are generated from it)",
+        description="Print, as YAML, the rules of the controller's ClusterRole and of its leader-election "
+        "Role in its own namespace (controller/rbac.py, where each right says which code uses it).",
+    )
     r = sub.add_parser(
         "render",
         help="render a gateway and its peers to the gateway plan (or swanctl.conf)",
@@ -218,6 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "crds":
             sys.stdout.write(crds_yaml())
+            return EXIT_OK
+        if args.command == "rbac":
+            from controller.rbac import cluster_role_rules, leader_election_rules
+
+            doc = {"clusterRole": cluster_role_rules(), "leaderElectionRole": leader_election_rules()}
+            sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
             return EXIT_OK
         if args.command == "run":
             return run_command(args)

@@ -4,8 +4,9 @@ An object is in order when it carries our desired-hash annotation (``names.ANNOT
 current hash AND every field we set has our value (``covers``: fields others add, such as the API
 server's defaults, are left alone). A different hash means our wish changed: the object is replaced
 (PUT with its resourceVersion), which also drops fields we no longer set. A field someone edited is
-restored the same way. Owned objects of a kind we no longer want are deleted (by uid). Nothing is
-written for an object in order: a no-op reconcile makes no write at all.
+restored the same way. Every gateway has every owned kind (some held back until they can be decided),
+so nothing is ever deleted here: the API server's garbage collector removes them with their gateway.
+Nothing is written for an object in order: a no-op reconcile makes no write at all.
 """
 
 from __future__ import annotations
@@ -32,14 +33,6 @@ class Replace:
 
 
 @dataclass(frozen=True)
-class Delete:
-    kind: str
-    name: str
-    namespace: str
-    uid: str
-
-
-@dataclass(frozen=True)
 class Foreign:
     """An object of our name that this gateway does not own: never touched, reported."""
 
@@ -47,7 +40,7 @@ class Foreign:
     name: str
 
 
-Action = Create | Replace | Delete
+Action = Create | Replace
 
 
 def covers(actual: Any, want: Any) -> bool:
@@ -91,15 +84,12 @@ def plan_actions(
     desired: Sequence[Mapping[str, Any]],
     actual: Mapping[str, Mapping[str, Any]],
     uid: str,
-    held: frozenset[str] = frozenset(),
 ) -> tuple[list[Action], list[Foreign]]:
     """``actual``: kind -> the object of our name of that kind (if any)."""
     actions: list[Action] = []
     foreign: list[Foreign] = []
-    wanted_kinds = set()
     for want in desired:
         kind = str(want["kind"])
-        wanted_kinds.add(kind)
         have = actual.get(kind)
         if have is None:
             actions.append(Create(dict(want)))
@@ -115,10 +105,4 @@ def plan_actions(
             actions.append(Replace(replacement(have, want), "changed"))
         elif not covers(have, {k: v for k, v in want.items() if k not in ("apiVersion", "kind")}):
             actions.append(Replace(replacement(have, want), "restored"))
-    for kind, have in actual.items():
-        if kind in wanted_kinds or kind in held or not _owned_by(have, uid):
-            continue
-        md = have["metadata"]
-        if not md.get("deletionTimestamp"):
-            actions.append(Delete(kind, str(md["name"]), str(md["namespace"]), str(md["uid"])))
     return actions, foreign

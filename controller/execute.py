@@ -33,7 +33,6 @@ class Counts:
     writes: int = 0
     creates: int = 0
     replaces: int = 0
-    deletes: int = 0
 
 
 def gateway_resource(key: GatewayKey) -> Resource:
@@ -108,7 +107,7 @@ async def _perform(kube: KubeClient, action: diff.Action, counts: Counts) -> Non
             obj["metadata"]["namespace"],
             obj["metadata"]["name"],
         )
-    elif isinstance(action, diff.Replace):
+    else:
         obj = action.obj
         res = BY_KIND[str(obj["kind"])]
         try:
@@ -123,16 +122,6 @@ async def _perform(kube: KubeClient, action: diff.Action, counts: Counts) -> Non
             obj["metadata"]["namespace"],
             obj["metadata"]["name"],
         )
-    else:
-        res = BY_KIND[action.kind]
-        try:
-            await kube.delete(res, action.name, action.namespace, uid=action.uid)
-        except NotFound:
-            pass
-        except Conflict as exc:
-            raise Requeue(f"delete {res}/{action.name}: {exc}") from None
-        counts.deletes += 1
-        log.info("object.deleted kind=%s name=%s/%s", action.kind, action.namespace, action.name)
     counts.writes += 1
 
 

@@ -244,7 +244,7 @@ def decide(
             plan_desired = Desired(
                 tuple(o for o in plan_desired.objects if o["kind"] not in kept), plan_desired.held | kept
             )
-        acts, foreign = diff.plan_actions(plan_desired.objects, snap.owned, snap.uid, plan_desired.held)
+        acts, foreign = diff.plan_actions(plan_desired.objects, snap.owned, snap.uid)
         actions = list(acts)
     parts = [config_condition(rendered), *cloud.conditions]
     if not any(c.type == CLOUD_READY for c in cloud.conditions):

@@ -259,10 +259,10 @@ class Operator:
         counts = await execute.apply(
             self.kube, key, gateway, decision, now=now, reporter=self.elector.identity
         )
-        for verb, n in (("create", counts.creates), ("replace", counts.replaces), ("delete", counts.deletes)):
+        for verb, n in (("create", counts.creates), ("replace", counts.replaces)):
             if n:
                 self.metrics.writes.labels(verb).inc(n)
-        other = counts.writes - counts.creates - counts.replaces - counts.deletes
+        other = counts.writes - counts.creates - counts.replaces
         if other:
             self.metrics.writes.labels("patch").inc(other)
         if counts.writes:

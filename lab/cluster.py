@@ -54,8 +54,9 @@ def crd_documents() -> list[dict[str, Any]]:
     return [*crds(), nad]
 
 
-def node(name: str, *, ready: bool = True, labels: Mapping[str, str] | None = None,
-         provider_id: str | None = None) -> dict[str, Any]:  # fmt: skip
+def node(
+    name: str, *, ready: bool = True, labels: Mapping[str, str] | None = None, provider_id: str | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if provider_id:
         spec["providerID"] = provider_id
@@ -154,33 +155,58 @@ class Cluster:
                 self.namespace(str(ns))
             self.kube.create(dict(d))
 
-    def add_node(self, name: str, *, ready: bool = True, labels: Mapping[str, str] | None = None,
-                 provider_id: str | None = None) -> None:  # fmt: skip
+    def add_node(
+        self,
+        name: str,
+        *,
+        ready: bool = True,
+        labels: Mapping[str, str] | None = None,
+        provider_id: str | None = None,
+    ) -> None:
         self.kube.create(node(name, labels=labels, provider_id=provider_id))
         self.set_node_ready(name, ready)
 
     def set_node_ready(self, name: str, ready: bool) -> None:
         """What a kubelet (or the node controller, for a lost node) writes to the node's status."""
-        status = {"conditions": [{"type": "Ready", "status": "True" if ready else "False",
-                                  "reason": "KubeletReady" if ready else "NodeStatusUnknown"}]}  # fmt: skip
+        status = {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+                }
+            ]
+        }
         self.kube.patch("v1", "Node", name, {"status": status}, subresource="status")
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
         return self.kube.get(api_version, kind, name, namespace)
 
-    def start_controller(self, config: Mapping[str, Any] | None = None, *args: str, name: str = "controller",
-                         env: Mapping[str, str] | None = None) -> Controller:  # fmt: skip
+    def start_controller(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *args: str,
+        name: str = "controller",
+        env: Mapping[str, str] | None = None,
+        kubeconfig: Path | None = None,
+    ) -> Controller:
         port = free_port()
         cfg = self.workdir / f"{name}-config.yaml"
         cfg.write_text(yaml.safe_dump(dict(config or {})))
         log_path = self.workdir / f"{name}.log"
         argv = [
-            sys.executable, "-m", "controller", "run",
-            "--kubeconfig", str(self.kubeconfig),
-            "--config", str(cfg),
-            "--listen", f"127.0.0.1:{port}",
+            sys.executable,
+            "-m",
+            "controller",
+            "run",
+            "--kubeconfig",
+            str(kubeconfig or self.kubeconfig),
+            "--config",
+            str(cfg),
+            "--listen",
+            f"127.0.0.1:{port}",
             *args,
-        ]  # fmt: skip
+        ]
         environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         with log_path.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=environ)

@@ -11,6 +11,7 @@ two replicas elect one leader.
 from __future__ import annotations
 
 import copy
+import functools
 import signal
 import threading
 import time
@@ -202,9 +203,10 @@ def test_an_invalid_cr_keeps_the_running_plan_and_says_why(cluster: Cluster) -> 
     assert cm is not None
     cluster.kube.patch(VPN, "VPNPeer", "s1", {"spec": {"authorization": {"exposures": ["web", "nope"]}}}, NS)
     cond = wait_for(
-        lambda: (c := condition(gateway(cluster), "ConfigRendered")) and c["status"] == "False" and c, 10,
+        lambda: (c := condition(gateway(cluster), "ConfigRendered")) and c["status"] == "False" and c,
+        10,
         "ConfigRendered=False",
-    )  # fmt: skip
+    )
     assert cond["reason"] == "UnknownExposure"
     assert (
         'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "nope" names no exposure' in cond["message"]
@@ -311,7 +313,7 @@ def test_the_controllers_and_the_agents_status_writes_do_not_clobber_each_other(
         ):  # the controller rewrites nodeName and conditions meanwhile
             cluster.set_node_ready("node-b" if node == "node-a" else "node-a", False)
             cluster.set_node_ready(node, True)
-            wait_for(lambda: pinned_to(cluster, node), 10, f"pinned {node}")
+            wait_for(functools.partial(pinned_to, cluster, node), 10, f"pinned {node}")
     finally:
         stop.set()
         t.join()
@@ -376,8 +378,13 @@ def test_kubectl_apply_of_the_example_then_get_vpngateways_shows_the_columns(clu
     start(cluster)
     kc = [str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig)]
     assert subprocess.run([*kc, "create", "namespace", NS], capture_output=True, check=False).returncode == 0
-    applied = subprocess.run([*kc, "apply", "-f", "docs/examples/ipsec.yaml"], capture_output=True, text=True,
-                             check=False, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    applied = subprocess.run(
+        [*kc, "apply", "-f", "docs/examples/ipsec.yaml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert applied.returncode == 0, applied.stderr
     assert "vpngateway.vpn.bnerd.net/acme created" in applied.stdout
     wait_for(lambda: gateway(cluster).get("status", {}).get("publicIP"), 20, "the controller's status")

@@ -261,7 +261,7 @@ def test_re_pinning_moves_the_port_to_the_new_nodes_server(lab: OpenStackLab) ->
     (port,) = tagged(lab, "ports")
     assert port.device_id == server_of(lab.cloud.nodes[1].provider_id)
     detaches = lab.nova_proxy.calls("DELETE", r"/os-interface/")
-    assert len(detaches) == 1 and server_of(lab.cloud.nodes[0].provider_id) in detaches[0].path
+    assert len(detaches) == 1 and str(server_of(lab.cloud.nodes[0].provider_id)) in detaches[0].path
 
 
 def test_release_leaves_nothing_tagged_and_no_route(lab: OpenStackLab) -> None:

@@ -13,8 +13,14 @@ from controller.placement import place
 from controller.workqueue import WorkQueue
 
 
-def node(name: str, *, ready: bool = True, labels: dict[str, str] | None = None,
-         taints: list[dict[str, str]] | None = None, cordoned: bool = False) -> dict[str, Any]:  # fmt: skip
+def node(
+    name: str,
+    *,
+    ready: bool = True,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+    cordoned: bool = False,
+) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {"taints": taints or [], "unschedulable": cordoned},
@@ -22,10 +28,17 @@ def node(name: str, *, ready: bool = True, labels: dict[str, str] | None = None,
     }
 
 
-def where(current: str | None, nodes: list[dict[str, Any]], pinned: dict[str, int] | None = None,
-          **kw: Any) -> tuple[str | None, str]:  # fmt: skip
-    p = place(current, nodes, pinned or {}, selector=kw.get("selector", {}), tolerations=kw.get("tolerations", []),
-              cap=kw.get("cap", 0))  # fmt: skip
+def where(
+    current: str | None, nodes: list[dict[str, Any]], pinned: dict[str, int] | None = None, **kw: Any
+) -> tuple[str | None, str]:
+    p = place(
+        current,
+        nodes,
+        pinned or {},
+        selector=kw.get("selector", {}),
+        tolerations=kw.get("tolerations", []),
+        cap=kw.get("cap", 0),
+    )
     return p.node, p.reason
 
 
@@ -33,28 +46,70 @@ def where(current: str | None, nodes: list[dict[str, Any]], pinned: dict[str, in
     "current, nodes, pinned, kw, expected",
     [
         pytest.param(None, [node("b"), node("a")], {}, {}, ("a", "Placed"), id="fewest-then-name"),
-        pytest.param(None, [node("a"), node("b")], {"a": 2, "b": 1}, {}, ("b", "Placed"), id="fewest-gateways"),
-        pytest.param("b", [node("a"), node("b")], {"b": 5}, {}, ("b", "Pinned"), id="sticky-even-when-busier"),
-        pytest.param("b", [node("a"), node("b", ready=False)], {}, {}, ("a", "Repinned"), id="not-ready-repins"),
+        pytest.param(
+            None, [node("a"), node("b")], {"a": 2, "b": 1}, {}, ("b", "Placed"), id="fewest-gateways"
+        ),
+        pytest.param(
+            "b", [node("a"), node("b")], {"b": 5}, {}, ("b", "Pinned"), id="sticky-even-when-busier"
+        ),
+        pytest.param(
+            "b", [node("a"), node("b", ready=False)], {}, {}, ("a", "Repinned"), id="not-ready-repins"
+        ),
         pytest.param("gone", [node("a")], {}, {}, ("a", "Repinned"), id="deleted-node-repins"),
         pytest.param("b", [node("a"), node("b", cordoned=True)], {}, {}, ("b", "Pinned"), id="cordon-keeps"),
-        pytest.param(None, [node("a", cordoned=True), node("b")], {}, {}, ("b", "Placed"), id="cordon-takes-none"),
-        pytest.param(None, [node("a"), node("b")], {"a": 1}, {"cap": 1}, ("b", "Placed"), id="full-node-skipped"),
+        pytest.param(
+            None, [node("a", cordoned=True), node("b")], {}, {}, ("b", "Placed"), id="cordon-takes-none"
+        ),
+        pytest.param(
+            None, [node("a"), node("b")], {"a": 1}, {"cap": 1}, ("b", "Placed"), id="full-node-skipped"
+        ),
         pytest.param(None, [node("a")], {"a": 1}, {"cap": 1}, (None, "NoSchedulableNode"), id="all-full"),
-        pytest.param(None, [node("a"), node("b", labels={"pool": "vpn"})], {}, {"selector": {"pool": "vpn"}},
-                     ("b", "Placed"), id="selector"),
-        pytest.param("a", [node("a"), node("b", labels={"pool": "vpn"})], {}, {"selector": {"pool": "vpn"}},
-                     ("b", "Repinned"), id="selector-change-repins"),
-        pytest.param(None, [node("a", taints=[{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]),
-                            node("b")], {}, {}, ("b", "Placed"), id="untolerated-taint"),
-        pytest.param(None, [node("a", taints=[{"key": "dedicated", "value": "vpn", "effect": "NoSchedule"}])], {},
-                     {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "vpn",
-                                       "effect": "NoSchedule"}]}, ("a", "Placed"), id="tolerated-taint"),
+        pytest.param(
+            None,
+            [node("a"), node("b", labels={"pool": "vpn"})],
+            {},
+            {"selector": {"pool": "vpn"}},
+            ("b", "Placed"),
+            id="selector",
+        ),
+        pytest.param(
+            "a",
+            [node("a"), node("b", labels={"pool": "vpn"})],
+            {},
+            {"selector": {"pool": "vpn"}},
+            ("b", "Repinned"),
+            id="selector-change-repins",
+        ),
+        pytest.param(
+            None,
+            [node("a", taints=[{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]), node("b")],
+            {},
+            {},
+            ("b", "Placed"),
+            id="untolerated-taint",
+        ),
+        pytest.param(
+            None,
+            [node("a", taints=[{"key": "dedicated", "value": "vpn", "effect": "NoSchedule"}])],
+            {},
+            {
+                "tolerations": [
+                    {"key": "dedicated", "operator": "Equal", "value": "vpn", "effect": "NoSchedule"}
+                ]
+            },
+            ("a", "Placed"),
+            id="tolerated-taint",
+        ),
         pytest.param(None, [node("a", ready=False)], {}, {}, (None, "NoSchedulableNode"), id="none-ready"),
     ],
-)  # fmt: skip
-def test_placement(current: str | None, nodes: list[dict[str, Any]], pinned: dict[str, int], kw: dict[str, Any],
-                   expected: tuple[str | None, str]) -> None:  # fmt: skip
+)
+def test_placement(
+    current: str | None,
+    nodes: list[dict[str, Any]],
+    pinned: dict[str, int],
+    kw: dict[str, Any],
+    expected: tuple[str | None, str],
+) -> None:
     assert where(current, nodes, pinned, **kw) == expected
 
 
@@ -83,13 +138,24 @@ def test_covers(actual: Any, want: Any, ok: bool) -> None:
 
 def test_replacement_keeps_others_metadata_and_fields_and_takes_ours() -> None:
     actual = {
-        "apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": "x", "resourceVersion": "9", "labels": {"a": "theirs", "b": "old"},
-                     "finalizers": ["f"], "managedFields": [{}]},
-        "secrets": [{"name": "token"}], "automountServiceAccountToken": False,
-    }  # fmt: skip
-    want = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x", "labels": {"b": "ours"}},
-            "automountServiceAccountToken": True}  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": "x",
+            "resourceVersion": "9",
+            "labels": {"a": "theirs", "b": "old"},
+            "finalizers": ["f"],
+            "managedFields": [{}],
+        },
+        "secrets": [{"name": "token"}],
+        "automountServiceAccountToken": False,
+    }
+    want = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "x", "labels": {"b": "ours"}},
+        "automountServiceAccountToken": True,
+    }
     out = replacement(actual, want)
     assert out["metadata"]["labels"] == {"a": "theirs", "b": "ours"}
     assert out["metadata"]["resourceVersion"] == "9" and out["metadata"]["finalizers"] == ["f"]
