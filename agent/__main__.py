@@ -2,7 +2,12 @@
 ``Settings``, build the plan source, secrets, status sink and health server, read the first plan and hand
 everything to the backend its ``type`` names (IPsec over VICI, or WireGuard).
 
-Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage.
+Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage (the command line only).
+
+A missing or invalid plan file is not bad usage: in a pod the plan is a ConfigMap volume that may appear
+or be fixed later, and exiting would turn the reason into a crash loop. The agent waits for a valid plan,
+live (``/healthz`` 200) but not ready (``/readyz`` 503 ``no valid plan at PATH: REASON``), and repeats
+that reason in its log every few seconds (``health.not_ready``).
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ import argparse
 import logging
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from agent.health import HealthState, serve, split_listen
 from agent.runtime import Backend, PlanSource, Settings, StatusSink
 from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink
 from agent.sources import FilePlanSource, FileSecrets
+from gwkit.logs import LEVELS, setup_logging
 from gwplan import Plan
 
 log = logging.getLogger("agent")
@@ -39,9 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Gateway-pod status-agent: applies the rendered gateway plan to charon (over VICI) or to "
             "wireguard-go, keeps tunnels up (reconnect-and-re-push, watchdog), and writes status.tunnels / "
-            "status.peers. Plan and secret files are watched; changes apply within 2 s without a restart."
+            "status.peers. Plan and secret files are watched; changes apply within 2 s without a restart. "
+            "A missing or invalid plan at start is waited for, not fatal: the agent stays live but not "
+            "ready (/readyz 503 'no valid plan at PATH: REASON') and logs that reason every 5 s "
+            "(health.not_ready) until a valid plan appears; an invalid later plan is rejected and the last "
+            "good one keeps running."
         ),
-        epilog="Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage.",
+        epilog="Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage (command line; a "
+        "bad plan file is waited for, never an exit).",
     )
     p.add_argument("--plan", required=True, type=Path, help="the rendered plan file (ConfigMap volume)")
     p.add_argument(
@@ -81,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--log-level",
         default="INFO",
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="(default: %(default)s)",
+        choices=LEVELS,
+        help="(default: %(default)s; lines are 'RFC3339-UTC LEVEL logger event.name key=value ...')",
     )
     return p
 
@@ -171,7 +181,8 @@ async def first_plan(plans: FilePlanSource) -> Plan:
 
 
 async def _heartbeat_until_first_plan(plans: FilePlanSource, health: HealthState) -> Plan:
-    """Wait for the first good plan; the agent is live (but not ready) while it waits."""
+    """Wait for the first good plan; the agent is live (but not ready) while it waits, and ``health``
+    repeats the reason in the log every few seconds."""
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as tg:
 
@@ -179,7 +190,7 @@ async def _heartbeat_until_first_plan(plans: FilePlanSource, health: HealthState
                 while True:
                     health.beat()
                     if plans.last_error:
-                        health.set_ready(False, f"no valid plan: {plans.last_error}")
+                        health.set_ready(False, f"no valid plan at {plans.path}: {plans.last_error}")
                     await anyio.sleep(1)
 
             tg.start_soon(beat)
@@ -252,22 +263,6 @@ class _LogOnly:
         if summary != self._last:
             self._last = summary
             log.info("status.changed %s", summary or "none")
-
-
-class _UtcFormatter(logging.Formatter):
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        t = time.gmtime(record.created)
-        return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
-
-
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_UtcFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    for noisy in ("kubernetes", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,11 @@ says the agent itself is alive. A daemon that is down, hung (SIGSTOP) or refusin
 liveness failure: the agent is the one that reconnects and re-pushes, restarting it would not help.
 ``/readyz`` answers 200 when the backend said it is connected and has pushed the plan, else 503 with the
 reason. The decision is the pure ``respond``; ``serve`` is a tiny HTTP/1.0 server on anyio.
+
+Not ready is also said in the log, not only on ``/readyz`` (which nobody may be probing, e.g. without
+``--health-listen``): ``health.ready ready=no reason=...`` when the reason changes, then
+``health.not_ready reason=... for=<s>`` every ``remind_every`` seconds while it lasts (a missing plan, an
+unreachable charon), so a pod stuck waiting says why in ``kubectl logs`` whenever one looks.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import anyio
 import anyio.abc
 
 from agent.runtime import Health
+from gwkit.logs import Reminder
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +39,24 @@ class Snapshot:
     reason: str
 
 
+REMIND_EVERY = 5.0
+
+
 class HealthState:
     """``runtime.Health``: what the probes report. ``stale_after``: seconds without a beat before
-    liveness fails (several resync periods, so a slow daemon call never trips it)."""
+    liveness fails (several resync periods, so a slow daemon call never trips it); ``remind_every``:
+    seconds between the log lines that repeat why the agent is not ready."""
 
-    def __init__(self, stale_after: float = 60.0, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, stale_after: float = 60.0, clock: Clock = time.monotonic, remind_every: float = REMIND_EVERY
+    ) -> None:
         self.stale_after = stale_after
         self._clock = clock
         self._beat: float | None = None
         self._started = clock()
         self._ready = False
         self._reason = "starting"
+        self._remind = Reminder(remind_every, clock)
 
     def beat(self) -> None:
         self._beat = self._clock()
@@ -51,6 +64,12 @@ class HealthState:
     def set_ready(self, ready: bool, reason: str) -> None:
         if (ready, reason) != (self._ready, self._reason):
             log.info("health.ready ready=%s reason=%r", "yes" if ready else "no", reason)
+            if not ready:
+                self._remind.due(reason)  # said just now: the next reminder is one period away
+        elif not ready and self._remind.due(reason):
+            log.warning("health.not_ready reason=%r for=%.0fs", reason, self._remind.waited())
+        if ready:
+            self._remind.clear()
         self._ready, self._reason = ready, reason
 
     def snapshot(self) -> Snapshot:

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import anyio
 
 from agent.runtime import StatusSink
+from gwkit.backoff import backoff as _backoff
 from gwplan import GatewayRef
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,8 @@ _conforms_api: StatusApi = FakeStatusApi()
 
 
 def backoff(failures: int, base: float = 0.2, cap: float = 30.0) -> float:
-    """Seconds to wait after ``failures`` consecutive failed writes (pure)."""
-    return float(min(cap, base * 2 ** max(0, failures - 1)))
+    """Seconds to wait after ``failures`` consecutive failed writes (pure): 0.2 s doubling to 30 s."""
+    return _backoff(failures, base=base, cap=cap)
 
 
 class KubeStatusSink:

@@ -1,7 +1,10 @@
 """``python -m exporter``: Prometheus metrics for a gateway's charon (VICI) and WireGuard interfaces.
 
-Exit codes: 0 stopped by SIGINT/SIGTERM, 1 runtime failure (e.g. cannot bind), 2 bad usage or input
-(bad --listen, unreadable or invalid --plan at startup, nothing to watch).
+Exit codes: 0 stopped by SIGINT/SIGTERM, 1 runtime failure (e.g. cannot bind), 2 bad usage (the command
+line only). A missing or invalid ``--plan`` is not an exit: in a pod the plan is a ConfigMap volume that
+may appear or be fixed later, and exiting would hide the reason in a crash loop. The exporter serves on,
+``/readyz`` 503 with the path and the reason, the log repeating them every few seconds
+(``exporter.plan.waiting``), until the plan is valid (``exporter.service``).
 """
 
 from __future__ import annotations
@@ -13,22 +16,45 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
 from exporter.app import MetricsApp
 from exporter.http import serve
-from exporter.service import Exporter, PlanFile
-from exporter.sources import StrongswanSource, WireGuardSource, follow_events
-from gwplan.model import DEVICE_NAME_RULE, PlanError, is_device_name
+from exporter.service import (
+    DEFAULT_VICI_SOCKET,
+    REMIND_EVERY,
+    Exporter,
+    PlanFile,
+    follow_charon_events,
+    watch_plan,
+)
+from exporter.sources import StrongswanSource, WireGuardSource
+from gwkit.logs import LEVELS, setup_logging
+from gwplan.model import DEVICE_NAME_RULE, is_device_name
 
 log = logging.getLogger("exporter")
 
-EPILOG = """\
-metrics: strongswan_up, strongswan_tunnel_up{tunnel}, strongswan_tunnel_bytes_total{tunnel,direction}
-(monotonic across CHILD_SA rekeys), wireguard_up{interface}, wireguard_peer_*{interface,peer}, ...
-(see docs/exporter.md). The scrape deadline (--scrape-timeout) stays below Prometheus' default 10 s.
-exit codes: 0 stopped by a signal, 1 runtime failure, 2 bad usage or input.
+EPILOG = f"""\
+what is watched: charon when --vici-socket names it, when the plan is an IPsec plan, or when neither
+--plan nor --wireguard-interface is given (then at the gateway image's socket, {DEFAULT_VICI_SOCKET});
+every --wireguard-interface and the plan's interface. A watched daemon's *_up is in every scrape (0 when
+it does not answer).
+
+metrics: strongswan_up, strongswan_tunnel_up{{tunnel}}, strongswan_tunnel_bytes_total{{tunnel,direction}}
+(monotonic across CHILD_SA rekeys), wireguard_up{{interface}}, wireguard_peer_*{{interface,peer}},
+vpngw_exporter_plan_valid, ... (see docs/exporter.md). The scrape deadline (--scrape-timeout) stays below
+Prometheus' default 10 s.
+
+endpoints: /metrics, /healthz (200 while serving), /readyz (503 until the --plan file was valid once).
+A missing or invalid --plan at start is waited for, not an exit: the exporter serves, /readyz says
+'not ready: no valid plan at PATH: REASON', the log repeats that every {REMIND_EVERY:.0f} s
+(exporter.plan.waiting), and the file is re-checked every second; a later invalid plan is rejected and
+the last good one keeps naming tunnels and peers.
+
+exit codes: 0 stopped by SIGINT/SIGTERM, 1 runtime failure (e.g. cannot bind), 2 bad usage (command line).
+log lines: 'RFC3339-UTC LEVEL logger event.name key=value ...' on stderr.
 """
 
 
@@ -64,7 +90,13 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--listen", type=_listen, required=True, metavar="HOST:PORT", help="address to serve on")
-    p.add_argument("--vici-socket", type=Path, metavar="PATH", help="charon's VICI socket (IPsec metrics)")
+    p.add_argument(
+        "--vici-socket",
+        type=Path,
+        metavar="PATH",
+        help=f"charon's VICI socket: always watch charon there (default: {DEFAULT_VICI_SOCKET}, watched "
+        "for an IPsec plan, or when nothing else is named)",
+    )
     p.add_argument(
         "--wireguard-interface",
         type=_interface,
@@ -86,33 +118,43 @@ def parser() -> argparse.ArgumentParser:
         help="gateway plan JSON: names tunnels and peers; configured-but-absent ones appear with 0",
     )
     p.add_argument("--scrape-timeout", type=_timeout, default=8.0, metavar="SECONDS", help="default 8")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", choices=LEVELS)
     return p
 
 
+def charon_mode(args: argparse.Namespace) -> Literal["always", "ipsec-plan"]:
+    """``always`` when the command line names charon's socket, or names nothing else to watch; else
+    ``ipsec-plan``: charon is watched while the plan is an IPsec plan (pure)."""
+    if args.vici_socket is not None or (args.plan is None and not args.wireguard_interface):
+        return "always"
+    return "ipsec-plan"
+
+
 async def run(args: argparse.Namespace, plan: PlanFile) -> None:
-    strongswan = StrongswanSource(args.vici_socket) if args.vici_socket else None
-    wants_wg = bool(args.wireguard_interface) or plan.names.wireguard_interface is not None
-    wireguard = WireGuardSource(args.wireguard_uapi_dir) if wants_wg or plan.path else None
+    socket = args.vici_socket or DEFAULT_VICI_SOCKET
+    strongswan = StrongswanSource(socket)
+    wants_wg = bool(args.wireguard_interface) or plan.path is not None
+    wireguard = WireGuardSource(args.wireguard_uapi_dir) if wants_wg else None
     exporter = Exporter(
         strongswan=strongswan,
         wireguard=wireguard,
         interfaces=tuple(args.wireguard_interface),
         plan=plan,
         scrape_timeout=args.scrape_timeout,
+        charon=charon_mode(args),
     )
     host, port = args.listen
     async with anyio.create_task_group() as tg:
         await tg.start(serve, host, port, MetricsApp(exporter))
-        if strongswan is not None:
-            tg.start_soon(follow_events, args.vici_socket, strongswan)
+        if plan.path is not None:
+            tg.start_soon(watch_plan, plan)
+        tg.start_soon(follow_charon_events, exporter, socket)
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info("exporter.stopping signal=%s", signal.Signals(signum).name)
                 break
         tg.cancel_scope.cancel()
-    if strongswan is not None:
-        await strongswan.aclose()
+    await strongswan.aclose()
     if wireguard is not None:
         await wireguard.aclose()
 
@@ -139,27 +181,17 @@ def keep_heap() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)  # exits 2 with a message on bad usage
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    if not (args.vici_socket or args.wireguard_interface or args.plan):
-        log.error(
-            "exporter.usage error=nothing-to-watch hint='give --vici-socket, --wireguard-interface or --plan'"
-        )
-        return 2
-    plan = PlanFile(args.plan)
-    try:
-        plan.load_initial()
-    except (OSError, PlanError) as exc:
-        log.error("exporter.plan.invalid path=%s error=%r", args.plan, str(exc))
-        return 2
+    setup_logging(args.log_level)
+    plan = PlanFile(args.plan, remind_every=REMIND_EVERY)
     log.info(
-        "exporter.starting listen=%s:%d vici=%s wireguard=%s plan=%s",
+        "exporter.starting listen=%s:%d vici=%s charon=%s wireguard=%s plan=%s",
         *args.listen,
-        args.vici_socket,
+        args.vici_socket or DEFAULT_VICI_SOCKET,
+        charon_mode(args),
         ",".join(args.wireguard_interface) or "-",
-        args.plan,
+        args.plan or "-",
     )
+    plan.current()  # a missing or invalid plan is logged here, then waited for
     # Everything imported so far lives as long as the process: keep it out of the cyclic GC's full
     # collections, which at 10,000 peers otherwise walk the whole heap a few times per scrape.
     gc.freeze()

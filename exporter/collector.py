@@ -5,7 +5,8 @@ Conventions (what the exporters people run today get wrong, issue 7):
 * points in time are unix timestamps (``_timestamp_seconds``), not ages;
 * every label value is stable over a tunnel's life: unique ids, algorithms and traffic selectors live
   only on ``_info`` series, whose value is always 1;
-* ``*_up`` says whether the daemon answered this scrape; configured-but-down tunnels are rows with 0;
+* ``*_up`` says whether the daemon answered this scrape, and is in every scrape of a watched daemon;
+  configured-but-down tunnels are rows with 0;
 * no secret: a ``PeerState``'s preshared key and a device's private key are never read here.
 
 ``SnapshotCollector`` adapts this to prometheus_client's Collector protocol; tests register it in a fresh
@@ -76,6 +77,8 @@ class Snapshot:
     """None when the exporter watches no charon (no --vici-socket)."""
     wireguard: WireGuardSnapshot | None = None
     """None when the exporter watches no WireGuard interface."""
+    plan_valid: bool | None = None
+    """Whether the ``--plan`` file is valid now; None without ``--plan``."""
 
 
 # get-counters keys -> (metric, labels). Message counters: <exchange>-<in|out>-<req|resp>.
@@ -292,6 +295,14 @@ def wireguard_families(w: WireGuardSnapshot) -> Iterator[Family]:
 
 
 def families(snapshot: Snapshot) -> Iterator[Family]:
+    if snapshot.plan_valid is not None:
+        yield Family.gauge(
+            "vpngw_exporter_plan_valid",
+            "1 if the --plan file is valid now; 0 while it is missing or invalid (tunnels and peers are then "
+            "named by the last good plan, and before the first one only what the command line names is "
+            "watched).",
+            value=float(snapshot.plan_valid),
+        )
     if snapshot.strongswan is not None:
         yield from strongswan_families(snapshot.strongswan)
     if snapshot.wireguard is not None:

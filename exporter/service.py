@@ -1,5 +1,15 @@
 """One scrape: ask every source at once under one deadline; concurrent scrapes share one daemon query.
 
+What is watched: every WireGuard interface of the command line and of the plan; charon whenever
+``--vici-socket`` names it, or the plan is an IPsec plan, or nothing else is named (both then use the
+gateway image's socket, ``DEFAULT_VICI_SOCKET``). A watched source is in every scrape: its ``*_up`` is 0
+when it does not answer, never absent (``monitoring/alerts.yml`` alerts on the 0).
+
+The plan file (``PlanFile``) is re-read when it changes. A missing or invalid plan is never fatal: the
+last good one keeps naming tunnels and peers; while there has been none yet, the exporter watches only
+what the command line names, ``/readyz`` answers 503 with the path and the reason, the log repeats them
+every few seconds (``exporter.plan.waiting``) and ``vpngw_exporter_plan_valid`` is 0.
+
 Coalescing: while a query is in flight, further scrapes wait for its result instead of starting another
 (Prometheus HA pairs, a dashboard and a curl all hitting /metrics must not multiply the load on charon).
 The flight runs shielded from the first caller's cancellation (a client hanging up must not cancel the
@@ -11,19 +21,27 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
 from exporter.collector import Snapshot, StrongswanSnapshot, WireGuardSnapshot
 from exporter.ipsec import PlanTunnel
-from exporter.sources import StrongswanSource, WireGuardSource
-from exporter.wireguard import InterfaceView
+from exporter.sources import StrongswanSource, WireGuardSource, follow_events
+from exporter.wireguard import interface_view
+from gwkit.logs import Reminder
 from gwplan.model import Plan, PlanError, loads
 
 log = logging.getLogger(__name__)
+
+DEFAULT_VICI_SOCKET = Path("/var/run/charon/charon.vici")
+"""Where the gateway image's charon puts its VICI socket (images/gateway/strongswan.conf), as the agent."""
+REMIND_EVERY = 5.0
+"""Seconds between the log lines that repeat why there is no valid plan yet."""
+Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,8 @@ class PlanNames:
     wireguard_interface: str | None = None
     peers: tuple[tuple[str, str], ...] = ()
     """(public key, VPNPeer name)."""
+    gateway_type: str | None = None
+    """The plan's ``type`` (``ipsec`` or ``wireguard``); None without a plan."""
 
     @classmethod
     def of(cls, plan: Plan | None) -> PlanNames:
@@ -45,47 +65,113 @@ class PlanNames:
         )
         wg = plan.wireguard
         peers = tuple((p.public_key, p.name) for p in wg.peers) if wg else ()
-        return cls(tunnels, wg.interface if wg else None, peers)
+        return cls(tunnels, wg.interface if wg else None, peers, plan.type)
 
 
 class PlanFile:
-    """The plan file, re-read when it changes (stat per scrape); a bad plan keeps the last good one."""
+    """The plan file, re-read when it changes (a ``stat`` per call of ``current``). A missing or invalid
+    file is reported (``error``, the log) and never raised: the last good plan's names stay."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(
+        self, path: Path | None, *, clock: Callable[[], float] = time.monotonic, remind_every: float = 5.0
+    ) -> None:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
         self.names = PlanNames()
+        self.loaded = False
+        """A valid plan has been read (``names`` come from it)."""
+        self.error: str | None = None
+        """Why the file as it is now cannot be used (None once it is valid)."""
+        self._logged: str | None = None
+        self._remind = Reminder(remind_every, clock)
 
     def load_initial(self) -> None:
-        """At startup a bad plan is bad input (raises PlanError / OSError)."""
+        """Read the plan now and raise PlanError / OSError if it is bad (for callers that want that)."""
         if self.path is not None:
             self._stamp = self._stat()
             self.names = PlanNames.of(loads(self.path.read_bytes()))
+            self.loaded, self.error = True, None
 
     def _stat(self) -> tuple[int, int, int]:
         assert self.path is not None
         st = os.stat(self.path)  # follows the kubelet's ..data symlink swap
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
+    @property
+    def valid(self) -> bool | None:
+        """Whether the file is valid now (None: no ``--plan``)."""
+        return None if self.path is None else self.error is None and self.loaded
+
+    def readiness(self) -> tuple[bool, str]:
+        """``/readyz``: ready once a valid plan was read (a later bad version keeps the last good one)."""
+        if self.path is None:
+            return True, "no --plan: tunnels and peers named by the daemons"
+        if not self.loaded:
+            return False, f"no valid plan at {self.path}: {self.error or 'not read yet'}"
+        if self.error:
+            return True, f"plan {self.path} loaded; a newer version is rejected: {self.error}"
+        return True, f"plan {self.path} loaded"
+
     def current(self) -> PlanNames:
         if self.path is None:
             return self.names
         try:
             stamp = self._stat()
-            if stamp == self._stamp:
-                return self.names
-            names = PlanNames.of(loads(self.path.read_bytes()))
-        except (OSError, PlanError) as exc:
-            log.error("exporter.plan.rejected path=%s error=%r keeping=last-good", self.path, str(exc))
+        except OSError as exc:
+            self._stamp = None
+            self._reject(f"cannot read {self.path}: {exc.strerror or exc}")
             return self.names
-        self._stamp, self.names = stamp, names
+        if stamp == self._stamp:
+            self._still_waiting()
+            return self.names
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:  # stamp not kept: a fixed mode does not change it, so read again next time
+            self._reject(f"cannot read {self.path}: {exc.strerror or exc}")
+            return self.names
+        self._stamp = stamp  # this version is judged now, good or bad: not re-parsed per scrape
+        try:
+            names = PlanNames.of(loads(data))
+        except PlanError as exc:
+            self._reject(str(exc))
+            return self.names
+        waited = self._remind.waited()
+        self._remind.clear()
+        self.names, self.loaded, self.error, self._logged = names, True, None, None
         log.info(
-            "exporter.plan.loaded path=%s tunnels=%d peers=%d",
+            "exporter.plan.loaded path=%s type=%s tunnels=%d peers=%d waited=%.0fs",
             self.path,
+            names.gateway_type,
             len(names.tunnels),
             len(names.peers),
+            waited,
         )
         return names
+
+    def _reject(self, reason: str) -> None:
+        self.error = reason
+        if reason != self._logged:  # once per distinct reason, not once per scrape
+            self._logged = reason
+            kept = "last-good" if self.loaded else "none"
+            log.error("exporter.plan.rejected path=%s error=%r keeping=%s", self.path, reason, kept)
+        self._still_waiting()
+
+    def _still_waiting(self) -> None:
+        if not self.loaded and self.error and self._remind.due(self.error):
+            log.warning(
+                "exporter.plan.waiting path=%s reason=%r for=%.0fs ready=no",
+                self.path,
+                self.error,
+                self._remind.waited(),
+            )
+
+
+async def watch_plan(plan: PlanFile, interval: float = 1.0, *, sleep: Sleep = anyio.sleep) -> None:
+    """Check the plan file every ``interval`` even when nobody scrapes: readiness and the waiting
+    reminders follow the file, and charon's event follower starts once an IPsec plan appears."""
+    while True:
+        plan.current()
+        await sleep(interval)
 
 
 class _Flight:
@@ -104,8 +190,12 @@ class Exporter:
         plan: PlanFile | None = None,
         scrape_timeout: float = 8.0,
         clock: Callable[[], float] = time.monotonic,
+        charon: Literal["always", "ipsec-plan"] = "always",
     ) -> None:
+        """``charon``: watch ``strongswan`` in every scrape, or only while the plan is an IPsec plan
+        (a WireGuard gateway has no charon: its ``strongswan_up 0`` would be a false alert)."""
         self.strongswan = strongswan
+        self.charon = charon
         self.wireguard = wireguard
         self.interfaces = interfaces
         self.plan = plan or PlanFile(None)
@@ -134,6 +224,14 @@ class Exporter:
             flight.done.set()
         return flight.result
 
+    def watches_charon(self, names: PlanNames | None = None) -> bool:
+        """Is charon part of a scrape under ``names`` (default: the last good plan's)?"""
+        if self.strongswan is None:
+            return False
+        if self.charon == "always":
+            return True
+        return (self.plan.names if names is None else names).gateway_type == "ipsec"
+
     def _interfaces(self, names: PlanNames) -> set[str]:
         """The WireGuard interfaces to read: the command line's and the plan's."""
         interfaces = set(self.interfaces)
@@ -143,12 +241,13 @@ class Exporter:
 
     def _down(self) -> Snapshot:
         """Every watched daemon reported down (``*_up 0``, which alerts), for a query that crashed."""
-        ss = StrongswanSnapshot(up=False, duration=0.0) if self.strongswan is not None else None
-        interfaces = self._interfaces(self.plan.names)
+        ss = StrongswanSnapshot(up=False, duration=0.0) if self.watches_charon() else None
+        names = self.plan.names
+        interfaces = self._interfaces(names)
         wg = None
         if self.wireguard is not None and interfaces:
-            wg = WireGuardSnapshot(0.0, tuple(InterfaceView(i, False) for i in sorted(interfaces)))
-        return Snapshot(strongswan=ss, wireguard=wg)
+            wg = _wireguard_down(0.0, interfaces, _peer_names(names))
+        return Snapshot(strongswan=ss, wireguard=wg, plan_valid=self.plan.valid)
 
     async def _query(self) -> Snapshot:
         self.queries += 1
@@ -156,7 +255,8 @@ class Exporter:
         ss: StrongswanSnapshot | None = None
         wg: WireGuardSnapshot | None = None
         interfaces = self._interfaces(names)
-        peer_names = {names.wireguard_interface: dict(names.peers)} if names.wireguard_interface else {}
+        charon = self.watches_charon(names)
+        peer_names = _peer_names(names)
 
         # A bug or an unexpected reply in one source must not take the others (or the scrape) down:
         # that source reports up 0 for this scrape and the traceback goes to the log.
@@ -178,12 +278,43 @@ class Exporter:
 
         with anyio.move_on_after(self.scrape_timeout + 0.5):  # belt and braces: sources keep their own
             async with anyio.create_task_group() as tg:
-                if self.strongswan is not None:
+                if charon:
                     tg.start_soon(run_ss)
                 if self.wireguard is not None and interfaces:
                     tg.start_soon(run_wg)
-        if self.strongswan is not None and ss is None:
+        if charon and ss is None:
             ss = StrongswanSnapshot(up=False, duration=self.scrape_timeout)
         if self.wireguard is not None and interfaces and wg is None:
-            wg = WireGuardSnapshot(duration=self.scrape_timeout)
-        return Snapshot(strongswan=ss, wireguard=wg)
+            wg = _wireguard_down(self.scrape_timeout, interfaces, peer_names)
+        return Snapshot(strongswan=ss, wireguard=wg, plan_valid=self.plan.valid)
+
+
+def _peer_names(names: PlanNames) -> dict[str, dict[str, str]]:
+    """Interface -> (public key -> VPNPeer name), for the plan's interface."""
+    return {names.wireguard_interface: dict(names.peers)} if names.wireguard_interface else {}
+
+
+def _wireguard_down(
+    duration: float, interfaces: set[str], peer_names: dict[str, dict[str, str]]
+) -> WireGuardSnapshot:
+    """Every watched interface down (``wireguard_up 0``, its configured peers missing)."""
+    views = tuple(interface_view(i, None, peer_names.get(i, {})) for i in sorted(interfaces))
+    return WireGuardSnapshot(duration, views)
+
+
+async def follow_charon_events(
+    exporter: Exporter, socket: Path, interval: float = 1.0, *, sleep: Sleep = anyio.sleep
+) -> None:
+    """Run charon's event follower (``sources.follow_events``) while the exporter watches charon: from
+    the start with ``charon="always"``, from the first IPsec plan otherwise; stopped if a new plan is of
+    another type."""
+    assert exporter.strongswan is not None
+    while True:
+        if not exporter.watches_charon():
+            await sleep(interval)
+            continue
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow_events, socket, exporter.strongswan)
+            while exporter.watches_charon():
+                await sleep(interval)
+            tg.cancel_scope.cancel()

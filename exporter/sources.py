@@ -27,6 +27,7 @@ from exporter import ipsec
 from exporter.collector import StrongswanSnapshot, WireGuardSnapshot
 from exporter.uapifast import KeyCache, ReplyError, fast_view
 from exporter.wireguard import InterfaceView, interface_view
+from gwkit.backoff import backoff as _backoff
 from gwkit.vici import ViciError, ViciSession, wire
 from gwkit.vici.queries import (
     DaemonInfo,
@@ -96,8 +97,9 @@ async def read_get(path: Path, timeout: float, buffer: ReplyBuffer | None = None
 
 
 def backoff(failures: int, base: float = 0.25, cap: float = 5.0) -> float:
-    """Seconds to wait before reconnect attempt ``failures`` (1, 2, ...): 0.25, 0.5, 1, 2, 4, 5, 5 ..."""
-    return 0.0 if failures <= 0 else min(cap, base * 2 ** (failures - 1))
+    """Seconds to wait before reconnect attempt ``failures`` (1, 2, ...): 0.25, 0.5, 1, 2, 4, 5, 5 ...
+    (0 after a session that ended without a failure)."""
+    return _backoff(failures, base=base, cap=cap)
 
 
 def epoch_of(started: float | None) -> str:

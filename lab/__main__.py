@@ -1,3 +1,5 @@
+"""``python -m lab demo`` / ``python -m lab cleanup``: see ``lab.demo`` and docs/demo.md."""
+
 import sys
 
 from lab.demo import main

@@ -117,10 +117,12 @@ class Keeper:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         since: Callable[[dict[str, Any]], float | None] = start_time,
+        plan_path: Path | None = None,
     ) -> None:
         """``clock``: monotonic seconds; ``wall``: the wall clock (status timestamps, and with ``clock``
         to take wall-clock steps out of charon's start time); ``since``: charon's start time from a
-        ``stats`` reply (a seam: tests shift it to play a wall-clock step against a live charon)."""
+        ``stats`` reply (a seam: tests shift it to play a wall-clock step against a live charon);
+        ``plan_path``: the plan file, named in the not-ready reason while no plan is usable."""
         self.socket = socket
         self.plans = plans
         self.secrets = secrets
@@ -132,6 +134,7 @@ class Keeper:
         self._clock = clock
         self._wall = wall
         self._since = since
+        self.plan_path = plan_path
 
         self.plan: Plan | None = None
         self.want: Desired | None = None
@@ -203,9 +206,9 @@ class Keeper:
         while True:
             if self.want is None:
                 self.health.beat()
-                self.health.set_ready(
-                    False, f"no usable plan: {self.plan_error or self.plans.last_error or 'waiting'}"
-                )
+                where = f" in {self.plan_path}" if self.plan_path else ""
+                why = self.plan_error or self.plans.last_error or "waiting"
+                self.health.set_ready(False, f"no usable plan{where}: {why}")
                 await self._wait(self.timing.poll_interval)
                 continue
             try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agent.ipsec.status import ACTIVE_CHILD, STARTING_CHILD, UP_IKE
+from gwkit.backoff import backoff
 from gwplan import Tunnel
 
 
@@ -47,13 +48,13 @@ def step(c: Conn, event: LinkEvent) -> Conn:
 
 
 def reconnect_backoff(failures: int, base: float = 0.02, cap: float = 0.25) -> float:
-    """Seconds before reconnect number ``failures`` (1, 2, ...)."""
-    return float(min(cap, base * 2 ** max(0, failures - 1)))
+    """Seconds before reconnect number ``failures`` (1, 2, ...): 0.02 s doubling to 0.25 s."""
+    return backoff(failures, base=base, cap=cap)
 
 
 def initiate_backoff(failures: int, base: float = 1.0, cap: float = 30.0) -> float:
-    """Seconds before initiating a tunnel again after ``failures`` failed attempts."""
-    return float(min(cap, base * 2 ** max(0, failures - 1)))
+    """Seconds before initiating a tunnel again after ``failures`` failed attempts: 1 s doubling to 30 s."""
+    return backoff(failures, base=base, cap=cap)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,10 @@ async def run(
     settings: Settings, plans: PlanSource, secrets: Secrets, sink: StatusSink, health: Health
 ) -> None:
     timing = Timing(poll_interval=settings.poll_interval, resync_seconds=settings.resync_seconds)
-    await Keeper(settings.vici_socket, plans, secrets, sink, health, timing=timing).run()
+    keeper = Keeper(
+        settings.vici_socket, plans, secrets, sink, health, timing=timing, plan_path=settings.plan
+    )
+    await keeper.run()
 
 
 _conforms: Backend = run

@@ -1,13 +1,17 @@
-"""``python -m agent`` as a user runs it: --help, bad usage (exit 2), and a clean stop on SIGTERM."""
+"""``python -m agent`` as a user runs it: --help, bad usage (exit 2), a missing or invalid plan waited for
+(live, not ready with the path and the reason, never an exit), and a clean stop on SIGTERM."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -33,6 +37,9 @@ def test_help_documents_every_option() -> None:
     ):
         assert opt in out.stdout
     assert "Exit codes" in out.stdout
+    text = " ".join(out.stdout.split())
+    assert "A missing or invalid plan at start is waited for, not fatal" in text
+    assert "/readyz 503 'no valid plan at PATH: REASON'" in text and "every 5 s" in text
 
 
 def test_bad_usage_exits_2_naming_the_option(tmp_path: Path) -> None:
@@ -140,3 +147,55 @@ def test_the_default_vici_socket_is_where_the_gateway_image_puts_it() -> None:
     conf = (Path(__file__).resolve().parents[2] / "images" / "gateway" / "strongswan.conf").read_text()
     default = build_parser().get_default("vici_socket")
     assert f"socket = unix://{default}\n" in conf
+
+
+def _get(port: int, path: str) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        return b"".join(iter(lambda: s.recv(4096), b"")).decode()
+
+
+def test_a_missing_plan_is_waited_for_live_and_not_ready_naming_the_path(tmp_path: Path) -> None:
+    """In a pod the agent is a long-running container: a missing plan is not an exit (a crash loop hides
+    the reason) nor a silent wait. It says the path and the reason on /readyz and in its log (in the one
+    RFC 3339 UTC format, whatever TZ says), and goes on when the plan appears."""
+    plan = tmp_path / "plan.json"
+    argv = [*AGENT, "--plan", str(plan), "--secrets-dir", str(tmp_path), "--poll-interval", "0.05"]
+    argv += ["--health-listen", "127.0.0.1:0", "--vici-socket", str(tmp_path / "no-charon.vici")]
+    proc = subprocess.Popen(
+        argv, stderr=subprocess.PIPE, text=True, env={**os.environ, "TZ": "America/St_Johns"}
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if m := re.search(r"health\.listening address=\S+ port=(\d+)", line):
+                port = int(m.group(1))
+            if "health.ready ready=no" in line:
+                break
+        ready, live = _get(port, "/readyz"), _get(port, "/healthz")
+        gateway = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw")
+        plan.write_bytes(dumps(Plan(gateway=gateway, type="ipsec", ipsec=Ipsec())))
+        for line in proc.stderr:
+            lines.append(line)
+            if "agent.started" in line:
+                break
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=10)
+        lines += rest.splitlines(keepends=True)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = "".join(lines)
+    assert ready.startswith("HTTP/1.0 503")
+    assert f"not ready: no valid plan at {plan}: cannot read {plan}: No such file or directory" in ready
+    assert live.startswith("HTTP/1.0 200") and live.endswith("ok\n")
+    assert f"health.ready ready=no reason='no valid plan at {plan}: cannot read" in text
+    assert "plan.loaded" in text and proc.returncode == 0
+    for line in lines:
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) \S+ \S", line), line
+    stamp = datetime.strptime(lines[0].split()[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    assert abs(stamp.timestamp() - time.time()) < 120, "UTC, not the process's local time"

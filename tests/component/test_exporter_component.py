@@ -1,12 +1,21 @@
 """Exporter shells without daemons: a missing VICI socket / UAPI socket (real OS behaviour: refused),
-the HTTP server over real TCP on 127.0.0.1, plan reloads, event-follower backoff with injected sleep."""
+the HTTP server over real TCP on 127.0.0.1, plan reloads, event-follower backoff with injected sleep,
+what is watched (an IPsec plan means strongswan_up in every scrape), and a missing or invalid plan at
+start (waited for, not ready, said every few seconds; never an exit)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
+import os
+import re
+import signal
 import socket
+import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +24,10 @@ import pytest
 
 from exporter.app import MetricsApp
 from exporter.http import serve
-from exporter.service import Exporter, PlanFile
+from exporter.service import DEFAULT_VICI_SOCKET, Exporter, PlanFile
 from exporter.sources import StrongswanSource, WireGuardSource, follow_events
 from gwkit.vici import ViciSession, ViciUnavailable
-from gwplan.model import Child, GatewayRef, Ipsec, Plan, Tunnel, dumps
+from gwplan.model import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, WgPeer, WireGuard, dumps
 
 pytestmark = pytest.mark.anyio
 
@@ -214,7 +223,6 @@ REPO = Path(__file__).resolve().parents[2]
     "args, code, needle",
     [
         pytest.param(["--listen", "nope"], 2, b"--listen: expected HOST:PORT", id="bad-listen"),
-        pytest.param(["--listen", "127.0.0.1:0"], 2, b"nothing-to-watch", id="nothing-to-watch"),
         pytest.param(
             ["--listen", "127.0.0.1:0", "--vici-socket", "/x", "--scrape-timeout", "10"],
             2,
@@ -334,3 +342,220 @@ async def test_the_epoch_survives_wall_clock_steps_and_changes_on_a_restart(tmp_
     mono[0] += 1
     assert await bytes_in(5) == 175, "the old SA's 170 retired, the new SA's 5 added"
     assert source.epoch != epoch and connects == 3
+
+
+def wg_plan(interface: str = "wg7") -> Plan:
+    peer = WgPeer("alice", base64.b64encode(bytes([9]) * 32).decode(), ("10.99.0.2/32",))
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "ns", "gw"),
+        type="wireguard",
+        wireguard=WireGuard(interface, 51820, "10.99.0.1/24", SecretRef("wg", "key"), (peer,)),
+    )
+
+
+def metric_lines(body: bytes) -> dict[str, float]:
+    text = body.split(b"\r\n\r\n", 1)[1].decode()
+    return {
+        k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines() if ln[:1] not in ("#", ""))
+    }
+
+
+async def test_an_ipsec_plan_means_strongswan_up_in_every_scrape_and_a_wireguard_plan_does_not(
+    tmp_path: Path,
+) -> None:
+    """The exporter as the pod runs it (``--plan`` only): charon watched because the plan is IPsec, and
+    its ``strongswan_up 0`` (which alerts) when nothing answers; a WireGuard plan watches its interface
+    instead and never reports a charon it does not have."""
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(plan("t1")))
+    pf = PlanFile(path)
+    exporter = Exporter(
+        strongswan=StrongswanSource(tmp_path / "no-charon.vici"),
+        wireguard=WireGuardSource(tmp_path),
+        plan=pf,
+        charon="ipsec-plan",
+    )
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(serve, "127.0.0.1", 0, MetricsApp(exporter))
+        ipsec = metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+        path.write_bytes(dumps(wg_plan()))
+        wireguard = metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+        tg.cancel_scope.cancel()
+    assert ipsec["strongswan_up"] == 0 and ipsec['strongswan_tunnel_up{tunnel="t1"}'] == 0
+    assert not any(k.startswith("wireguard_") for k in ipsec)
+    assert wireguard['wireguard_up{interface="wg7"}'] == 0
+    assert wireguard['wireguard_peer_present{interface="wg7",peer="alice"}'] == 0
+    assert not any(k.startswith("strongswan_") for k in wireguard)
+    assert ipsec["vpngw_exporter_plan_valid"] == wireguard["vpngw_exporter_plan_valid"] == 1
+
+
+async def test_a_crashing_wireguard_source_still_reports_every_interface_down(tmp_path: Path) -> None:
+    """A bug in the WireGuard source used to give a scrape without any wireguard_up: no alert."""
+
+    class Broken(WireGuardSource):
+        async def scrape(self, timeout: float, interfaces: Any, names: Any) -> Any:
+            raise KeyError("unexpected reply shape")
+
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(wg_plan("wg7")))
+    exporter = Exporter(wireguard=Broken(tmp_path), interfaces=("wg0",), plan=PlanFile(path))
+    snap = await exporter.snapshot()
+    assert snap.wireguard is not None
+    assert [(i.interface, i.up, i.missing) for i in snap.wireguard.interfaces] == [
+        ("wg0", False, ()),
+        ("wg7", False, ("alice",)),
+    ]
+
+
+def test_the_default_vici_socket_is_where_the_gateway_image_puts_it() -> None:
+    conf = (REPO / "images" / "gateway" / "strongswan.conf").read_text()
+    assert f"socket = unix://{DEFAULT_VICI_SOCKET}\n" in conf
+
+
+async def test_plan_file_waits_says_why_every_period_and_logs_a_rejection_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.service")
+    now = [0.0]
+    path = tmp_path / "plan.json"
+    pf = PlanFile(path, clock=lambda: now[0], remind_every=5.0)
+    assert pf.readiness() == (False, f"no valid plan at {path}: not read yet")
+    for t in range(12):  # a scrape or the watcher every second
+        now[0] = float(t)
+        pf.current()
+    ready, reason = pf.readiness()
+    assert not ready and reason.startswith(f"no valid plan at {path}: cannot read {path}: No such file")
+    path.write_text("{not json")
+    for t in range(12, 14):
+        now[0] = float(t)
+        pf.current()
+    messages = [r.getMessage() for r in caplog.records]
+    rejected = [m for m in messages if m.startswith("exporter.plan.rejected")]
+    waiting = [m for m in messages if m.startswith("exporter.plan.waiting")]
+    assert len(rejected) == 2, "once per distinct reason, not once per call"
+    assert [re.search(r"for=(\d+)s", m).group(1) for m in waiting] == ["0", "5", "10", "12"]  # type: ignore[union-attr]
+    assert all(f"path={path}" in m and "ready=no" in m for m in waiting)
+    assert pf.valid is False and pf.names.tunnels == ()
+    path.write_bytes(dumps(plan("t1")))
+    now[0] = 14.0
+    assert [t.name for t in pf.current().tunnels] == ["t1"]
+    assert pf.readiness() == (True, f"plan {path} loaded") and pf.valid is True
+    assert "exporter.plan.loaded" in caplog.records[-1].getMessage()
+    path.write_text('{"version": "garbage"}')
+    now[0] = 30.0
+    pf.current()
+    assert pf.readiness()[0] is True, "a rejected update keeps the last good plan, and readiness"
+    assert pf.valid is False and [t.name for t in pf.names.tunnels] == ["t1"]
+    assert not caplog.records[-1].getMessage().startswith("exporter.plan.waiting")
+
+
+@contextlib.asynccontextmanager
+async def exporter_process(*args: str, log: Path) -> AsyncIterator[tuple[anyio.abc.Process, int]]:
+    """``python -m exporter --listen 127.0.0.1:0 ARGS``: the process and the port it bound; stopped with
+    SIGTERM (killed if it hangs) on the way out."""
+    with log.open("wb") as out:
+        proc = await anyio.open_process(
+            [sys.executable, "-m", "exporter", "--listen", "127.0.0.1:0", *args],
+            stdout=out,
+            stderr=out,
+            cwd=REPO,
+            env={**os.environ, "TZ": "Asia/Kolkata"},
+        )
+    try:
+        with anyio.fail_after(20):
+            while True:
+                text = await anyio.Path(log).read_bytes()
+                if m := re.search(rb"exporter\.http\.listening host=\S+ port=(\d+)", text):
+                    break
+                assert proc.returncode is None, text.decode()
+                await anyio.sleep(0.05)
+        yield proc, int(m.group(1))
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            with anyio.move_on_after(10):
+                await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_command_line_plan_only_watches_charon_at_the_images_socket(tmp_path: Path) -> None:
+    """``--listen ... --plan P`` without ``--vici-socket`` served an empty 200 body: no strongswan_up, so
+    the "exporter cannot reach the daemon" alert could never fire."""
+    path = tmp_path / "plan.json"
+    path.write_bytes(dumps(plan("t1")))
+    async with exporter_process("--plan", str(path), log=tmp_path / "exporter.log") as (proc, port):
+        got = metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+        ready = await _http(port, b"GET /readyz HTTP/1.1\r\n\r\n")
+    assert "strongswan_up" in got and 'strongswan_tunnel_up{tunnel="t1"}' in got
+    if not DEFAULT_VICI_SOCKET.exists():
+        assert got["strongswan_up"] == 0
+    assert ready.startswith(b"HTTP/1.1 200 ") and ready.endswith(f"ready: plan {path} loaded\n".encode())
+    assert proc.returncode == 0
+    assert f"vici={DEFAULT_VICI_SOCKET} charon=ipsec-plan" in (tmp_path / "exporter.log").read_text()
+
+
+async def test_command_line_waits_for_a_missing_plan_not_ready_then_serves_it(tmp_path: Path) -> None:
+    """A missing plan at start made the exporter exit 2 (in a pod: a crash loop) while the agent waited.
+    Now both wait: live, not ready with the path and the reason, said in the log; the plan then
+    appearing is picked up without a restart."""
+    path = tmp_path / "plan.json"
+    log = tmp_path / "exporter.log"
+    async with exporter_process("--plan", str(path), log=log) as (proc, port):
+        health = await _http(port, b"GET /healthz HTTP/1.1\r\n\r\n")
+        waiting = await _http(port, b"GET /readyz HTTP/1.1\r\n\r\n")
+        before = metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+        path.write_bytes(dumps(plan("t1")))
+        with anyio.fail_after(10):
+            while True:  # the exporter re-checks the plan file every second
+                ready = await _http(port, b"GET /readyz HTTP/1.1\r\n\r\n")
+                if ready.startswith(b"HTTP/1.1 200"):
+                    break
+                await anyio.sleep(0.1)
+        after = metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+        assert proc.returncode is None
+    text = log.read_text()
+    assert health.endswith(b"\r\n\r\nok\n")
+    assert waiting.startswith(b"HTTP/1.1 503 Service Unavailable")
+    assert f"not ready: no valid plan at {path}: cannot read {path}: No such file".encode() in waiting
+    assert before == {"vpngw_exporter_plan_valid": 0.0}, "nothing to watch until the plan says what"
+    assert ready.endswith(f"ready: plan {path} loaded\n".encode())
+    assert after["vpngw_exporter_plan_valid"] == 1 and "strongswan_up" in after
+    assert f"exporter.plan.waiting path={path} reason=" in text and "exporter.plan.loaded" in text
+    assert proc.returncode == 0, text
+    lines = [ln for ln in text.splitlines() if ln]
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z [A-Z]+ \S+ \S+", ln) for ln in lines), lines
+
+
+async def test_help_says_what_is_watched_and_that_a_bad_plan_is_waited_for() -> None:
+    res = await anyio.run_process([sys.executable, "-m", "exporter", "--help"], cwd=REPO)
+    out = b" ".join(res.stdout.split())
+    assert f"default: {DEFAULT_VICI_SOCKET}".encode() in out
+    assert b"is waited for, not an exit" in out and b"/readyz" in out
+    assert b"exit codes: 0 stopped by SIGINT/SIGTERM, 1 runtime failure" in out
+
+
+def test_the_exporter_needs_no_flag_but_listen() -> None:
+    """With nothing else named the exporter watches charon at the image's socket (no 'nothing to
+    watch' exit any more): it starts, serves strongswan_up, and stops on SIGTERM."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--listen", "127.0.0.1:0"],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "exporter.http.listening" in line:
+                port = int(line.rsplit("port=", 1)[1])
+                break
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            body = b"".join(iter(lambda: s.recv(65536), b""))
+        assert b"\nstrongswan_up " in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+    assert proc.returncode == 0

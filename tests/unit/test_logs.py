@@ -1,0 +1,97 @@
+"""gwkit.logs: one line format for every program (RFC 3339, UTC, milliseconds, Z), the same quiet
+libraries, and the "still waiting" reminder throttle."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from gwkit.logs import LEVELS, QUIET, Reminder, rfc3339, setup_logging
+
+LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) \S+ ")
+
+
+@pytest.mark.parametrize(
+    "created, text",
+    [
+        pytest.param(0.0, "1970-01-01T00:00:00.000Z", id="epoch"),
+        pytest.param(1_796_113_360.911, "2026-12-01T08:22:40.911Z", id="milliseconds"),
+        pytest.param(1_796_113_360.0004, "2026-12-01T08:22:40.000Z", id="below-a-millisecond"),
+        pytest.param(1_796_113_359.9996, "2026-12-01T08:22:39.999Z", id="truncated-not-rounded-up"),
+    ],
+)
+def test_rfc3339(created: float, text: str) -> None:
+    assert rfc3339(created) == text
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """setup_logging changes the root logger: put back what pytest had."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    quiet = {name: logging.getLogger(name).level for name in QUIET}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, lvl in quiet.items():
+        logging.getLogger(name).setLevel(lvl)
+    logging.captureWarnings(False)
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_setup_logging_one_handler_one_format_and_quiet_libraries() -> None:
+    first, out = io.StringIO(), io.StringIO()
+    setup_logging("INFO", stream=first)
+    setup_logging("DEBUG", stream=out)  # a second call replaces, never duplicates
+    logging.getLogger("agent.test").debug("thing.happened n=%d", 1)
+    logging.getLogger("urllib3.connectionpool").info("Starting new HTTPS connection")
+    logging.getLogger("kubernetes.client").debug("chatter")
+    lines = out.getvalue().splitlines()
+    assert first.getvalue() == ""
+    assert len(lines) == 1 and LINE.match(lines[0]), lines
+    assert lines[0].endswith(" DEBUG agent.test thing.happened n=1")
+    assert all(logging.getLogger(n).level == logging.WARNING for n in QUIET)
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_unknown_level_is_refused() -> None:
+    with pytest.raises(ValueError, match="expected one of DEBUG, INFO, WARNING, ERROR"):
+        setup_logging("LOUD")
+    assert LEVELS == ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def test_the_time_is_utc_whatever_the_time_zone() -> None:
+    """A process in another zone (TZ=Asia/Kolkata, +05:30) still writes UTC with a Z."""
+    code = (
+        "import logging, time; from gwkit.logs import UtcFormatter; "
+        "r = logging.LogRecord('x', 20, '', 0, 'm', None, None); r.created = 0.5; "
+        "print(UtcFormatter().format(r))"
+    )
+    env = {"TZ": "Asia/Kolkata", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1970-01-01T00:00:00.500Z INFO x m"
+
+
+def test_reminder_at_once_then_every_period_and_again_on_a_new_reason() -> None:
+    now = [100.0]
+    r = Reminder(every=5.0, clock=lambda: now[0])
+    said = []
+    for t in [100.0, 101.0, 104.9, 105.0, 106.0, 110.0, 110.5]:
+        now[0] = t
+        if r.due("no plan"):
+            said.append(t)
+    assert said == [100.0, 105.0, 110.0]
+    assert r.waited() == 10.5
+    now[0] = 111.0
+    assert r.due("plan invalid: version"), "a new reason is said at once"
+    assert not r.due("plan invalid: version")
+    r.clear()
+    assert r.waited() == 0.0
+    now[0] = 111.5
+    assert r.due("plan invalid: version"), "after clear() the wait starts over"
