@@ -29,6 +29,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from types import FrameType
 
+from gwkit.logs import LEVELS, setup_logging
 from gwplan import Plan, PlanError, loads
 from initnat import rules, sysctl, tables
 from initnat.conntrack import ConntrackError, Flusher, NetlinkFlusher, flush_marks
@@ -341,7 +342,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="auto",
         help="iptables variant; auto decides like kube-proxy (the variant holding the rules)",
     )
-    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.add_argument("--log-level", default="INFO", choices=LEVELS)
     return p.parse_args(argv)
 
 
@@ -362,9 +363,7 @@ def _seconds(low: float, high: float) -> Callable[[str], float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
-    )
+    setup_logging(args.log_level)
     try:
         nic_mac = None
         if args.nic_mac is not None:

@@ -11,9 +11,9 @@ import asyncio
 import ipaddress
 import logging
 import signal
-import sys
 from pathlib import Path
 
+from gwkit.logs import setup_logging
 from lab.kubeapi.emulator import KubeAPI
 from lab.kubeapi.server import Settings
 
@@ -151,9 +151,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup_logging(args.log_level)
     try:
         return asyncio.run(serve(args))
     except KeyboardInterrupt:

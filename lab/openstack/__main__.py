@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from gwkit.logs import setup_logging
 from lab.openstack.cloud import Cloud, cloud_seed, declare_nodes
 from lab.openstack.neutron import NeutronSettings, start_neutron
 from lab.openstack.nova import NovaEmulator
@@ -85,7 +86,7 @@ def up(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    setup_logging("INFO")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "up":
         return up(args)
