@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -22,10 +23,12 @@ from typing import Any
 
 import anyio
 
+from agent.follow import PlanFollower
 from agent.health import HealthState, serve, split_listen
 from agent.runtime import Backend, PlanSource, Settings, StatusSink
 from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink
 from agent.sources import FilePlanSource, FileSecrets
+from gwkit.kube import ConfigError, KubeClient, load
 from gwkit.logs import LEVELS, setup_logging
 from gwplan import Plan
 
@@ -67,6 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="charon's VICI socket (default: %(default)s)",
     )
     p.add_argument("--status-file", type=Path, help="write the status JSON here (atomically, on change)")
+    p.add_argument(
+        "--follow-configmap",
+        metavar="NAME",
+        help="watch this plan ConfigMap and the Secrets its plan references through the API, and write them "
+        "to --live-dir (plan.json, secrets/<name>/<key>) for the pod's containers; the namespace is "
+        "$POD_NAMESPACE, else the service account's",
+    )
+    p.add_argument("--live-dir", type=Path, help="where --follow-configmap writes (a memory emptyDir)")
+    p.add_argument(
+        "--plan-fallback",
+        type=Path,
+        metavar="PLAN",
+        help="the mounted plan ConfigMap: copied to --live-dir at boot, until the API has answered once",
+    )
+    p.add_argument("--kubeconfig", type=Path, help="outside a pod: the kubeconfig (default: in-cluster)")
     p.add_argument("--health-listen", metavar="HOST:PORT", help="serve /healthz and /readyz here")
     p.add_argument(
         "--kube-status",
@@ -113,7 +131,13 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
         raise UsageError("--poll-interval: must be between 0.05 and 10 seconds")
     if not 1 <= ns.resync_seconds <= 86400:  # also refuses nan and inf
         raise UsageError("--resync-seconds: must be between 1 and 86400 seconds")
+    if ns.follow_configmap is not None and ns.live_dir is None:
+        raise UsageError("--follow-configmap: needs --live-dir (where to write what it follows)")
     settings = Settings(
+        follow_configmap=ns.follow_configmap,
+        live_dir=ns.live_dir,
+        plan_fallback=ns.plan_fallback,
+        kubeconfig=ns.kubeconfig,
         plan=ns.plan,
         secrets_dir=ns.secrets_dir,
         vici_socket=ns.vici_socket,
@@ -215,13 +239,31 @@ async def main_async(settings: Settings) -> int:
         tg.start_soon(stop_on_signal)
         if settings.health_listen:
             await tg.start(serve, settings.health_listen, health)
+        client: KubeClient | None = None
+        if settings.kube_status or settings.follow_configmap:
+            try:
+                config = await anyio.to_thread.run_sync(load, settings.kubeconfig)
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from exc
+            client = KubeClient(config, user_agent="vpngw-agent")
+            if settings.follow_configmap and settings.live_dir:
+                namespace = os.environ.get("POD_NAMESPACE") or config.namespace
+                follower = PlanFollower(
+                    client, namespace, settings.follow_configmap, settings.live_dir, settings.plan_fallback
+                )
+                tg.start_soon(follower.run)
+                log.info(
+                    "follow.started configmap=%s/%s live=%s",
+                    namespace,
+                    settings.follow_configmap,
+                    settings.live_dir,
+                )
         plan = await _heartbeat_until_first_plan(plans, health)
         backend = load_backend(plan.type)
         sink: StatusSink
         if settings.kube_status:
-            kube = KubeStatusSink(
-                plan.gateway, await anyio.to_thread.run_sync(KubeStatusApi.from_environment)
-            )
+            assert client is not None
+            kube = KubeStatusSink(plan.gateway, KubeStatusApi(client))
             tg.start_soon(kube.run)
             sink = kube
             if settings.status_file:

@@ -32,6 +32,15 @@ class Settings:
     """Patch the owning CR's status subresource through the Kubernetes API."""
     health_listen: str | None = None
     """HOST:PORT for /healthz and /readyz."""
+    follow_configmap: str | None = None
+    """Watch this ConfigMap (the plan) and the Secrets its plan references through the API and write them
+    to ``live_dir`` (``agent.follow``): the pod then follows its plan within a second, not the kubelet's
+    60-90 s."""
+    live_dir: Path | None = None
+    plan_fallback: Path | None = None
+    """The mounted plan ConfigMap: copied to ``live_dir`` at boot, until the API answers."""
+    kubeconfig: Path | None = None
+    """For running outside a pod (default: in-cluster, else $KUBECONFIG)."""
     wireguard_uapi_dir: Path | None = None
     """Where wireguard-go's UAPI sockets are, when not /var/run/wireguard."""
     poll_interval: float = 0.5

@@ -2,12 +2,12 @@
 
 ``FileStatusSink`` writes the status atomically (temp file in the same directory + rename) and only when
 its content changed. ``KubeStatusSink`` never blocks its caller: ``publish`` only records the latest status
-and wakes a writer task (``run``), which merge-patches ``.../<plural>/<name>/status`` through the official
-``kubernetes`` client on a worker thread. Statuses published while a write is in flight are coalesced
+and wakes a writer task (``run``), which merge-patches ``.../<plural>/<name>/status`` through the
+project's Kubernetes client (``gwkit.kube``). Statuses published while a write is in flight are coalesced
 (latest wins); conflicts and transient errors (409, 429, 5xx, connection errors) are retried with
 backoff, always with the newest status. The Kubernetes call itself sits behind the small ``StatusApi``
 Protocol: ``KubeStatusApi`` is the real one, ``FakeStatusApi`` (next to it) is an in-memory fake that
-models resourceVersion conflicts, which the kmock emulator used in tests does not.
+scripts conflicts and failures in zero time (the real one is tested against the API emulator).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import anyio
 
 from agent.runtime import StatusSink
 from gwkit.backoff import backoff as _backoff
+from gwkit.kube import ApiError, KubeClient, KubeError, Resource
 from gwplan import GatewayRef
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,34 @@ class StatusWriteError(Exception):
 
 
 class StatusApi(Protocol):
-    def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
-        """Merge-patch ``{"status": status}`` into the CR (blocking; raises StatusWriteError)."""
+    async def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
+        """Merge-patch ``{"status": status}`` into the CR's status subresource (raises StatusWriteError)."""
         ...
+
+
+class KubeStatusApi:
+    """``StatusApi`` over the project's Kubernetes client (``gwkit.kube``, async, in-cluster config)."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+
+    async def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
+        group, _, version = gateway.api_version.partition("/")
+        if not version:
+            raise StatusWriteError(
+                f"gateway.apiVersion {gateway.api_version!r}: expected group/version", retry=False
+            )
+        res = Resource(group, version, plural(gateway.kind), gateway.kind)
+        try:
+            await self._kube.patch(
+                res, gateway.name, {"status": dict(status)}, gateway.namespace, subresource="status"
+            )
+        except ApiError as exc:
+            raise StatusWriteError(
+                f"HTTP {exc.code} {exc.reason}", retry=exc.retryable, conflict=exc.code == 409
+            ) from None
+        except KubeError as exc:  # no answer: the API server may come back
+            raise StatusWriteError(str(exc), retry=True) from None
 
 
 def plural(kind: str) -> str:
@@ -106,59 +132,9 @@ def plural(kind: str) -> str:
     return kind.lower() + "s"
 
 
-def _group_version(api_version: str) -> tuple[str, str]:
-    group, _, version = api_version.partition("/")
-    if not version:
-        raise ValueError(f"gateway.apiVersion {api_version!r}: expected group/version")
-    return group, version
-
-
-class KubeStatusApi:
-    """The official ``kubernetes`` client (synchronous; the sink calls it on a worker thread)."""
-
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
-
-        self._api = client.CustomObjectsApi(api_client)
-
-    @classmethod
-    def from_environment(cls) -> KubeStatusApi:
-        """In-cluster service-account config, else the kubeconfig (``KUBECONFIG`` or ~/.kube/config)."""
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient())
-
-    def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        group, version = _group_version(gateway.api_version)
-        try:
-            self._api.patch_namespaced_custom_object_status(
-                group,
-                version,
-                gateway.namespace,
-                plural(gateway.kind),
-                gateway.name,
-                {"status": dict(status)},
-                _request_timeout=10,
-            )
-        except ApiException as exc:
-            code = int(exc.status or 0)
-            reason = f"HTTP {code} {exc.reason or ''}".strip()
-            raise StatusWriteError(
-                reason, retry=code in (409, 429) or code >= 500 or code == 0, conflict=code == 409
-            ) from None
-        except Exception as exc:  # urllib3 connection errors, timeouts: the API server may come back
-            raise StatusWriteError(f"{type(exc).__name__}: {exc}", retry=True) from None
-
-
 @dataclass
 class FakeStatusApi:
-    """In-memory ``StatusApi`` that models resourceVersion conflicts (kmock does not).
+    """In-memory ``StatusApi`` that scripts resourceVersion conflicts and failures (a FAKE, for unit tests).
 
     Each write reads the object's resourceVersion and writes it back incremented; ``conflicts`` writes
     by "someone else" (e.g. the controller updating conditions) land in between and make that many
@@ -173,7 +149,7 @@ class FakeStatusApi:
     writes: list[dict[str, Any]] = field(default_factory=list)
     attempts: int = 0
 
-    def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
+    async def patch_status(self, gateway: GatewayRef, status: Mapping[str, Any]) -> None:
         self.attempts += 1
         if self.failures:
             raise self.failures.pop(0)
@@ -237,7 +213,7 @@ class KubeStatusSink:
                 assert data is not None
                 try:
                     body = json.loads(data)
-                    await anyio.to_thread.run_sync(self._api.patch_status, self.gateway, body)
+                    await self._api.patch_status(self.gateway, body)
                 except StatusWriteError as exc:
                     self.failures += 1
                     self.last_error = str(exc)

@@ -136,19 +136,6 @@ def nad(inputs: Inputs, nic: Nic2) -> Obj:
     }
 
 
-def secret_names(plan: gwplan.Plan) -> list[str]:
-    """Every Secret the plan references (the pod reads each through the API, by name)."""
-    refs: list[gwplan.SecretRef] = []
-    if plan.ipsec is not None:
-        refs += [s.ref for s in plan.ipsec.secrets]
-        refs += [c.ref for c in plan.ipsec.certificates]
-        refs += [k.ref for k in plan.ipsec.private_keys]
-    if plan.wireguard is not None:
-        refs.append(plan.wireguard.private_key_ref)
-        refs += [p.preshared_key_ref for p in plan.wireguard.peers if p.preshared_key_ref is not None]
-    return sorted({r.name for r in refs})
-
-
 def service_account(inputs: Inputs) -> Obj:
     return {
         "apiVersion": "v1",
@@ -174,7 +161,7 @@ def role(inputs: Inputs) -> Obj:
             "verbs": ["get", "list", "watch"],
         },
     ]
-    secrets = secret_names(inputs.plan)
+    secrets = gwplan.secret_names(inputs.plan)
     if secrets:
         rules.append(
             {
@@ -253,8 +240,9 @@ def deployment(inputs: Inputs, nic: Nic2, node: str) -> Obj:
 
 def desired(inputs: Inputs) -> Desired:
     """Every object the gateway should have now, each stamped with its desired hash."""
-    objects: list[Obj] = [config_map(inputs), service_account(inputs), role(inputs), role_binding(inputs)]
-    objects.append(network_policy(inputs))
+    # The Role before the ConfigMap: a plan that references a new Secret reaches a pod that may read it.
+    objects: list[Obj] = [service_account(inputs), role(inputs), role_binding(inputs), network_policy(inputs)]
+    objects.append(config_map(inputs))
     held: set[str] = set()
     if inputs.nic is None:
         held |= {"NetworkAttachmentDefinition", "Deployment"}

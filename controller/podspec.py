@@ -184,6 +184,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
                 _mount("tmp", "/tmp"),
                 *daemon_mounts,
             ],
+            env=[{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
             ports=[{"name": "health", "containerPort": pod.health_port, "protocol": "TCP"}],
             livenessProbe=_probe("/healthz", pod.health_port, period=10, failures=3),
             readinessProbe=_probe("/readyz", pod.health_port, period=5, failures=2),

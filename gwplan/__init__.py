@@ -26,6 +26,7 @@ from gwplan.model import (
     is_device_name,
     loads,
     plan_hash,
+    secret_names,
     to_dict,
 )
 
@@ -55,5 +56,6 @@ __all__ = [
     "is_device_name",
     "loads",
     "plan_hash",
+    "secret_names",
     "to_dict",
 ]

@@ -249,6 +249,20 @@ class Plan:
     version: str = PLAN_VERSION
 
 
+def secret_names(plan: Plan) -> list[str]:
+    """Every Secret the plan references, sorted: the gateway pod reads each (by name) through the API, and
+    its Role grants exactly these."""
+    refs: list[SecretRef] = []
+    if plan.ipsec is not None:
+        refs += [s.ref for s in plan.ipsec.secrets]
+        refs += [c.ref for c in plan.ipsec.certificates]
+        refs += [k.ref for k in plan.ipsec.private_keys]
+    if plan.wireguard is not None:
+        refs.append(plan.wireguard.private_key_ref)
+        refs += [p.preshared_key_ref for p in plan.wireguard.peers if p.preshared_key_ref is not None]
+    return sorted({r.name for r in refs})
+
+
 class PlanError(ValueError):
     """The plan document is not a valid plan; the message names the field path."""
 

@@ -1,7 +1,8 @@
 """Test tiers and the lab fixtures.
 
 * tests/unit: pure functions, no I/O.
-* tests/component: shells against fakes, socketpairs, kmock (a real HTTP Kubernetes API emulator).
+* tests/component: shells against fakes, socketpairs, lab.kubeapi (a real HTTPS Kubernetes API emulator)
+  with the controller and agents as real processes.
 * tests/integration: marked ``lab``: root, network namespaces, live charon / wireguard-go / iptables /
   conntrack. They never skip silently: when the machine cannot run them the session FAILS, unless the run
   opts out explicitly with ``VPNGW_SKIP_LAB=1`` (then they are reported as skipped, by name). The summary

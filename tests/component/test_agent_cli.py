@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -14,8 +13,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import anyio
-import kmock
 import pytest
 
 from agent.__main__ import UsageError, build_parser, parse_settings
@@ -75,11 +72,11 @@ def test_waits_live_for_a_valid_plan_and_stops_cleanly_on_sigterm(tmp_path: Path
     assert "plan.rejected" in err and "not JSON" in err
 
 
-@pytest.mark.anyio
-async def test_kube_status_end_to_end_through_kubeconfig_against_kmock(tmp_path: Path) -> None:
+def test_kube_status_end_to_end_through_kubeconfig_against_the_api_emulator(tmp_path: Path) -> None:
     """``python -m agent --kube-status`` with charon absent: the agent patches the CR's status subresource
-    (tunnels Down, the reason) through the official client and a kubeconfig, against kmock (an HTTP
-    Kubernetes API emulator, not a real API server)."""
+    (tunnels Down, the reason) through a kubeconfig, against the Kubernetes API emulator (lab.kubeapi)."""
+    from lab.cluster import Cluster, wait_for
+
     gateway = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-a", "gw")
     conn = {"s1": {"version": "2", "children": {"s1-0": {"remote_ts": ["10.1.0.0/24"]}}}}
     plan = Plan(
@@ -88,51 +85,55 @@ async def test_kube_status_end_to_end_through_kubeconfig_against_kmock(tmp_path:
         ipsec=Ipsec(tunnels=(Tunnel("s1", True, (Child("s1-0", "10.1.0.0/24"),), conn),)),
     )
     (tmp_path / "plan.json").write_bytes(dumps(plan))
-    async with kmock.KubernetesEmulator() as k, kmock.Server(k):
-        res = kmock.resource("vpn.bnerd.net", "v1alpha1", "vpngateways")
-        k.objects[res, "tenant-a", "gw"] = {
-            "apiVersion": "vpn.bnerd.net/v1alpha1",
-            "kind": "VPNGateway",
-            "metadata": {"name": "gw", "namespace": "tenant-a"},
-            "spec": {"type": "ipsec"},
-        }
-        (tmp_path / "kubeconfig").write_text(
-            json.dumps(
+    with Cluster(tmp_path / "k8s") as c:
+        c.apply(
+            [
                 {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "k", "cluster": {"server": str(k.url).rstrip("/")}}],
-                    "users": [{"name": "u", "user": {"token": "test-token"}}],
-                    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-                    "current-context": "c",
+                    "apiVersion": "vpn.bnerd.net/v1alpha1",
+                    "kind": "VPNGateway",
+                    "metadata": {"name": "gw", "namespace": "tenant-a"},
+                    "spec": {
+                        "type": "ipsec",
+                        "serviceCIDR": "198.18.0.0/24",
+                        "ipsec": {"localID": "gw.example"},
+                    },
                 }
-            )
+            ]
         )
-        env = {**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig")}
+        env = {**os.environ, "KUBECONFIG": str(c.kubeconfig)}
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        argv = [*AGENT, "--plan", str(tmp_path / "plan.json"), "--secrets-dir", str(tmp_path)]
-        argv += [
+        argv = [
+            *AGENT,
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--secrets-dir",
+            str(tmp_path),
             "--vici-socket",
             str(tmp_path / "no-charon.vici"),
             "--kube-status",
             "--poll-interval",
             "0.05",
         ]
-        async with await anyio.open_process(argv, env=env, stderr=subprocess.PIPE) as proc:
-            try:
-                with anyio.fail_after(20):
-                    while "tunnels" not in k.objects[res, "tenant-a", "gw"].get("status", {}):  # noqa: ASYNC110
-                        await anyio.sleep(0.05)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                with anyio.fail_after(10):
-                    await proc.wait()
-        status = k.objects[res, "tenant-a", "gw"]["status"]
+        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
+        try:
+            gw = wait_for(
+                lambda: (
+                    (g := c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "gw", "tenant-a"))
+                    and "tunnels" in (g.get("status") or {})
+                    and g
+                ),
+                20,
+                "the agent's status",
+            )
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+        status = gw["status"]
         (tunnel,) = status["tunnels"]
         assert tunnel["name"] == "s1" and tunnel["state"] == "Down"
         assert "charon unreachable" in tunnel["lastError"]
         assert status["agent"]["connected"] is False
-        assert all(r.subresource == "status" for r in k["patch"])
+        assert all(r.subresource == "status" for r in c.kube.requests(verb="patch"))
         assert proc.returncode == 0
 
 
