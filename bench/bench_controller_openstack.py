@@ -74,6 +74,7 @@ def last_seq(proxy: FaultProxy) -> int:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gateways", type=int, default=100)
     ap.add_argument("--peers", type=int, default=10)
@@ -90,6 +91,18 @@ def main() -> int:
             Cluster(Path(tmp), bookmark_interval=60.0) as c,
         ):
             declare_nodes(nova, cloud)
+            # The lab's gateway subnet is a /26: room for ~60 ports. A /22 of the bench's own, on the
+            # cloud's router (floating IPs need the port's subnet behind a router with the external gateway).
+            admin = neutron.connect()
+            net = admin.network.create_network(name="bench-gateways")
+            sub = admin.network.create_subnet(
+                network_id=net.id,
+                ip_version=4,
+                cidr="10.250.0.0/22",
+                gateway_ip="10.250.0.1",
+                name="bench-gateways",
+            )
+            admin.network.add_interface_to_router(cloud.router_id, subnet_id=sub.id)
             for n in cloud.nodes:
                 c.add_node(n.name, provider_id=n.provider_id)
             for i in range(a.gateways):
@@ -101,9 +114,9 @@ def main() -> int:
                 "--os-cloud",
                 "lab",
                 "--gateway-network",
-                cloud.gateway.network_id,
+                net.id,
                 "--gateway-subnet",
-                cloud.gateway.subnet_id,
+                sub.id,
                 "--external-network",
                 cloud.external.network_id,
                 "--workers",
