@@ -29,7 +29,7 @@ bench: setup
 
 ## make chart: regenerate the chart's generated copies (CRDs from the controller, monitoring files)
 chart:
-	$(PY) -m controller crds > helm/vpngw/crds/vpngw-crds.yaml
+	$(PY) -m controller chart helm/vpngw
 	cp monitoring/alerts.yml helm/vpngw/files/alerts.yml
 	cp monitoring/grafana-dashboard.json helm/vpngw/files/grafana-dashboard.json
 

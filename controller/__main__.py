@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print, as YAML, the rules of the controller's ClusterRole and of its leader-election "
         "Role in its own namespace (controller/rbac.py, where each right says which code uses it).",
     )
+    ch = sub.add_parser(
+        "chart",
+        help="write the chart's generated files (CRDs, the controller's RBAC rules) into a chart directory",
+        description="Write the files of the Helm chart that are generated from the code "
+        "(controller/chartgen.py): "
+        "the CRDs and the controller's ClusterRole and leader-election Role rules. A test fails when the "
+        "committed chart differs.",
+    )
+    ch.add_argument(
+        "directory", nargs="?", type=Path, default=Path("helm/vpngw"), help="(default: %(default)s)"
+    )
     r = sub.add_parser(
         "render",
         help="render a gateway and its peers to the gateway plan (or swanctl.conf)",
@@ -233,6 +244,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "run":
             return run_command(args)
+        if args.command == "chart":
+            from controller.chartgen import generated_files
+
+            for rel, text in generated_files().items():
+                target = args.directory / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _write(text.encode(), target)
+                log.info("chart.written path=%s", target)
+            return EXIT_OK
         return render_command(args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -172,22 +172,30 @@ class OpenStackCloud:
                     continue
                 rule = Rule(str(r.protocol or ""), r.port_range_min, str(r.remote_ip_prefix or "0.0.0.0/0"))
                 have.setdefault(rule, []).append(r.id)
-            for rule in sorted(wanted - have.keys()):
-                try:
-                    net.create_security_group_rule(
-                        security_group_id=sg.id,
-                        direction="ingress",
-                        ether_type="IPv4",
-                        protocol=rule.protocol,
-                        port_range_min=rule.port,
-                        port_range_max=rule.port,
-                        remote_ip_prefix=rule.remote,
-                    )
+            missing = [
+                {
+                    "security_group_id": sg.id,
+                    "direction": "ingress",
+                    "ethertype": "IPv4",
+                    "protocol": rule.protocol,
+                    "port_range_min": rule.port,
+                    "port_range_max": rule.port,
+                    "remote_ip_prefix": rule.remote,
+                }
+                for rule in sorted(wanted - have.keys())
+            ]
+            if missing:
+                try:  # one bulk POST (Neutron creates all or none)
+                    list(net.create_security_group_rules(data=missing))
                 except Exception as exc:
-                    if (
-                        getattr(exc, "status_code", None) != 409
-                    ):  # SecurityGroupRuleExists: someone was faster
+                    if getattr(exc, "status_code", None) != 409:
                         raise
+                    for body in missing:  # someone created one of them meanwhile: one by one, 409 is success
+                        try:
+                            net.create_security_group_rule(**body)
+                        except Exception as one:
+                            if getattr(one, "status_code", None) != 409:
+                                raise
             for rule, ids in have.items():
                 for rid in ids[0 if rule not in wanted else 1 :]:
                     net.delete_security_group_rule(rid, ignore_missing=True)

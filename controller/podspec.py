@@ -82,14 +82,17 @@ def _probe(path: str, port: int, *, period: int, failures: int) -> Obj:
     }
 
 
-def _container(name: str, settings: Settings, command: list[str], **extra: Any) -> Obj:
+def _container(
+    name: str, settings: Settings, command: list[str], *, role: str | None = None, **extra: Any
+) -> Obj:
+    """``role``: the settings' resources key when it is not the container's name."""
     c: Obj = {
         "name": name,
         "image": settings.pod.image,
         "imagePullPolicy": settings.pod.image_pull_policy,
         "command": command,
     }
-    res = settings.pod.resources.get(name)
+    res = settings.pod.resources.get(role or name)
     if res is not None and res.to_api():
         c["resources"] = res.to_api()
     c.update(extra)
@@ -144,9 +147,10 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
     )
     main: list[Obj] = [
         _container(
-            "init-nat",
+            "init-nat-watch",  # a pod's container names are unique across init and main containers
             settings,
             ["python3", "-m", "initnat", "--plan", LIVE_PLAN, "--watch"],
+            role="init-nat",
             securityContext=_security(user=0, caps=INITNAT_CAPS),
             volumeMounts=nat_mounts,
         )

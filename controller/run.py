@@ -244,6 +244,7 @@ class Operator:
             if where.node is not None:
                 self.pins[key] = where.node
         want = CloudWant(key, where.node, provider_id(snap, where.node), rendered.in_force, self.routers(key))
+        cloud_failed = False
         try:
             cloud = await self.cloud.ensure(want)
         except CloudError as exc:
@@ -253,7 +254,7 @@ class Operator:
                 snap.current_status.get("publicIP"),
                 (Condition(CLOUD_READY, False, exc.step, str(exc)),),
             )
-            self.queue.retry(key)
+            cloud_failed = True
         now = now_rfc3339()
         decision = decide(snap, self.settings, rendered, where, cloud, now)
         counts = await execute.apply(
@@ -273,7 +274,7 @@ class Operator:
                 where.node,
                 "yes" if rendered.plan is not None else "no",
             )
-        return "ok"
+        return "cloud-failed" if cloud_failed else "ok"
 
     async def worker(self) -> None:
         while True:
@@ -282,7 +283,13 @@ class Operator:
             result = "error"
             try:
                 result = await self.reconcile(key)
-                self.queue.forget(key)
+                if result == "cloud-failed":
+                    # Everything else was written (the status says which cloud step failed): try the
+                    # cloud again with a growing backoff, not at once.
+                    delay = self.queue.retry(key)
+                    log.info("gateway.cloud_retry gateway=%s retry_in=%.1f", key, delay)
+                else:
+                    self.queue.forget(key)
             except execute.Requeue as exc:
                 result = "conflict"
                 log.info("gateway.requeued gateway=%s why=%r", key, str(exc))

@@ -334,7 +334,7 @@ def test_legacy_and_wireguard_gateways_are_served_by_the_same_machinery(cluster:
     assert condition(legacy, "ConfigRendered")["status"] == "True"  # type: ignore[index]
     dep = cluster.get("apps/v1", "Deployment", "vpngw-acme-wg", "tenant-wg")
     names = [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]]  # type: ignore[index]
-    assert names == ["init-nat", "status-agent", "exporter"]
+    assert names == ["init-nat-watch", "status-agent", "exporter"]
 
 
 def test_two_replicas_elect_one_leader_and_the_other_takes_over(cluster: Cluster) -> None:

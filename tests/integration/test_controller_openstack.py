@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,8 +50,11 @@ def docs(hostname_peer: bool = True, road_warrior: bool = True) -> list[dict[str
     if road_warrior:
         rw = copy.deepcopy(out[2])
         rw["metadata"]["name"] = "laptop"
-        rw["spec"] = {"gatewayRef": {"name": "acme"}, "type": "roadWarrior",
-                      "ipsec": {"id": "laptop.example", "remoteSubnets": ["203.0.113.48/28"]}}  # fmt: skip
+        rw["spec"] = {
+            "gatewayRef": {"name": "acme"},
+            "type": "roadWarrior",
+            "ipsec": {"id": "laptop.example", "remoteSubnets": ["203.0.113.48/28"]},
+        }
         out.append(rw)
     return out
 
@@ -70,8 +74,16 @@ def lab(openstack_lab: OpenStackLab) -> Iterator[OpenStackLab]:
 
 def backend(lab: OpenStackLab, **kw: Any) -> OpenStackCloud:
     conn = lab.connect(connect_retries=0, status_code_retries=0)
-    return OpenStackCloud(conn, OpenStackSettings(lab.cloud.gateway.network_id, lab.cloud.external.network_id,
-                                                  lab.cloud.gateway.subnet_id, "test", **kw))  # fmt: skip
+    return OpenStackCloud(
+        conn,
+        OpenStackSettings(
+            lab.cloud.gateway.network_id,
+            lab.cloud.external.network_id,
+            lab.cloud.gateway.subnet_id,
+            "test",
+            **kw,
+        ),
+    )
 
 
 def want(
@@ -102,6 +114,15 @@ def ingress(lab: OpenStackLab) -> set[tuple[str, int | None, str]]:
         for r in conn.network.security_group_rules(security_group_id=sg.id)
         if r.direction == "ingress"
     }
+
+
+def ingress_of(conn: Any, key_tags: str) -> set[tuple[str, int | None, str]]:
+    out = set()
+    for sg in conn.network.security_groups(tags=key_tags):
+        for r in conn.network.security_group_rules(security_group_id=sg.id):
+            if r.direction == "ingress":
+                out.add((r.protocol, r.port_range_min, r.remote_ip_prefix))
+    return out
 
 
 def routes_on(lab: OpenStackLab, router_id: str) -> list[dict[str, str]]:
@@ -219,8 +240,9 @@ def test_another_clients_address_pairs_survive_also_when_it_races_us(lab: OpenSt
     # Our next update (a new reverse exposure) is held in the proxy while the other client edits again:
     # our If-Match revision is stale by the time it reaches Neutron (a real 412), we read again, redo ours.
     d = docs(hostname_peer=False, road_warrior=False)
-    d[0]["spec"]["reverseExposures"].append({"name": "scanner", "target": {"address": "203.0.113.2"},
-                                             "ports": [{"port": 9100}]})  # fmt: skip
+    d[0]["spec"]["reverseExposures"].append(
+        {"name": "scanner", "target": {"address": "203.0.113.2"}, "ports": [{"port": 9100}]}
+    )
     d[1]["spec"]["authorization"]["reverseExposures"].append("scanner")
     lab.neutron_proxy.clear_log()
     rule = lab.neutron_proxy.add("PUT", rf"^/v2\.0/ports/{port.id}$", Fault.delay(2.0), times=1)
@@ -293,14 +315,41 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
             c.add_node(n.name, provider_id=n.provider_id)
         cfg = clouds_yaml(tmp_path / "clouds.yaml", lab.network_url, lab.compute_url)
         net = lab.cloud
-        args = ["--cloud", "openstack", "--os-cloud", "lab", "--gateway-network", net.gateway.network_id,
-                "--gateway-subnet", net.gateway.subnet_id,
-                "--external-network", net.external.network_id]  # fmt: skip
+        args = [
+            "--cloud",
+            "openstack",
+            "--os-cloud",
+            "lab",
+            "--gateway-network",
+            net.gateway.network_id,
+            "--gateway-subnet",
+            net.gateway.subnet_id,
+            "--external-network",
+            net.external.network_id,
+        ]
         env = {"OS_CLIENT_CONFIG_FILE": str(cfg)}
         held = lab.neutron_proxy.add("POST", r"^/v2\.0/floatingips$", Fault.hang(120), times=1)
         first = c.start_controller({"internalSourceCIDRs": ["192.0.2.64/26"]}, *args, name="first", env=env)
         wait_for(first.ready, 30, "the controller")
         c.apply(docs())
+        # This customer's ClusterLink names the gateway; another customer's link (another namespace, another
+        # router) names only its own gateway: it must get none of this gateway's routes.
+        c.apply(
+            [
+                {
+                    "apiVersion": "ipsec.bnerd.net/v1alpha1",
+                    "kind": "ClusterLink",
+                    "metadata": {"name": "services", "namespace": "tenant-acme"},
+                    "spec": {"routerID": net.clusters[0].router_id, "gateways": ["acme"]},
+                },
+                {
+                    "apiVersion": "ipsec.bnerd.net/v1alpha1",
+                    "kind": "ClusterLink",
+                    "metadata": {"name": "services", "namespace": "tenant-other"},
+                    "spec": {"routerID": net.clusters[1].router_id, "gateways": ["other"]},
+                },
+            ]
+        )
         wait_for(lambda: list(conn.network.ports(tags=key_tags)), 30, "the port")
         wait_for(lambda: held.hits == 1, 30, "the floating IP's POST, held")
         first.stop(signal.SIGKILL)
@@ -324,6 +373,44 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
         conds = {x["type"]: x for x in gw["status"]["conditions"]}
         assert conds["SecurityGroupScoped"]["reason"] == "HostnameEndpointOpensPort"
         assert conds["CloudReady"]["status"] == "True" and conds["RoutingReady"]["status"] == "True"
+        addr = port.fixed_ips[0]["ip_address"]
+        wait_for(
+            lambda: any(r["nexthop"] == addr for r in routes_on(lab, net.clusters[0].router_id)),
+            30,
+            "the linked router's route",
+        )
+        assert not any(r["nexthop"] == addr for r in routes_on(lab, net.clusters[1].router_id))
+
+        # Neutron away for a minute while a peer is added: reported, and the change lands once it is back.
+        def cloud_ready() -> str:
+            gw = c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") or {}
+            conds = {y["type"]: y for y in (gw.get("status") or {}).get("conditions") or []}
+            return str(conds.get("CloudReady", {}).get("status"))
+
+        extra = copy.deepcopy(docs()[1])
+        extra["metadata"]["name"] = "s9"
+        extra["spec"].update(
+            endpoint="198.51.100.30",
+            ipsec={"id": "s9.example", "remoteSubnets": ["203.0.113.64/28"]},
+            authorization={"exposures": ["web"]},
+        )
+        down = time.monotonic()
+        lab.neutron.stop()
+        try:
+            c.apply([extra])
+            wait_for(lambda: cloud_ready() == "False", 60, "CloudReady=False while Neutron is down")
+            time.sleep(max(0.0, 60 - (time.monotonic() - down)))
+        finally:
+            lab.neutron.start()
+        try:
+            wait_for(lambda: ("udp", 500, "198.51.100.30/32") in ingress_of(conn, key_tags), 60, "s9's rules")
+        except AssertionError:
+            gw = c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") or {}
+            raise AssertionError(
+                f"s9's rules never came: {(gw.get('status') or {}).get('conditions')}"
+            ) from None
+        wait_for(lambda: cloud_ready() == "True", 30, "CloudReady again")
+        assert second.proc.poll() is None, "survived"
         c.kube.delete("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme")
         wait_for(
             lambda: c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") is None,
@@ -333,3 +420,38 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
         assert list(conn.network.ports(tags=key_tags)) == list(conn.network.ips(tags=key_tags)) == []
         assert list(conn.network.security_groups(tags=key_tags)) == []
         assert second.proc.poll() is None
+
+
+def test_a_rule_someone_else_created_meanwhile_is_a_success_not_a_failure(lab: OpenStackLab) -> None:
+    """Neutron's bulk rule create is all or nothing: one of our new rules created by someone else between
+    our read and our POST (409 SecurityGroupRuleExists) makes the backend create the rest one by one, the
+    duplicate counting as done."""
+    d = docs(hostname_peer=False, road_warrior=False)
+    cloud = backend(lab)
+    ensure(cloud, want(lab, d[:2]))  # s1 only
+    (sg,) = tagged(lab, "sgs")
+    other = lab.connect(direct=True)
+    lab.neutron_proxy.clear_log()
+    held = lab.neutron_proxy.add("POST", r"^/v2\.0/security-group-rules$", Fault.delay(2.0), times=1)
+    done: list[Any] = []
+    t = threading.Thread(target=lambda: done.append(ensure(cloud, want(lab, d))))
+    t.start()
+    wait_for(lambda: held.hits == 1, 20, "our bulk POST, held")
+    other.network.create_security_group_rule(
+        security_group_id=sg.id,
+        direction="ingress",
+        protocol="udp",
+        port_range_min=500,
+        port_range_max=500,
+        remote_ip_prefix="198.51.100.6/32",
+    )
+    t.join(30)
+    assert done, "ensure finished"
+    site2 = {
+        ("udp", 500, "198.51.100.6/32"),
+        ("udp", 4500, "198.51.100.6/32"),
+        ("esp", None, "198.51.100.6/32"),
+    }
+    assert site2 <= ingress(lab)
+    statuses = [r.status for r in lab.neutron_proxy.calls("POST", r"^/v2\.0/security-group-rules$")]
+    assert statuses[0] == 409 and statuses.count(409) == 2 and statuses.count(201) == 2

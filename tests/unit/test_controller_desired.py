@@ -245,11 +245,13 @@ def test_the_ipsec_pod_is_pinned_multus_attached_and_each_container_has_its_priv
         {"name": "net.ipv4.conf.all.rp_filter", "value": "2"},
     ]
     assert [c["name"] for c in pod["initContainers"]] == ["init-nat"]
+    names = [c["name"] for c in pod["initContainers"] + pod["containers"]]
+    assert len(names) == len(set(names)), "the API server refuses a name used twice across init and main"
     c = containers(run(snapshot(IPSEC)))
-    assert list(c) == ["init-nat", "charon", "status-agent", "exporter"]
+    assert list(c) == ["init-nat-watch", "charon", "status-agent", "exporter"]
     caps = {n: x["securityContext"]["capabilities"] for n, x in c.items()}
     assert caps["charon"] == {"drop": ["ALL"], "add": IPSEC_CAPS}
-    assert caps["init-nat"] == {"drop": ["ALL"], "add": INITNAT_CAPS}
+    assert caps["init-nat-watch"] == {"drop": ["ALL"], "add": INITNAT_CAPS}
     assert caps["status-agent"] == caps["exporter"] == {"drop": ["ALL"]}
     for name in ("status-agent", "exporter"):
         sc = c[name]["securityContext"]
@@ -269,7 +271,7 @@ def test_the_ipsec_pod_is_pinned_multus_attached_and_each_container_has_its_priv
 def test_a_wireguard_pod_has_no_charon_and_its_agent_and_exporter_run_as_root() -> None:
     d = run(snapshot(WIREGUARD))
     c = containers(d)
-    assert list(c) == ["init-nat", "status-agent", "exporter"]
+    assert list(c) == ["init-nat-watch", "status-agent", "exporter"]
     assert c["status-agent"]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert c["status-agent"]["securityContext"]["runAsUser"] == 0
     assert "--wireguard-uapi-dir" in c["status-agent"]["command"]
@@ -279,7 +281,7 @@ def test_a_wireguard_pod_has_no_charon_and_its_agent_and_exporter_run_as_root() 
     go = dataclasses.replace(SETTINGS, pod=dataclasses.replace(SETTINGS.pod, wireguard="wireguard-go"))
     d2 = run(snapshot(WIREGUARD), go)
     c2 = containers(d2)
-    assert list(c2) == ["init-nat", "wireguard-go", "status-agent", "exporter"]
+    assert list(c2) == ["init-nat-watch", "wireguard-go", "status-agent", "exporter"]
     assert c2["wireguard-go"]["command"] == ["wireguard-go", "-f", "wg0"]
     vols = {v["name"]: v for v in by_kind(d2)["Deployment"]["spec"]["template"]["spec"]["volumes"]}
     assert vols["tun"] == {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}}

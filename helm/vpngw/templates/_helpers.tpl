@@ -1,18 +1,127 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "vpngw.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of every object's name: fullnameOverride; else the release name when it already contains the
+chart's name (release "vpngw": vpngw-controller, never vpngw-vpngw-controller); else <release>-<chart>.
+*/}}
+{{- define "vpngw.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "vpngw.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The controller's objects: Deployment, ServiceAccount, ClusterRole, Role, Service, ... */}}
+{{- define "vpngw.controller.name" -}}
+{{- printf "%s-controller" (include "vpngw.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "vpngw.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "vpngw.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
-{{- end }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/* The controller pods' selector (a Deployment's selector is immutable: never change it). */}}
+{{- define "vpngw.controller.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "vpngw.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end -}}
+
+{{- define "vpngw.controller.labels" -}}
+{{ include "vpngw.labels" . }}
+app.kubernetes.io/component: controller
+{{- end -}}
 
 {{/*
-Non-empty when the PrometheusRule is to be rendered: enabled, and the cluster serves the Prometheus
-Operator's API (an install on a cluster without its CRDs would otherwise fail on "no matches for kind
-PrometheusRule"). `helm template` knows no cluster: pass --api-versions monitoring.coreos.com/v1/PrometheusRule.
+The controller's --instance: the label value of every object it owns (and the OpenStack tags). A DNS
+label; the release name by default.
 */}}
-{{- define "vpngw.prometheusRule" -}}
-{{- if and .Values.monitoring.prometheusRule.enabled (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule") -}}
+{{- define "vpngw.instance" -}}
+{{- $i := .Values.instance | default .Release.Name -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" $i) -}}
+{{- fail (printf "instance: %q is not a DNS label (lowercase letters, digits and '-', at most 63): set instance to one (it defaults to the release name)" $i) -}}
+{{- end -}}
+{{- $i -}}
+{{- end -}}
+
+{{- define "vpngw.image" -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .chart.AppVersion | toString) -}}
+{{- end -}}
+
+{{/*
+Non-empty when a Prometheus Operator object of this kind is to be rendered: enabled, and the cluster serves
+monitoring.coreos.com/v1 <kind> (an install on a cluster without its CRDs would otherwise fail on "no
+matches for kind"). `helm template` knows no cluster: pass --api-versions monitoring.coreos.com/v1/<kind>.
+Call with (dict "ctx" $ "kind" "PrometheusRule" "enabled" .Values.monitoring.prometheusRule.enabled).
+*/}}
+{{- define "vpngw.monitoring" -}}
+{{- if and .enabled (.ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind)) -}}
 yes
+{{- end -}}
+{{- end -}}
+
+{{- define "vpngw.prometheusRule" -}}
+{{- include "vpngw.monitoring" (dict "ctx" . "kind" "PrometheusRule" "enabled" .Values.monitoring.prometheusRule.enabled) -}}
+{{- end -}}
+
+{{- define "vpngw.serviceMonitor" -}}
+{{- include "vpngw.monitoring" (dict "ctx" . "kind" "ServiceMonitor" "enabled" .Values.monitoring.serviceMonitor.enabled) -}}
+{{- end -}}
+
+{{- define "vpngw.podMonitor" -}}
+{{- include "vpngw.monitoring" (dict "ctx" . "kind" "PodMonitor" "enabled" .Values.monitoring.podMonitor.enabled) -}}
+{{- end -}}
+
+{{/*
+The controller's --config (docs/controller.md "--config"): what does not fit a flag. Keys are written only
+when set, so the controller's own defaults (gateway resources, ...) stay in force otherwise.
+*/}}
+{{- define "vpngw.controllerConfig" -}}
+{{- $g := .Values.gateway -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $pod := dict "nadTemplate" $g.nadTemplate -}}
+{{- with $g.nodeSelector }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
+{{- with $g.tolerations }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
+{{- with $g.resources }}{{ $_ := set $pod "resources" . }}{{ end -}}
+{{- with $g.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
+{{- $cfg := dict "gatewayPod" $pod -}}
+{{- $netpol := dict "monitoringNamespace" $np.monitoringNamespace "dnsNamespace" $np.dnsNamespace "dnsPodLabels" $np.dnsPodLabels -}}
+{{- with $np.apiServer }}{{ $_ := set $netpol "apiServer" . }}{{ end -}}
+{{- $_ := set $cfg "networkPolicy" $netpol -}}
+{{- with .Values.internalSourceCIDRs }}{{ $_ := set $cfg "internalSourceCIDRs" . }}{{ end -}}
+{{- if and (eq .Values.cloud.type "static") .Values.cloud.static.nics }}{{ $_ := set $cfg "staticNICs" .Values.cloud.static.nics }}{{ end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/*
+Install-time checks a JSON schema cannot make, with the controller's rules (controller/settings.py
+check_nad_template; it refuses to start otherwise): the NAD template substitutes only $mac, $name and
+$namespace ($$ is a literal $) and is a JSON object once they are substituted.
+*/}}
+{{- define "vpngw.checks" -}}
+{{- $t := .Values.gateway.nadTemplate -}}
+{{- $probe := $t | replace "$$" "" -}}
+{{- $probe = regexReplaceAll "\\$\\{mac\\}|\\$mac\\b" $probe "fa:16:3e:00:00:01" -}}
+{{- $probe = regexReplaceAll "\\$\\{name\\}|\\$name\\b" $probe "x" -}}
+{{- $probe = regexReplaceAll "\\$\\{namespace\\}|\\$namespace\\b" $probe "y" -}}
+{{- if contains "$" $probe -}}
+{{- fail (printf "gateway.nadTemplate: only $mac, $name and $namespace may be substituted ($$ for a literal $): %s" $t) -}}
+{{- end -}}
+{{- $parsed := $probe | fromJson -}}
+{{- if hasKey $parsed "Error" -}}
+{{- fail (printf "gateway.nadTemplate: not a JSON object once $mac, $name and $namespace are substituted (a CNI configuration): %s" (get $parsed "Error")) -}}
 {{- end -}}
 {{- end -}}
