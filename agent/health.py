@@ -14,7 +14,6 @@ unreachable charon), so a pod stuck waiting says why in ``kubectl logs`` wheneve
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -24,12 +23,12 @@ import anyio
 import anyio.abc
 
 from agent.runtime import Health
+from gwkit import httpd
 from gwkit.logs import Reminder
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-MAX_REQUEST = 8192
 
 
 @dataclass(frozen=True)
@@ -91,66 +90,34 @@ def respond(path: str, snap: Snapshot, stale_after: float) -> tuple[int, str]:
     return 404, "not found\n"
 
 
-_REASONS = {200: "OK", 404: "Not Found", 400: "Bad Request", 503: "Service Unavailable"}
-
-
-def parse_request_line(head: bytes) -> str | None:
-    """The path of a ``GET`` request head, or None (pure)."""
-    line = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0]
-    parts = line.split()
-    if len(parts) < 2 or parts[0] not in (b"GET", b"HEAD"):
-        return None
-    return parts[1].split(b"?", 1)[0].decode("ascii", errors="replace")
-
-
 def split_listen(listen: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); raises ValueError naming the rule."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--health-listen {listen!r}: expected HOST:PORT with a port 0-65535")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-async def _handle(stream: anyio.abc.SocketStream, state: HealthState) -> None:
-    async with stream:
-        head = b""
-        with anyio.move_on_after(5):
-            while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_REQUEST:
-                try:
-                    head += await stream.receive(1024)
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    break
-        path = parse_request_line(head)
-        code, body = (
-            (400, "bad request\n") if path is None else respond(path, state.snapshot(), state.stale_after)
-        )
-        payload = body.encode()
-        reply = (
-            f"HTTP/1.0 {code} {_REASONS.get(code, '')}\r\nContent-Type: text/plain\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-        ).encode() + (payload if not head.startswith(b"HEAD") else b"")
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            await stream.send(reply)
+    return httpd.split_listen(listen, "--health-listen")
 
 
 async def serve(
     listen: str, state: HealthState, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """Serve the probes until cancelled; ``task_status.started`` gets the bound port."""
-    host, port = split_listen(listen)
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
-    bound = int(listener.extra(anyio.abc.SocketAttribute.local_port))  # noqa: S610 - anyio, not Django
-    log.info("health.listening address=%s port=%d", host, bound)
-    task_status.started(bound)
+    """Serve the probes until cancelled (gwkit.httpd); ``task_status.started`` gets the bound port."""
 
-    async def handler(stream: anyio.abc.SocketStream) -> None:
-        try:
-            await _handle(stream, state)
-        except Exception as exc:  # one bad client must not stop the probes
-            log.debug("health.request_failed error=%r", exc)
+    async def answer(path: str) -> httpd.Answer:
+        code, body = respond(path, state.snapshot(), state.stale_after)
+        return code, "text/plain", body.encode()
 
-    async with listener:
-        await listener.serve(handler)
+    await httpd.serve(listen, answer, task_status=_Announce(task_status, listen))
+
+
+class _Announce:
+    """Logs the bound port, then passes it on."""
+
+    def __init__(self, inner: anyio.abc.TaskStatus[int], listen: str) -> None:
+        self._inner = inner
+        self._listen = listen
+
+    def started(self, value: int | None = None) -> None:
+        assert value is not None
+        log.info("health.listening address=%s port=%d", split_listen(self._listen)[0], value)
+        self._inner.started(value)
 
 
 _conforms: Health = HealthState()

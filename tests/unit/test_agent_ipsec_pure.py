@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.health import Snapshot, parse_request_line, respond, split_listen
+from agent.health import Snapshot, respond, split_listen
 from agent.ipsec.link import (
     Attempt,
     Conn,
@@ -24,6 +24,7 @@ from agent.ipsec.link import (
 from agent.ipsec.plan import Loaded, PlanRejected, SecretState, conn_digest, desired, diff, stale_children
 from agent.ipsec.status import Carry, Counters, reason_from_log, tunnels_status
 from agent.sink import backoff as sink_backoff
+from gwkit.httpd import parse_request_line
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel
 
 NOW = datetime(2026, 11, 30, 1, 0, 0, tzinfo=UTC)
@@ -338,7 +339,7 @@ def test_probe_answers(path: str, snap: Snapshot, code: int) -> None:
 
 
 def test_request_line_and_listen_parsing() -> None:
-    assert parse_request_line(b"GET /readyz?x=1 HTTP/1.1\r\nHost: a\r\n\r\n") == "/readyz"
+    assert parse_request_line(b"GET /readyz?x=1 HTTP/1.1\r\nHost: a\r\n\r\n") == ("GET", "/readyz")
     assert parse_request_line(b"POST / HTTP/1.1\r\n\r\n") is None
     assert split_listen("0.0.0.0:8081") == ("0.0.0.0", 8081)
     assert split_listen("[::1]:9") == ("::1", 9)
