@@ -35,6 +35,14 @@ SCHEMAS: dict[str, dict[int, Field]] = {
         4: ("contentType", "string", False),
     },
     "TypeMeta": {1: ("apiVersion", "string", False), 2: ("kind", "string", False)},
+    "DeleteOptions": {
+        1: ("gracePeriodSeconds", "int", False),
+        2: ("preconditions", "Preconditions", False),
+        3: ("orphanDependents", "bool", False),
+        4: ("propagationPolicy", "string", False),
+        5: ("dryRun", "string", True),
+    },
+    "Preconditions": {1: ("uid", "string", False), 2: ("resourceVersion", "string", False)},
     "ObjectMeta": {
         1: ("name", "string", False),
         2: ("generateName", "string", False),
@@ -178,6 +186,8 @@ DECODABLE = {
     ("v1", "ConfigMap"): "ConfigMap",
     ("v1", "Secret"): "Secret",
     ("v1", "Namespace"): "Namespace",
+    ("v1", "DeleteOptions"): "DeleteOptions",
+    ("meta.k8s.io/v1", "DeleteOptions"): "DeleteOptions",
     ("v1", "ServiceAccount"): "ServiceAccount",
     **{
         ("rbac.authorization.k8s.io/v1", k): k

@@ -345,6 +345,9 @@ def test_helm_install_and_upgrade_follow_what_the_cluster_serves(helm: str, tmp_
         assert cm is not None and yaml.safe_load(cm["data"]["config.yaml"])["internalSourceCIDRs"] == [
             "10.0.0.0/16"
         ]
+        gone = run_helm(helm, "uninstall", "vpngw", "-n", NAMESPACE, "--kubeconfig", str(c.kubeconfig))
+        assert gone.returncode == 0, gone.stdout + gone.stderr  # its DELETEs carry protobuf DeleteOptions
+        assert c.get("apps/v1", "Deployment", "vpngw-controller", NAMESPACE) is None
 
 
 def _clouds(cloud: str) -> str:
