@@ -172,6 +172,7 @@ def main() -> int:
                 )
 
             t0 = time.monotonic()
+            print(f"peer added at {time.time():.3f} (log: {tmp}/controller.log)")
             wait_for(ruled, 60, "the new peer's rules", interval=0.05)
             time.sleep(3)
             an, aw = tally(nproxy, mark_n)

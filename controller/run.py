@@ -320,8 +320,9 @@ class Operator:
         )
 
     def enqueue_all(self) -> None:
+        """Every gateway, behind any change (the resync; docs/controller.md)."""
         for gw in self._gateways():
-            self.queue.add(self._key(gw))
+            self.queue.add(self._key(gw), background=True)
 
     def _gauge_ready(self) -> None:
         tally: Tally[str] = Tally()

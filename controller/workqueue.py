@@ -5,6 +5,9 @@
   first one is ``done`` (so the last change is always seen by a later reconcile).
 * ``retry`` re-adds a key after a capped exponential backoff per key (``gwkit.backoff``); ``forget``
   resets it after a success. ``add_after`` delays a key (a requeue on a timer).
+* ``add(key, background=True)`` (the periodic resync) queues behind every change: an edit made while a
+  resync of 500 gateways is in flight is reconciled next, not after them (a key changed while waiting in
+  the background lane moves to the front one).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class WorkQueue(Generic[K]):
         self.cap = cap
         self._clock = clock
         self._ready: deque[K] = deque()
+        self._background: deque[K] = deque()
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()
@@ -41,21 +45,24 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         """Keys waiting to be processed now (delayed ones not counted)."""
-        return len(self._ready)
+        return len(self._queued)
 
     @property
     def delayed(self) -> int:
         return len(self._later)
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, *, background: bool = False) -> None:
         self.adds += 1
         if key in self._processing:
             self._dirty.add(key)
             return
         if key in self._queued:
+            if not background and key in self._background:
+                self._background.remove(key)  # O(n), rare: a change to a key the resync queued
+                self._ready.append(key)
             return
         self._queued.add(key)
-        self._ready.append(key)
+        (self._background if background else self._ready).append(key)
         self._wake.set()
 
     def add_after(self, key: K, delay: float) -> None:
@@ -90,8 +97,8 @@ class WorkQueue(Generic[K]):
     async def get(self) -> K:
         while True:
             wait = self._promote()
-            while self._ready:
-                key = self._ready.popleft()
+            while self._ready or self._background:
+                key = self._ready.popleft() if self._ready else self._background.popleft()
                 self._queued.discard(key)
                 if key in self._processing:  # cannot happen: add() parks it in _dirty
                     continue

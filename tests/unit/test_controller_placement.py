@@ -193,3 +193,14 @@ async def test_retry_backs_off_per_key_and_forget_resets_it() -> None:
     assert len(q2) == 0
     with anyio.fail_after(2):
         assert await q2.get() == "late"
+
+
+@pytest.mark.anyio
+async def test_a_change_goes_before_the_resyncs_keys_and_a_resynced_key_that_changes_moves_up() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for k in ("r1", "r2", "r3"):
+        q.add(k, background=True)
+    q.add("edit")
+    q.add("r3")  # changed while waiting behind the resync
+    assert len(q) == 4
+    assert [await q.get() for _ in range(4)] == ["edit", "r3", "r1", "r2"]
