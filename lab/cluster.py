@@ -113,9 +113,18 @@ class Controller:
 class Cluster:
     """``with Cluster(tmp) as c: c.add_node("node-a"); ctl = c.start_controller(config)``."""
 
-    def __init__(self, workdir: Path, *, bookmark_interval: float = 1.0, history: int = 10000) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        bookmark_interval: float = 1.0,
+        history: int = 10000,
+        sans: Sequence[str] = (),
+    ) -> None:
+        """``sans``: extra names/addresses for the emulator's certificate (e.g. the API's in-cluster
+        address 10.96.0.1, which the lab kubelet's pods use)."""
         self.workdir = workdir
-        self.kube = KubeAPIThread(bookmark_interval=bookmark_interval, history=history)
+        self.kube = KubeAPIThread(bookmark_interval=bookmark_interval, history=history, sans=tuple(sans))
         self.controllers: list[Controller] = []
 
     def __enter__(self) -> Cluster:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from lab.kubelet import cleanup_stale as cleanup_stale_kubelet
 from lab.openstack.process import cleanup_stale as cleanup_stale_openstack
 from lab.world import Lab, cleanup_stale
 from tests.commands import declared, started
@@ -85,6 +86,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if os.geteuid() == 0 and shutil.which("ip"):
         cleanup_stale()  # leftovers of a run that was SIGKILLed; a live run's namespaces are kept
         cleanup_stale_openstack()  # ... and its MariaDB/Neutron run directories
+        cleanup_stale_kubelet(containers=False)  # ... and its lab kubelets' pods (mounts, directories)
 
 
 _commands_run: dict[str, str] = {}
