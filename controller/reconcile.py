@@ -27,7 +27,7 @@ from controller.cloud import CLOUD_READY, CloudState
 from controller.desired import Desired, Inputs, desired, plan_of
 from controller.model import IPsecGateway, VPNGateway, VPNPeer, parse
 from controller.names import FINALIZER, GatewayKey, selector_labels
-from controller.render import RenderOptions, render
+from controller.render import RenderOptions, render, with_nic
 from controller.settings import Settings
 from controller.status import Condition, StatusEvent
 from controller.validate import InvalidInput, Problem, admit
@@ -232,9 +232,10 @@ def decide(
     foreign: list[diff.Foreign] = []
     if plan is not None:
         if cloud.nic is not None:
-            plan = dataclasses.replace(
-                plan, nic=gwplan.Nic(mac=cloud.nic.mac, address=cloud.nic.address, gateway=cloud.nic.gateway)
+            nic = dataclasses.replace(
+                plan.nic, mac=cloud.nic.mac, address=cloud.nic.address, gateway=cloud.nic.gateway
             )
+            plan = with_nic(plan, nic)
         inputs = Inputs(snap.key, snap.uid, plan, settings, cloud.nic, where.node)
         plan_desired = desired(inputs)
         if cloud.nic is None:

@@ -22,6 +22,7 @@ naming the peer's ``pskSecretRef`` or the gateway default.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,16 +237,36 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
         mark_mask=mask,
     )
     if isinstance(gateway, IPsecGateway):
-        return gwplan.Plan(
-            gateway=ref, type="ipsec", nic=options.nic, ipsec=_legacy_ipsec(gateway, service_cidr), nat=nat
+        plan = gwplan.Plan(gateway=ref, type="ipsec", ipsec=_legacy_ipsec(gateway, service_cidr), nat=nat)
+    elif gateway.type == "ipsec":
+        plan = gwplan.Plan(gateway=ref, type="ipsec", ipsec=_ipsec(gateway, peers, service_cidr), nat=nat)
+    else:
+        plan = gwplan.Plan(
+            gateway=ref, type="wireguard", wireguard=_wireguard(gateway, peers, options), nat=nat
         )
-    if gateway.type == "ipsec":
-        return gwplan.Plan(
-            gateway=ref, type="ipsec", nic=options.nic, ipsec=_ipsec(gateway, peers, service_cidr), nat=nat
-        )
-    return gwplan.Plan(
-        gateway=ref, type="wireguard", nic=options.nic, wireguard=_wireguard(gateway, peers, options), nat=nat
-    )
+    return with_nic(plan, options.nic)
+
+
+def with_nic(plan: gwplan.Plan, nic: gwplan.Nic) -> gwplan.Plan:
+    """``plan`` on NIC2 ``nic``: its ``nic`` section, and each IKE connection's ``local_addrs`` set to NIC2's
+    address when it is known. Without it charon picks the source address by the pod's routes, whose
+    default leaves through eth0 (found by running the pod: it happened to choose NIC2's, by luck)."""
+    plan = dataclasses.replace(plan, nic=nic)
+    if plan.ipsec is None:
+        return plan
+    local = [nic.address.split("/")[0]] if nic.address else None
+    tunnels = []
+    for t in plan.ipsec.tunnels:
+        conn: dict[str, Any] = {}
+        for name, body in t.conn.items():
+            body = dict(body)
+            if local is None:
+                body.pop("local_addrs", None)
+            else:
+                body["local_addrs"] = list(local)
+            conn[name] = body
+        tunnels.append(dataclasses.replace(t, conn=conn))
+    return dataclasses.replace(plan, ipsec=dataclasses.replace(plan.ipsec, tunnels=tuple(tunnels)))
 
 
 def _virtual_ips_exhausted(gateway: Gateway, exc: AllocationError) -> Problem:

@@ -1,6 +1,7 @@
 """The controller -> gateway-pod plan contract (pure: dataclasses and a JSON codec)."""
 
 from gwplan.model import (
+    DEFAULT_REPLY_MARK,
     DEVICE_NAME_RULE,
     PLAN_VERSION,
     Child,
@@ -31,6 +32,7 @@ from gwplan.model import (
 )
 
 __all__ = [
+    "DEFAULT_REPLY_MARK",
     "DEVICE_NAME_RULE",
     "PLAN_VERSION",
     "Child",

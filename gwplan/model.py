@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 PLAN_VERSION = "plan.vpn.bnerd.net/v1"
+DEFAULT_REPLY_MARK = 0x10000000
+"""``nic.replyMark`` when the plan leaves it unset: the mark bit of everything that must leave through NIC2
+(replies to connections that came in on it; in a WireGuard gateway the device's own packets)."""
 
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")
 DEVICE_NAME_RULE = "1-15 characters of A-Z a-z 0-9 _ . -, the first not . or -"
@@ -90,7 +93,12 @@ class Nic:
     (exposure targets, then the two reply rules of ``reply_mark``)."""
     reply_mark: int | None = None
     """The conntrack/packet mark bit (one bit, outside ``Nat.mark_mask``) that makes replies to
-    connections that came in on NIC2 leave through NIC2; None: init-nat's default, 0x10000000."""
+    connections that came in on NIC2 leave through NIC2; None: ``DEFAULT_REPLY_MARK``. A WireGuard device
+    marks its own packets with it, so they leave through NIC2 too."""
+
+    @property
+    def effective_reply_mark(self) -> int:
+        return DEFAULT_REPLY_MARK if self.reply_mark is None else self.reply_mark
 
 
 @dataclass(frozen=True)

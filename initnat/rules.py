@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 from typing import Literal
 
+from gwplan import DEFAULT_REPLY_MARK as _DEFAULT_REPLY_MARK
 from gwplan import DEVICE_NAME_RULE, Exposure, Grant, Nat, Nic, ReverseExposure, is_device_name
 
 FILTER_CHAIN = "VPNGW-FORWARD"
@@ -69,7 +70,7 @@ _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
 _MAC = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
 _RESERVED_TABLES = frozenset({0, 253, 254, 255})  # unspec, default, main, local
 
-DEFAULT_REPLY_MARK = 0x10000000
+DEFAULT_REPLY_MARK = _DEFAULT_REPLY_MARK
 """``nic.replyMark`` when the plan has none: bit 28, outside the default ``nat.markMask`` (0x0fff0000)."""
 CHARON_RULE_PRIORITY = 220
 """charon's ``routing_table_prio`` (table 220 holds the routes to the tunnels' remote subnets): our reply

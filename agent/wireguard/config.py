@@ -126,6 +126,7 @@ def desired(
     wg: WireGuard,
     read_key: Callable[[SecretRef], str],
     resolved: Mapping[str, str],
+    fwmark: int = 0,
 ) -> DesiredDevice:
     """The device the plan asks for. ``read_key`` returns a secret's canonical base64 key (see
     ``secret_key``) or raises ConfigError; ``resolved`` maps hostnames to addresses; an unresolved
@@ -148,4 +149,6 @@ def desired(
                 persistent_keepalive=p.persistent_keepalive or 0,
             )
         )
-    return DesiredDevice(private_key=private_key, listen_port=wg.listen_port, peers=tuple(peers))
+    return DesiredDevice(
+        private_key=private_key, listen_port=wg.listen_port, peers=tuple(peers), fwmark=fwmark
+    )

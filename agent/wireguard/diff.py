@@ -75,4 +75,7 @@ def diff(want: DesiredDevice, have: DeviceState) -> DeviceUpdate:
     changes = [u for p in want.peers if (u := _peer_update(p, current.get(p.public_key))) is not None]
     private_key = want.private_key if clamped(want.private_key) != clamped(have.private_key) else None
     listen_port = want.listen_port if want.listen_port != have.listen_port else None
-    return DeviceUpdate(private_key=private_key, listen_port=listen_port, peers=(*removals, *changes))
+    fwmark = want.fwmark if want.fwmark != have.fwmark else None
+    return DeviceUpdate(
+        private_key=private_key, listen_port=listen_port, peers=(*removals, *changes), fwmark=fwmark
+    )

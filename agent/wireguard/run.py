@@ -279,7 +279,11 @@ class WireGuardAgent:
             if self._inputs is not None and self._inputs[0] is plan and self._inputs[1] == inputs:
                 return  # nothing changed since the last attempt (good or rejected)
             self._inputs = (plan, inputs)
-            want = desired(wg, lambda ref: secret_key(values[ref], ref), self.endpoints.addresses)
+            # In a gateway pod (the plan names NIC2) the device marks its packets with the NIC2 reply bit:
+            # init-nat's fwmark rules then send handshakes and data to peers out through NIC2; without it
+            # they followed the pod's default route (eth0), and a site that never initiates never connected.
+            fwmark = plan.nic.effective_reply_mark if plan.nic.mac else 0
+            want = desired(wg, lambda ref: secret_key(values[ref], ref), self.endpoints.addresses, fwmark)
         except ConfigError as exc:
             if str(exc) != self.config_error:
                 self.config_error = str(exc)

@@ -320,6 +320,8 @@ class NetlinkBackend:
             device["private_key"] = update.private_key
         if update.listen_port is not None:
             device["listen_port"] = update.listen_port
+        if update.fwmark is not None:
+            device["fwmark"] = update.fwmark
         try:
             peers = [netlink_peer(p) for p in update.peers]
         except ValueError as exc:

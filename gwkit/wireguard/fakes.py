@@ -51,6 +51,7 @@ class FakeDevice:
     reject: str | None = None
     """When set, ``apply`` raises ApplyRejected with this message."""
     listen_port: int = 0
+    fwmark: int = 0
     private_key: str | None = field(default=None, repr=False)
     peers: dict[str, PeerState] = field(default_factory=dict)
     applied: list[DeviceUpdate] = field(default_factory=list)
@@ -60,7 +61,7 @@ class FakeDevice:
     def restart(self) -> None:
         """The daemon came back empty (as wireguard-go after a crash)."""
         self.up = True
-        self.listen_port, self.private_key, self.peers = 0, None, {}
+        self.listen_port, self.fwmark, self.private_key, self.peers = 0, 0, None, {}
 
     def handshake(self, public_key: str, when: float, rx: int = 0, tx: int = 0) -> None:
         p = self.peers[public_key]
@@ -80,6 +81,7 @@ class FakeDevice:
         self.gets += 1
         return DeviceState(
             listen_port=self.listen_port,
+            fwmark=self.fwmark,
             has_private_key=self.private_key is not None,
             peers=tuple(self.peers.values()),
             private_key=self.private_key,
@@ -94,6 +96,8 @@ class FakeDevice:
             self.private_key = update.private_key
         if update.listen_port is not None:
             self.listen_port = update.listen_port
+        if update.fwmark is not None:
+            self.fwmark = update.fwmark
         for u in update.peers:
             have = self.peers.get(u.public_key)
             if u.remove:
@@ -191,6 +195,8 @@ class FakeKernelWireGuard(AsyncWireGuard):  # type: ignore[misc]
             dev["private_key"] = k.decode() if isinstance(k, bytes) else k
         if (port := msg.get_attr("WGDEVICE_A_LISTEN_PORT")) is not None:
             dev["listen_port"] = port
+        if (mark := msg.get_attr("WGDEVICE_A_FWMARK")) is not None:
+            dev["fwmark"] = mark
         peers: dict[str, KernelPeer] = dev["peers"]
         for p in msg.get_attr("WGDEVICE_A_PEERS") or ():
             key = p.get_attr("WGPEER_A_PUBLIC_KEY").decode()
@@ -238,7 +244,7 @@ class FakeKernelWireGuard(AsyncWireGuard):  # type: ignore[misc]
                 ["WGDEVICE_A_IFNAME", interface],
                 ["WGDEVICE_A_PRIVATE_KEY", dev["private_key"]],
                 ["WGDEVICE_A_LISTEN_PORT", dev["listen_port"]],
-                ["WGDEVICE_A_FWMARK", 0],
+                ["WGDEVICE_A_FWMARK", dev.get("fwmark", 0)],
             ]
             if chunk:
                 msg["attrs"].append(["WGDEVICE_A_PEERS", [self._peer_attrs(p, n) for p in chunk]])

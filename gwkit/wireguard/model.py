@@ -94,9 +94,14 @@ class DesiredDevice:
     private_key: str = field(repr=False)
     listen_port: int
     peers: tuple[DesiredPeer, ...] = ()
+    fwmark: int = 0
+    """The mark on the device's own (encapsulated) packets; 0: none. In a gateway pod the plan's NIC2 reply
+    mark, so that init-nat's fwmark rules route handshakes and data to peers out through NIC2, not eth0."""
 
     def __repr__(self) -> str:  # the private key must never reach a log line
-        return f"DesiredDevice(listen_port={self.listen_port}, peers={len(self.peers)})"
+        return (
+            f"DesiredDevice(listen_port={self.listen_port}, fwmark={self.fwmark:#x}, peers={len(self.peers)})"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,10 +127,13 @@ class DeviceUpdate:
     private_key: str | None = field(default=None, repr=False)
     listen_port: int | None = None
     peers: tuple[PeerUpdate, ...] = ()
+    fwmark: int | None = None
 
     @property
     def empty(self) -> bool:
-        return self.private_key is None and self.listen_port is None and not self.peers
+        return (
+            self.private_key is None and self.listen_port is None and self.fwmark is None and not self.peers
+        )
 
     def summary(self) -> str:
         """Counts only (safe to log)."""
@@ -133,5 +141,6 @@ class DeviceUpdate:
         removed = sum(1 for p in self.peers if p.remove)
         return (
             f"private_key_changed={self.private_key is not None} listen_port={self.listen_port} "
+            f"fwmark={'-' if self.fwmark is None else hex(self.fwmark)} "
             f"added={added} updated={len(self.peers) - added - removed} removed={removed}"
         )

@@ -98,6 +98,8 @@ def update_lines(update: DeviceUpdate) -> list[tuple[str, str | int]]:
         lines.append(("private_key", hex_from_b64(update.private_key, "private key")))
     if update.listen_port is not None:
         lines.append(("listen_port", update.listen_port))
+    if update.fwmark is not None:
+        lines.append(("fwmark", update.fwmark))
     for p in update.peers:
         lines.append(("public_key", hex_from_b64(p.public_key, "peer public key")))
         if p.remove:

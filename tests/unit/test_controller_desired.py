@@ -129,6 +129,8 @@ def test_the_plan_configmap_holds_the_rendered_plan_with_the_clouds_nic2() -> No
     plan = plan_of(by_kind(run(snapshot(IPSEC)))["ConfigMap"])
     assert plan.nic == gwplan.Nic(mac=NIC.mac, address=NIC.address, gateway=NIC.gateway)
     assert [t.name for t in plan.ipsec.tunnels] == ["s1", "s2"]  # type: ignore[union-attr]
+    for t in plan.ipsec.tunnels:  # type: ignore[union-attr]
+        assert t.conn[t.name]["local_addrs"] == ["192.0.2.2"], "IKE leaves from NIC2, not by the pod's routes"
     assert plan.gateway == gwplan.GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-acme", "acme")
 
 

@@ -160,3 +160,15 @@ def test_an_unclamped_private_key_matches_the_clamped_key_the_device_reports() -
     raw = bytes([0xFF] * 32)
     reported = base64.b64encode(bytes([0xF8]) + bytes([0xFF] * 30) + bytes([0x7F])).decode()
     assert diff(want(private=base64.b64encode(raw).decode()), device(private=reported)).empty
+
+
+def test_the_device_fwmark_is_set_when_it_differs_and_only_then() -> None:
+    """In a gateway pod the device marks its packets with the NIC2 reply bit (init-nat routes them out
+    through NIC2); a device that already has it gets no write."""
+    from gwkit.wireguard.uapi import update_lines
+
+    want = DesiredDevice(private_key=PRIV, listen_port=51820, fwmark=0x10000000)
+    update = diff(want, device())
+    assert update.fwmark == 0x10000000 and ("fwmark", 0x10000000) in update_lines(update)
+    have = DeviceState(listen_port=51820, fwmark=0x10000000, has_private_key=True, private_key=PRIV)
+    assert diff(want, have).empty
