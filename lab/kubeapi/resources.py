@@ -135,6 +135,7 @@ BUILTINS: tuple[ResourceType, ...] = (
         field_selectors=("status.phase",),
     ),
     _core("configmaps", "ConfigMap", singular="configmap", short_names=("cm",)),
+    _core("endpoints", "Endpoints", singular="endpoints", short_names=("ep",)),
     _core("secrets", "Secret", singular="secret", field_selectors=("type",)),
     _core(
         "serviceaccounts",

@@ -394,3 +394,42 @@ def test_the_openstack_credentials_secret_reaches_the_controller(helm: str, tmp_
         wait_for(lambda: right.ready() or right.proc.poll() is not None, 30, "the controller to be ready")
         assert right.proc.poll() is None, right.log()
         assert "cloud=openstack" in right.log()
+
+
+def test_the_network_policies_allow_the_api_servers_endpoints_the_cluster_reports(
+    helm: str, tmp_path: Path
+) -> None:
+    """Without networkPolicy.apiServer the chart reads default/kubernetes' Endpoints at install time (a
+    CNI applies egress policy after kube-proxy's DNAT: the endpoints are what must be allowed), for the
+    controller's own policy and, through its config, for every gateway pod's."""
+    with Cluster(tmp_path / "k8s") as c:
+        c.kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Endpoints",
+                "metadata": {"name": "kubernetes", "namespace": "default"},
+                "subsets": [
+                    {
+                        "addresses": [{"ip": "192.0.2.10"}, {"ip": "192.0.2.11"}],
+                        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+                    }
+                ],
+            }
+        )
+        res = run_helm(
+            helm, "install", "vpngw", str(CHART), "-n", NAMESPACE, "--kubeconfig", str(c.kubeconfig)
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        np = c.get("networking.k8s.io/v1", "NetworkPolicy", "vpngw-controller", NAMESPACE)
+        assert np is not None
+        blocks = [e for e in np["spec"]["egress"] if any("ipBlock" in t for t in e.get("to", []))]
+        assert {(e["to"][0]["ipBlock"]["cidr"], e["ports"][0]["port"]) for e in blocks} == {
+            ("192.0.2.10/32", 6443),
+            ("192.0.2.11/32", 6443),
+        }
+        cm = c.get("v1", "ConfigMap", "vpngw-controller", NAMESPACE)
+        assert cm is not None
+        assert yaml.safe_load(cm["data"]["config.yaml"])["networkPolicy"]["apiServer"] == [
+            "192.0.2.10/32:6443",
+            "192.0.2.11/32:6443",
+        ]

@@ -99,7 +99,7 @@ when set, so the controller's own defaults (gateway resources, ...) stay in forc
 {{- with $g.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
 {{- $cfg := dict "gatewayPod" $pod -}}
 {{- $netpol := dict "monitoringNamespace" $np.monitoringNamespace "dnsNamespace" $np.dnsNamespace "dnsPodLabels" $np.dnsPodLabels -}}
-{{- with $np.apiServer }}{{ $_ := set $netpol "apiServer" . }}{{ end -}}
+{{- with (include "vpngw.apiServer" . | fromJsonArray) }}{{ $_ := set $netpol "apiServer" . }}{{ end -}}
 {{- $_ := set $cfg "networkPolicy" $netpol -}}
 {{- with .Values.internalSourceCIDRs }}{{ $_ := set $cfg "internalSourceCIDRs" . }}{{ end -}}
 {{- if and (eq .Values.cloud.type "static") .Values.cloud.static.nics }}{{ $_ := set $cfg "staticNICs" .Values.cloud.static.nics }}{{ end -}}
@@ -124,4 +124,26 @@ $namespace ($$ is a literal $) and is a JSON object once they are substituted.
 {{- if hasKey $parsed "Error" -}}
 {{- fail (printf "gateway.nadTemplate: not a JSON object once $mac, $name and $namespace are substituted (a CNI configuration): %s" (get $parsed "Error")) -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The API server's endpoints ("IP/32:PORT") for the NetworkPolicies: networkPolicy.apiServer when set, else
+what the cluster's default/kubernetes Endpoints say at install or upgrade time (helm's lookup; a
+`helm template` without a cluster sees none: any address on 443 and 6443 then). JSON list.
+*/}}
+{{- define "vpngw.apiServer" -}}
+{{- $out := list -}}
+{{- if .Values.networkPolicy.apiServer -}}
+{{- $out = .Values.networkPolicy.apiServer -}}
+{{- else -}}
+{{- $ep := lookup "v1" "Endpoints" "default" "kubernetes" -}}
+{{- range ($ep.subsets | default list) -}}
+{{- $ports := .ports | default list -}}
+{{- range (.addresses | default list) -}}
+{{- $ip := .ip -}}
+{{- range $ports -}}{{- $out = append $out (printf "%s/32:%d" $ip (int .port)) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
