@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import ipaddress
 import json
 import string
 from collections.abc import Mapping, Sequence
@@ -190,20 +191,50 @@ def role_binding(inputs: Inputs) -> Obj:
     }
 
 
+def needs_dns(plan: gwplan.Plan) -> bool:
+    """Whether the pod resolves names: an exposure's ``target.host`` (init-nat), a peer's hostname endpoint
+    (charon or the WireGuard agent). Otherwise everything it talks to is an address (the API server's
+    too: the in-cluster config carries its IP), and the pod gets no DNS at all (observed on eth0,
+    docs/e2e.md)."""
+    if any(e.target_host for e in plan.nat.exposures):
+        return True
+    if plan.ipsec is not None:
+        for t in plan.ipsec.tunnels:
+            for body in t.conn.values():
+                for addr in body.get("remote_addrs") or []:
+                    if addr != "%any" and not _is_ip(str(addr)):
+                        return True
+    if plan.wireguard is not None:
+        for p in plan.wireguard.peers:
+            if p.endpoint and not _is_ip(p.endpoint.rpartition(":")[0].strip("[]")):
+                return True
+    return False
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def network_policy(inputs: Inputs) -> Obj:
     np = inputs.settings.network_policy
     ns_label = "kubernetes.io/metadata.name"
-    egress: list[Obj] = [
-        {
-            "to": [
-                {
-                    "namespaceSelector": {"matchLabels": {ns_label: np.dns_namespace}},
-                    "podSelector": {"matchLabels": dict(np.dns_pod_labels)},
-                }
-            ],
-            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-        }
-    ]
+    egress: list[Obj] = []
+    if needs_dns(inputs.plan):
+        egress.append(
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {"matchLabels": {ns_label: np.dns_namespace}},
+                        "podSelector": {"matchLabels": dict(np.dns_pod_labels)},
+                    }
+                ],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+            }
+        )
     if np.api_server:
         egress += [
             {"to": [{"ipBlock": {"cidr": cidr}}], "ports": [{"protocol": "TCP", "port": port}]}

@@ -188,16 +188,22 @@ def test_the_network_policy_admits_monitoring_in_and_only_dns_and_the_api_server
             "ports": [{"protocol": "TCP", "port": 9100}],
         }
     ]
-    dns, api = np["egress"]
+    (api,) = np["egress"]  # every peer endpoint and target is an address: no DNS at all
+    assert api == {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
+    named = edit(IPSEC, 2, ["spec", "endpoint"], "vpn.s2.example")  # a hostname endpoint: charon resolves it
+    dns, _ = by_kind(run(snapshot(named)))["NetworkPolicy"]["spec"]["egress"]
     assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
     assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
-    assert api == {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
+    host = edit(
+        IPSEC, 0, ["spec", "exposures", 0, "target"], {"host": "web.svc.example"}
+    )  # init-nat resolves it
+    assert len(by_kind(run(snapshot(host)))["NetworkPolicy"]["spec"]["egress"]) == 2
     pinned = dataclasses.replace(
         SETTINGS,
         network_policy=dataclasses.replace(SETTINGS.network_policy, api_server=(("10.0.0.1/32", 6443),)),
     )
     np2 = by_kind(run(snapshot(IPSEC), pinned))["NetworkPolicy"]["spec"]
-    assert np2["egress"][1] == {
+    assert np2["egress"][0] == {
         "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}],
         "ports": [{"protocol": "TCP", "port": 6443}],
     }
