@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,15 +117,12 @@ def test_kube_status_end_to_end_through_kubeconfig_against_the_api_emulator(tmp_
         ]
         proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
         try:
-            gw = wait_for(
-                lambda: (
-                    (g := c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "gw", "tenant-a"))
-                    and "tunnels" in (g.get("status") or {})
-                    and g
-                ),
-                20,
-                "the agent's status",
-            )
+
+            def with_tunnels() -> dict[str, Any] | None:
+                g = c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "gw", "tenant-a")
+                return g if g and "tunnels" in (g.get("status") or {}) else None
+
+            gw = wait_for(with_tunnels, 20, "the agent's status")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
