@@ -36,7 +36,7 @@ import anyio.abc
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from gwkit.kube import Conflict, KubeClient, KubeError, NotFound, load
-from gwkit.kube.client import CONFIGMAPS, DEPLOYMENTS, NADS, PODS, SECRETS, SERVICEACCOUNTS
+from gwkit.kube.client import CONFIGMAPS, DEPLOYMENTS, NADS, NODES, PODS, SECRETS, SERVICEACCOUNTS
 from lab import netns
 from lab.kubelet import adapt, model, volumes
 from lab.kubelet.cache import Cache
@@ -262,23 +262,28 @@ class LabKubelet:
 
 class DeploymentLoop:
     """The Deployment (and ReplicaSet) controller the emulator lacks, for one-replica Recreate
-    Deployments: pods are owned by the Deployment (no ReplicaSet in between)."""
+    Deployments: pods are owned by the Deployment (no ReplicaSet in between). It also plays the
+    scheduler for the pods it creates: a template without ``nodeName`` is bound, at creation, to the
+    first node that fits (``model.schedule``: Ready, schedulable, nodeSelector and required node
+    affinity, NoSchedule/NoExecute taints tolerated); with none the pod is created unbound and marked
+    ``PodScheduled=False`` (``Unschedulable``), and is not retried."""
 
     def __init__(self, kubelet: LabKubelet) -> None:
         self.k = kubelet
         self._changed = anyio.Event()
         self.deployments = Cache(kubelet.kube, DEPLOYMENTS, on_change=self._poke)
         self.pods = Cache(kubelet.kube, PODS, on_change=self._poke)
+        self.nodes = Cache(kubelet.kube, NODES)
 
     def _poke(self, old: Obj | None, new: Obj | None) -> None:
         self._changed.set()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self.deployments.run)
-            tg.start_soon(self.pods.run)
-            await self.deployments.synced.wait()
-            await self.pods.synced.wait()
+            for cache in (self.deployments, self.pods, self.nodes):
+                tg.start_soon(cache.run)
+            for cache in (self.deployments, self.pods, self.nodes):
+                await cache.synced.wait()
             task_status.started()
             while True:
                 self._changed = anyio.Event()
@@ -323,13 +328,40 @@ class DeploymentLoop:
         elif step == "create":
             await self.k.ensure_root_ca(ns)
             pod = model.pod_for(d, random_suffix(), random_suffix())
+            unschedulable = ""
+            if not pod["spec"].get("nodeName"):
+                node, unschedulable = model.schedule(pod["spec"], self.nodes.values())
+                if node is not None:
+                    pod["spec"]["nodeName"] = node
             created = await self.k.kube.create(PODS, pod, ns)
             log.info(
-                "kubelet.deployment.pod_created deployment=%s/%s pod=%s",
+                "kubelet.deployment.pod_created deployment=%s/%s pod=%s node=%s",
                 ns,
                 d["metadata"]["name"],
                 created["metadata"]["name"],
+                created["spec"].get("nodeName") or "-",
             )
+            if unschedulable:
+                log.warning(
+                    "kubelet.scheduler.unschedulable pod=%s/%s message=%r",
+                    ns,
+                    created["metadata"]["name"],
+                    unschedulable,
+                )
+                status = {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": unschedulable,
+                        }
+                    ],
+                }
+                await self.k.kube.patch(
+                    PODS, created["metadata"]["name"], {"status": status}, ns, subresource="status"
+                )
         status = model.deployment_status(d, pods)
         if {k: v for k, v in (d.get("status") or {}).items() if k in status} != status:
             with contextlib.suppress(NotFound):

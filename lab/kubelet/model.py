@@ -645,3 +645,182 @@ def pod_status(view: PodView, now: str) -> tuple[Obj, dict[str, str]]:
 
 def with_state(c: ContainerState, **kw: Any) -> ContainerState:
     return replace(c, **kw)
+
+
+# --- images (process mode) ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What a container runtime takes from an image's configuration: the final stage of its Dockerfile."""
+
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    user: str = ""
+
+
+def _exec_form(rest: str) -> tuple[str, ...]:
+    """ENTRYPOINT/CMD: the JSON exec form as given, the shell form as ``/bin/sh -c`` runs it."""
+    text = rest.strip()
+    if text.startswith("["):
+        parsed = json.loads(text)
+        if not isinstance(parsed, list):
+            raise ValueError(f"not an exec form: {text!r}")
+        return tuple(str(a) for a in parsed)
+    return ("/bin/sh", "-c", text) if text else ()
+
+
+def _expand_env(value: str, env: Mapping[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), ""), value)
+
+
+def image_config(dockerfile: str) -> ImageConfig:
+    """``ENTRYPOINT``, ``CMD``, ``ENV`` (``$VAR``/``${VAR}`` of earlier ENV lines expanded) and ``USER``
+    of a Dockerfile's last stage, as the built image's configuration carries them. A CMD before a later
+    ENTRYPOINT is dropped, as the builder does."""
+    lines: list[str] = []
+    pending = ""
+    for raw in dockerfile.splitlines():
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    if pending:
+        lines.append(pending)
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    user = ""
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        op = word.upper()
+        if op == "FROM":
+            entrypoint, cmd, env, user = (), (), {}, ""
+        elif op == "ENTRYPOINT":
+            entrypoint, cmd = _exec_form(rest), ()
+        elif op == "CMD":
+            cmd = _exec_form(rest)
+        elif op == "USER":
+            user = rest.strip()
+        elif op == "ENV":
+            parts = shlex.split(rest)
+            pairs = (
+                [tuple(p.split("=", 1)) for p in parts]
+                if parts and "=" in parts[0]
+                else [(parts[0], " ".join(parts[1:]))]
+            )
+            for k, v in pairs:
+                env[k] = _expand_env(v, env)
+    return ImageConfig(entrypoint, cmd, env, user)
+
+
+# --- scheduling (the scheduler the emulated cluster lacks) -----------------------------------------------
+
+
+def tolerates(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    """The API's toleration matching: ``Exists`` (an empty key: every taint) or ``Equal`` (the default:
+    key and value), and the effect (empty: every effect)."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator", "Equal") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and str(t.get("value", "")) == str(taint.get("value", "")):
+            return True
+    return False
+
+
+def _expression(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, op, values = str(expr["key"]), str(expr["operator"]), [str(v) for v in expr.get("values") or []]
+    have = labels.get(key)
+    if op == "In":
+        return have in values
+    if op == "NotIn":
+        return have not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt") and have is not None and have.lstrip("-").isdigit() and values:
+        return int(have) > int(values[0]) if op == "Gt" else int(have) < int(values[0])
+    return False
+
+
+def _node_ready(node: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (node.get("status") or {}).get("conditions") or []
+    )
+
+
+def unfit(spec: Mapping[str, Any], node: Mapping[str, Any]) -> str:
+    """Why the scheduler would not bind a pod with this spec to ``node`` ("" when it fits): the node is
+    Ready and schedulable, its labels match ``nodeSelector`` and the required node affinity, and the pod
+    tolerates its NoSchedule and NoExecute taints (the scheduler's filters that a one-node lab needs;
+    resources, ports and inter-pod affinity are not filtered)."""
+    nspec = node.get("spec") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if not _node_ready(node):
+        return "node(s) were not ready"
+    if nspec.get("unschedulable"):
+        return "node(s) were unschedulable"
+    selector = spec.get("nodeSelector") or {}
+    required = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if any(labels.get(k) != v for k, v in selector.items()) or (
+        required
+        and not any(
+            all(_expression(e, labels) for e in term.get("matchExpressions") or []) for term in required
+        )
+    ):
+        return "node(s) didn't match Pod's node affinity/selector"
+    for taint in nspec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
+            taint, spec.get("tolerations") or []
+        ):
+            return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value', '')}}}"
+    return ""
+
+
+def schedule(spec: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
+    """(the node to bind a pod with this spec to, the first by name that fits; or None and the
+    scheduler's ``Unschedulable`` message: ``0/N nodes are available: ...``)."""
+    reasons: dict[str, int] = {}
+    for node in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name"))):
+        why = unfit(spec, node)
+        if not why:
+            return str(node["metadata"]["name"]), ""
+        reasons[why] = reasons.get(why, 0) + 1
+    detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+    return None, f"0/{len(nodes)} nodes are available: {detail or 'no nodes registered'}."
+
+
+def seccomp(
+    spec: Mapping[str, Any], container: Mapping[str, Any]
+) -> Literal["runtime-default", "unconfined"]:
+    """The seccomp profile the kubelet asks the runtime for: the container's ``seccompProfile``, else the
+    pod's; ``RuntimeDefault`` is the runtime's default filter, ``Unconfined`` and no profile at all are
+    none (the kubelet's default without ``--seccomp-default``); a privileged container is unconfined.
+    ``Localhost`` profiles are not supported by the lab kubelet (EnvError)."""
+    sc = container.get("securityContext") or {}
+    if sc.get("privileged"):
+        return "unconfined"
+    profile = sc.get("seccompProfile") or (spec.get("securityContext") or {}).get("seccompProfile") or {}
+    kind = profile.get("type", "Unconfined")
+    if kind == "RuntimeDefault":
+        return "runtime-default"
+    if kind == "Unconfined":
+        return "unconfined"
+    raise EnvError(f"seccompProfile {kind}: not supported by the lab kubelet (RuntimeDefault, Unconfined)")

@@ -46,7 +46,7 @@ from lab import netns
 from lab.kubelet import adapt, model, volumes
 from lab.kubelet.capture import EgressCapture
 from lab.kubelet.nsnet import in_netns
-from lab.kubelet.runtime import ContainerRun, Mount, Running
+from lab.kubelet.runtime import ContainerRun, Mount, Running, process_argv, process_image
 from lab.kubelet.sandbox import Sandbox
 from lab.kubelet.settings import PodHost
 
@@ -92,6 +92,15 @@ class Instance:
 
 
 @dataclass
+class ProbeRecord:
+    """One probe of one container, as the kubelet ran it (for tests: what answered, how often)."""
+
+    successes: int = 0
+    failures: int = 0
+    last: str = ""
+
+
+@dataclass
 class Volume:
     name: str
     source: Obj
@@ -124,6 +133,8 @@ class PodWorker:
         )
         self.volumes: dict[str, Volume] = {}
         self.instances: dict[str, Instance] = {}
+        self.probes: dict[tuple[str, str], ProbeRecord] = {}
+        """(container, ``readiness``/``liveness``/``startup``) -> its results so far."""
         self._stop = anyio.Event()
         self._done = anyio.Event()
         self._dirty = anyio.Event()
@@ -480,9 +491,14 @@ class PodWorker:
             },
         }
         env = model.container_env(c, known, self._lookup(c), base)
-        argv = model.command_line(c, env)
-        if not argv and self.k.runtime.name == "process":
-            raise model.EnvError("no command: process mode has no image entrypoint to fall back to")
+        process = self.k.runtime.name == "process"
+        image = process_image(str(c.get("image", ""))) if process else None
+        if image is not None:
+            argv = process_argv(model.command_line(c, env, image.entrypoint, image.cmd))
+            if not argv:
+                raise model.EnvError("no command: neither the container nor its image names one")
+        else:
+            argv = model.command_line(c, env)
         user, group, groups, caps, nnp, readonly = self._security(c)
         mounts: list[Mount] = []
         devices: list[str] = []
@@ -511,7 +527,7 @@ class PodWorker:
             "hostname": f"{self.name}\n".encode(),
         }
         image_files: dict[str, bytes] = {}
-        if self.k.runtime.name == "process":
+        if image is not None and image.gateway_etc:
             group_file = Path("/etc/group").read_text()
             if "\nvpngw:" not in "\n" + group_file:
                 group_file += IMAGE_GROUP_LINE
@@ -525,6 +541,7 @@ class PodWorker:
             hostname=self.name,
             image=str(c.get("image", "")),
             argv=argv,
+            image_entrypoint=image is None and not c.get("command"),
             env={k: v for k, v in env.items()},
             dir=self.dir / "containers" / f"{name}-{instance}",
             log=self.dir / "logs" / f"{name}-{instance}.log",
@@ -536,6 +553,7 @@ class PodWorker:
             groups=groups,
             caps=caps,
             no_new_privs=nnp,
+            seccomp=model.seccomp(self.spec, c),
             readonly_root=readonly,
             devices=devices,
             workdir=c.get("workingDir"),
@@ -681,6 +699,10 @@ class PodWorker:
         period = float(probe.get("periodSeconds", 10)) * self.k.settings.probe_period_factor
         while True:
             ok, detail = await self._probe(c, probe)
+            record = self.probes.setdefault((name, kind), ProbeRecord())
+            record.successes += int(ok)
+            record.failures += int(not ok)
+            record.last = detail
             new = model.probe_step(state, ok, probe)
             if not ok and (state.failures == 0 or new.ok is False):
                 log.info(
@@ -793,9 +815,23 @@ class PodWorker:
 
     async def _teardown(self) -> None:
         grace = float(self.spec.get("terminationGracePeriodSeconds", 30))
+
+        async def stop(name: str, inst: Instance) -> None:
+            await inst.running.stop(grace)
+            rc = await inst.running.wait()
+            self._set(
+                name,
+                state="terminated",
+                reason=model.terminated_reason(rc),
+                exit_code=rc,
+                finished_at=now(),
+                ready=False,
+                started=False,
+            )
+
         async with anyio.create_task_group() as tg:
-            for inst in list(self.instances.values()):
-                tg.start_soon(inst.running.stop, grace)
+            for name, inst in list(self.instances.items()):
+                tg.start_soon(stop, name, inst)
         self.instances.clear()
         if self.k.runtime.name == "podman":
             await self.k.remove_pod_containers(self.netns)

@@ -53,18 +53,65 @@ def site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-def process_image_env() -> dict[str, str]:
-    """The gateway image's ENV, for process mode (images/gateway/Dockerfile), with the project's code and
-    virtualenv where the image has its venv."""
-    return {
+IMAGES = ROOT / "images"
+GATEWAY_IMAGE = "gateway"
+IMAGE_PREFIX = "localhost/vpngw-"
+
+
+@dataclass(frozen=True)
+class ProcessImage:
+    """What process mode takes from a container's image: the configuration of the project's image of
+    that name (``localhost/vpngw-<name>`` -> ``images/<name>/Dockerfile``, its last stage), or the
+    gateway image's for any other name (the kubelet contract's small pods).
+
+    * ``entrypoint``/``cmd``: what a container without ``command`` (or ``args``) runs. The images' ``python``
+      is their venv's interpreter, ``python3`` by another name; the host has only ``python3``, so an
+      ``argv[0]`` of ``python`` runs as ``python3``.
+    * ``env``: the image's ENV with ``PATH`` the host's and the project and its virtualenv on
+      ``PYTHONPATH`` (where the image has its venv).
+    * ``gateway_etc``: what the gateway image adds under /etc (its group ``vpngw``, strongswan.conf),
+      given through the container's /etc overlay; the controller image adds nothing there.
+    """
+
+    name: str
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+    env: Mapping[str, str]
+    gateway_etc: bool
+
+
+def image_name(image: str) -> str:
+    """``localhost/vpngw-controller:0.1.0`` -> ``controller``; anything else -> the gateway's."""
+    repo = image.split("@", 1)[0]
+    if ":" in repo.rsplit("/", 1)[-1]:
+        repo = repo.rsplit(":", 1)[0]
+    name = repo.removeprefix(IMAGE_PREFIX) if repo.startswith(IMAGE_PREFIX) else ""
+    return name if name and (IMAGES / name / "Dockerfile").is_file() else GATEWAY_IMAGE
+
+
+def process_image(image: str) -> ProcessImage:
+    from lab.kubelet.model import image_config
+
+    name = image_name(image)
+    cfg = image_config((IMAGES / name / "Dockerfile").read_text())
+    env = {
+        **{k: v for k, v in cfg.env.items() if k != "PATH"},
         "PATH": PROCESS_PATH,
         "PYTHONPATH": f"{ROOT}:{site_packages()}",
         "PYTHONNOUSERSITE": "1",
-        "STRONGSWAN_CONF": "/etc/vpngw/strongswan.conf",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "TZ": "UTC",
     }
+    return ProcessImage(name, cfg.entrypoint, cfg.cmd, env, gateway_etc=name == GATEWAY_IMAGE)
+
+
+def process_argv(argv: list[str]) -> list[str]:
+    """The images' ``python`` is ``python3`` here (``ProcessImage``)."""
+    return ["python3", *argv[1:]] if argv and argv[0] == "python" else argv
+
+
+def process_image_env() -> dict[str, str]:
+    """The gateway image's ENV, for process mode (images/gateway/Dockerfile), with the project's code and
+    virtualenv where the image has its venv."""
+    return dict(process_image(IMAGE_PREFIX + GATEWAY_IMAGE).env)
 
 
 def check_process_python() -> None:
@@ -110,12 +157,18 @@ class ContainerRun:
     """Files under /etc the runtime provides (resolv.conf, hosts, hostname)."""
     image_files: dict[str, bytes] = field(default_factory=dict)
     """Files under /etc that the image has and the host lacks (process mode only)."""
+    image_entrypoint: bool = False
+    """``argv`` holds only the container's args (it has no ``command``): the image's ENTRYPOINT runs them
+    (podman; process mode resolves the entrypoint into ``argv`` itself)."""
     user: int = 0
     group: int = 0
     groups: list[int] = field(default_factory=list)
     caps: list[str] | None = field(default_factory=list)
     """Capabilities kept (all others dropped); None: privileged."""
     no_new_privs: bool = True
+    seccomp: str = "unconfined"
+    """``runtime-default`` (the runtime's default filter) or ``unconfined`` (``model.seccomp``); podman
+    applies it, process mode loads no filter."""
     readonly_root: bool = False
     devices: list[str] = field(default_factory=list)
     workdir: str | None = None
@@ -189,7 +242,7 @@ class ProcessRuntime:
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_bytes(content)
             f.chmod(0o644)
-        env = {**process_image_env(), **run.env}
+        env = {**process_image(run.image).env, **run.env}
         spec = {
             "argv": run.argv,
             "env": env,
@@ -318,9 +371,9 @@ class PodmanRuntime:
             f"path={run.log}",
             "--user",
             f"{run.user}:{run.group}",
-            "--entrypoint",
-            json.dumps(run.argv[:1]),
         ]
+        if not run.image_entrypoint:
+            out += ["--entrypoint", json.dumps(run.argv[:1])]
         for g in run.groups:
             out += ["--group-add", str(g)]
         if run.caps is None:
@@ -331,6 +384,8 @@ class PodmanRuntime:
                 out += ["--cap-add", ",".join(run.caps)]
         if run.no_new_privs:
             out += ["--security-opt", "no-new-privileges"]
+        if run.seccomp == "unconfined" and run.caps is not None:  # podman's default is its filter
+            out += ["--security-opt", "seccomp=unconfined"]
         if run.readonly_root:
             out += ["--read-only", "--read-only-tmpfs=false"]
         files = run.dir / "etc"
@@ -348,7 +403,7 @@ class PodmanRuntime:
             out += ["--env", f"{k}={v}"]
         if run.workdir:
             out += ["--workdir", run.workdir]
-        return [*out, run.image, *run.argv[1:]]
+        return [*out, run.image, *(run.argv if run.image_entrypoint else run.argv[1:])]
 
     async def start(self, run: ContainerRun) -> Running:
         run.dir.mkdir(parents=True, exist_ok=True)

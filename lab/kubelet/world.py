@@ -143,7 +143,13 @@ class E2EWorld:
         provider_id: str | None = None,
         static_nic: str | None = "tenant-acme/acme",
         kubelet: Mapping[str, Any] | None = None,
+        run_controller: bool = True,
+        node_labels: Mapping[str, str] | None = None,
+        node_taints: Sequence[Mapping[str, Any]] = (),
     ) -> None:
+        """``run_controller=False``: no controller process; the test installs one (the chart's Deployment,
+        which the lab kubelet then runs). ``node_labels``/``node_taints``: the node's, as its kubelet
+        would register them."""
         self.workdir = workdir
         self.runtime = runtime
         self.refresh_delay = volume_refresh_delay
@@ -155,10 +161,15 @@ class E2EWorld:
         self.provider_id = provider_id
         self.static_nic = static_nic
         self.kubelet_options = dict(kubelet or {})
+        self.run_controller = run_controller
+        self.node_labels = dict(node_labels or {})
+        self.node_taints = [dict(t) for t in node_taints]
         self.cluster: Cluster | None = None
         self.controller: Controller | None = None
         self.kubelet: LabKubeletThread | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
+        self.targets: dict[str, subprocess.Popen[bytes]] = {}
+        """The exposure targets' servers (``web``, ``db``), which must stay up while the world runs."""
         self._stack = contextlib.ExitStack()
         self.scripts = workdir / "scripts"
 
@@ -186,25 +197,11 @@ class E2EWorld:
         netns.addr(self.lab.svc.ns, "lo", f"{DB_ADDR}/32")
         netns.route(self.lab.rtr.ns, f"{DB_ADDR}/32", "via", SVC_ADDR)
         self.cluster = self._stack.enter_context(Cluster(self.workdir / "k8s", sans=(API_ADDRESS,)))
-        self.cluster.add_node(NODE, provider_id=self.provider_id)
-        cfg: dict[str, Any] = {"internalSourceCIDRs": ["192.0.2.64/26"], **self.controller_config}
-        if self.static_nic:
-            cfg.setdefault("staticNICs", {})[self.static_nic] = {
-                "mac": self.lab.nic2_mac,
-                "address": f"{GW_NIC2_ADDR}/{NIC2_PREFIX}",
-                "gateway": RTR_NIC2_ADDR,
-                "publicIP": GW_NIC2_ADDR,
-            }
-        self.controller = self.cluster.start_controller(cfg, *self.controller_args, env=self.controller_env)
-        wait_for(
-            lambda: (
-                self.controller is not None
-                and (self.controller.ready() or self.controller.proc.poll() is not None)
-            ),
-            30,
-            "the controller",
-        )
-        assert self.controller.proc.poll() is None, self.controller.log()[-3000:]
+        self.cluster.add_node(NODE, provider_id=self.provider_id, labels=self.node_labels)
+        if self.node_taints:
+            self.cluster.kube.patch("v1", "Node", NODE, {"spec": {"taints": self.node_taints}})
+        if self.run_controller:
+            self._start_controller()
         port = int(self.cluster.kube.url.rsplit(":", 1)[1])
         settings = KubeletSettings(
             node=NODE,
@@ -221,13 +218,64 @@ class E2EWorld:
             settings, self.cluster.kubeconfig, ("127.0.0.1", port), self.cluster.kube.ca_file
         )
         self._stack.enter_context(self.kubelet)
-        self.start(self.lab.svc, "echo", SVC_ADDR, "80", name="web")
-        self.start(self.lab.svc, "echo", DB_ADDR, "5432", name="db")
+        self.targets["web"] = self.start(self.lab.svc, "echo", SVC_ADDR, "80", name="web")
+        self.targets["db"] = self.start(self.lab.svc, "echo", DB_ADDR, "5432", name="db")
         wait_for(
             lambda: "listening" in self.output("web") and "listening" in self.output("db"),
             10,
             "the exposure targets",
         )
+
+    def static_nic_config(self) -> dict[str, str]:
+        """The lab's NIC2 as the static cloud knows it (``staticNICs``, the chart's ``cloud.static.nics``)."""
+        return {
+            "mac": self.lab.nic2_mac,
+            "address": f"{GW_NIC2_ADDR}/{NIC2_PREFIX}",
+            "gateway": RTR_NIC2_ADDR,
+            "publicIP": GW_NIC2_ADDR,
+        }
+
+    def _start_controller(self) -> None:
+        assert self.cluster is not None
+        cfg: dict[str, Any] = {"internalSourceCIDRs": ["192.0.2.64/26"], **self.controller_config}
+        if self.static_nic:
+            cfg.setdefault("staticNICs", {})[self.static_nic] = self.static_nic_config()
+        self.controller = self.cluster.start_controller(cfg, *self.controller_args, env=self.controller_env)
+        wait_for(
+            lambda: (
+                self.controller is not None
+                and (self.controller.ready() or self.controller.proc.poll() is not None)
+            ),
+            30,
+            "the controller",
+        )
+        assert self.controller.proc.poll() is None, self.controller.log()[-3000:]
+
+    def processes(self) -> list[tuple[str, subprocess.Popen[bytes] | None, Path | None]]:
+        """What the world started and needs alive, each as it is now (a restarted site charon is its new
+        process): ``(name, process, its log)`` for the controller, every site's charon and the exposure
+        targets. The pod's containers are not here: the lab kubelet restarts those."""
+        out: list[tuple[str, subprocess.Popen[bytes] | None, Path | None]] = []
+        if self.controller is not None:
+            out.append(("controller", self.controller.proc, self.controller.log_path))
+        for site in self.lab.sites:
+            if site.charon is not None:
+                out.append((f"charon of site {site.role}", site.charon.proc, site.charon.log_path))
+        for name, p in self.targets.items():
+            out.append((f"exposure target {name}", p, self.workdir / f"{name}.out"))
+        return out
+
+    def stopped_thread(self) -> str | None:
+        """The in-process part of the world that stopped while the world runs (the lab kubelet's loop, with
+        its error; the API emulator's thread), or None."""
+        fut = getattr(self.kubelet, "_future", None)  # LabKubeletThread's task on its portal
+        if fut is not None and fut.done():
+            exc = None if fut.cancelled() else fut.exception()
+            return f"the lab kubelet stopped ({exc!r})" if exc else "the lab kubelet stopped"
+        thread = getattr(self.cluster.kube, "_thread", None) if self.cluster is not None else None
+        if thread is not None and not thread.is_alive():
+            return "the API emulator's thread stopped"
+        return None
 
     def close(self) -> None:
         for p in self._procs:
