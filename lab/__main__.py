@@ -1,4 +1,5 @@
-"""``python -m lab demo`` / ``python -m lab cleanup``: see ``lab.demo`` and docs/demo.md."""
+"""``python -m lab demo`` (the operator flow in the lab) / ``python -m lab cleanup``: see ``lab.demo``
+and docs/demo.md."""
 
 import sys
 

@@ -1,16 +1,18 @@
-"""`make demo`, shortened: the whole pipeline on live daemons, as a user sees it.
+"""`make demo` for real: ``python -m lab demo`` as a user (or a script) runs it, with the operator flow.
 
-controller render (CRs -> plan) -> init-nat (policy routing + NAT in a pod-like namespace with NIC2 named
-ens7) -> agent (charon over VICI) -> exporter, with two kill -9s of charon that the agent must recover
-from by itself, and an exposure reached through the tunnels from both remote sites.
-
-Then the demo as a script runs it: a background job (SIGINT ignored on entry, as POSIX shells start
-them) stopped by SIGINT to its process group or by SIGTERM, and a pod process dying under it.
+The demo builds the whole world (the lab's namespaces, the API emulator, the controller as a process, the
+lab kubelet, remote sites with their own charon), applies docs/examples/ipsec.yaml with kubectl and shows
+the tunnels coming up, traffic, a grant revoked, charon's container killed and restarted, counters moving.
+Here it runs as a script's background job (``sh -c 'demo & wait'``) in a session of its own: a short
+``--duration`` run to its end; SIGINT to its process group and SIGTERM to it (130 / 143); a process it
+runs SIGKILLed under it (exit 1, named). Every run must leave nothing behind: no namespace of its lab or of
+its pod, no mount or directory of its lab kubelet, none of the processes it printed; its logs stay (or go
+with ``--clean-logs``), and never hold the PSKs it drew.
 """
 
 from __future__ import annotations
 
-import io
+import base64
 import os
 import re
 import selectors
@@ -18,38 +20,24 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from lab import netns
-from lab.demo import run
-from lab.world import cleanup_stale
+from lab.kubelet.kubelet import cleanup_stale
+from lab.kubelet.world import KUBECTL
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) lab\.demo demo\.\S+")
-
-
-def test_demo_recovers_every_tunnel_after_charon_is_killed() -> None:
-    out = io.StringIO()
-    assert run(duration=16, kill_every=6, out=out) == 0, out.getvalue()
-    text = out.getvalue()
-    assert len(re.findall(r"every tunnel re-established by the agent", text)) >= 2, text
-    assert "reachable from: s1, s2" in text, text
-    assert re.search(r'strongswan_tunnel_up\{tunnel="s1"\} 1', text), text
-    assert re.search(r"s1 +Established +in= *[1-9]\d* out= *[1-9]\d*", text), "counters move in the table"
-    assert "counters refresh every 1.5 s" in text
-    assert "demo-only-psk" not in text
-    prefix = re.search(r"demo: lab (\S+) up", text).group(1)  # type: ignore[union-attr]
-    left = [ns for ns in netns.list_namespaces() if ns.startswith(prefix)]  # others' runs may be live
-    assert not left, f"the demo left namespaces behind: {left}"
+TABLE_ROW = re.compile(r"^  (s1|s2) +Established +\S+ +(\d+) +(\d+)  \1 -> web: reached$", re.MULTILINE)
 
 
 class Demo:
     """``python -m lab demo ARGS`` as a script's background job (``sh -c 'demo & wait'``) in a session of
-    its own; ``lines`` reads its output as it comes. Killed (the whole session) if a test leaves early."""
+    its own; ``until`` reads its output as it comes. Killed (the whole session) if a test leaves early."""
 
     def __init__(self, *args: str, shell_ignores_sigint: bool = True) -> None:
         trap = 'trap "" INT; ' if shell_ignores_sigint else ""
@@ -88,12 +76,22 @@ class Demo:
                 yield line
 
     def until(self, pattern: str, timeout: float) -> re.Match[str]:
+        if m := re.search(pattern, self.text, re.MULTILINE):
+            return m
         for _ in self._lines(time.monotonic() + timeout):
             if m := re.search(pattern, self.text, re.MULTILINE):
                 return m
         raise AssertionError(f"no {pattern!r} within {timeout} s; output so far:\n{self.text}")
 
-    def finish(self, timeout: float = 60) -> int:
+    def until_true(self, predicate: Callable[[str], bool], timeout: float, what: str) -> None:
+        if predicate(self.text):
+            return
+        for _ in self._lines(time.monotonic() + timeout):
+            if predicate(self.text):
+                return
+        raise AssertionError(f"no {what} within {timeout} s; output so far:\n{self.text}")
+
+    def finish(self, timeout: float = 90) -> int:
         for _ in self._lines(time.monotonic() + timeout):
             pass
         return self.proc.wait(timeout=5)
@@ -105,10 +103,26 @@ class Demo:
         cleanup_stale()  # what a SIGKILLed demo left, as the next start would
 
 
-def pod_pids(text: str) -> dict[str, int]:
-    m = re.search(r"demo: pod running in \S+: (.*); logs in", text)
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    return tmp_path / "logs"
+
+
+def run_ids(text: str) -> tuple[str, str]:
+    """The lab's and the lab kubelet's run prefixes the demo printed."""
+    m = re.search(r"lab namespaces (\S+)-\*, pod namespaces (\S+)-p\*", text)
     assert m, text
-    return {name: int(pid) for name, pid in re.findall(r"([\w-]+) pid (\d+)", m.group(1))}
+    return m.group(1), m.group(2)
+
+
+def printed_pids(text: str) -> dict[str, int]:
+    """Every process the demo said it runs: the controller, the sites' charons, each container instance."""
+    out = {"controller": int(re.search(r"controller pid (\d+)", text).group(1))}  # type: ignore[union-attr]
+    for site, pid in re.findall(r"site (\w+): its own charon \(pid (\d+)\)", text):
+        out[f"site {site}"] = int(pid)
+    for i, (name, pid) in enumerate(re.findall(r"pod: (?:init )?container ([\w-]+): .*\(pid (\d+)\)", text)):
+        out[f"{name}#{i}"] = int(pid)
+    return out
 
 
 def gone(pid: int) -> bool:
@@ -119,30 +133,131 @@ def gone(pid: int) -> bool:
     return False
 
 
+def assert_torn_down(text: str) -> None:
+    lab, kubelet = run_ids(text)
+    left = [ns for ns in netns.list_namespaces() if ns.startswith((lab, kubelet))]
+    assert left == [], f"namespaces left behind: {left}"
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if kubelet in line]
+    assert mounts == [], f"mounts left behind: {mounts}"
+    assert not Path(f"/tmp/{kubelet}-kubelet").exists(), "the lab kubelet's directory"
+    pids = printed_pids(text)
+    assert len(pids) >= 8, pids  # controller, 2 sites, init-nat + 4 containers
+    alive = {name: pid for name, pid in pids.items() if not gone(pid)}
+    assert alive == {}, f"processes left behind: {alive}"
+    assert "demo: torn down: no namespace, veth, mount, container or process of the run is left" in text
+
+
+def counters(text: str, site: str) -> list[tuple[int, int]]:
+    return [(int(i), int(o)) for s, i, o in TABLE_ROW.findall(text) if s == site]
+
+
+def secret_values(kubeconfig: str) -> list[str]:
+    """The PSKs the demo drew, read as a user would (kubectl with the printed kubeconfig)."""
+    out = []
+    for name in ("acme-psk", "s1-psk"):
+        res = subprocess.run(
+            [
+                str(KUBECTL),
+                "--kubeconfig",
+                kubeconfig,
+                "get",
+                "secret",
+                name,
+                "-n",
+                "tenant-acme",
+                "-o",
+                "jsonpath={.data.psk}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        out.append(base64.b64decode(res.stdout).decode())
+    return out
+
+
+def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log_dir: Path) -> None:
+    demo = Demo(
+        "--duration", "40", "--kill-every", "8", "--log-dir", str(log_dir), shell_ignores_sigint=False
+    )
+    try:
+        kubeconfig = demo.until(r"export KUBECONFIG=(\S+) ", 60).group(1)
+        demo.until(r"every tunnel Established on the CR", 60)
+        psks = secret_values(kubeconfig)  # the user's kubectl reaches the emulated cluster while it runs
+        code = demo.finish(timeout=120)
+    finally:
+        demo.kill()
+    text = demo.text
+    assert code == 0 and "demo-exit=0" in text, text
+    # The steps, as the user reads them.
+    assert (
+        "$ kubectl create -f -" in text
+        and "secret/acme-psk created" in text
+        and "secret/s1-psk created" in text
+    )
+    assert "$ kubectl apply -f docs/examples/ipsec.yaml" in text
+    assert "vpngateway.vpn.bnerd.net/acme created" in text and "vpnpeer.vpn.bnerd.net/s2 created" in text
+    assert re.search(r"controller \| \S+ object\.created kind=Deployment name=tenant-acme/vpngw-acme", text)
+    assert re.search(r"pod: init container init-nat: terminated \(Completed, exit 0\)", text)
+    for container in ("init-nat-watch", "charon", "status-agent", "exporter"):
+        assert re.search(rf"pod: container {container}: running", text), container
+    assert re.search(r"vpngateway\.vpn\.bnerd\.net/acme +ipsec +node-a +192\.0\.2\.2 +True", text), text
+    assert re.search(r"acme +True +s1,s2 +Established,Established", text), "the tunnels, with kubectl"
+    assert "s1 -> db (198.18.0." in text and re.search(r"s2 -> db \(\S+\): refused \(not granted\)", text)
+    assert re.search(r"s1 -> web \(\S+\): reached \(granted\)", text)
+    assert "vpnpeer.vpn.bnerd.net/s1 patched" in text
+    assert re.search(r"the flow s1 -> db was cut \d+\.\d\d s after the patch", text)
+    assert "a new connection s1 -> db: refused; s1 -> web: reached" in text
+    kills = re.findall(
+        r"pod: container charon: restarted by the kubelet \(restartCount (\d+); last exit 137", text
+    )
+    assert len(kills) >= 3 and kills[:3] == ["1", "2", "3"], kills
+    assert len(re.findall(r"every tunnel Established again on the CR", text)) == len(kills)
+    assert len(set(counters(text, "s1"))) >= 4, "the counters move in the status table"
+    assert "all tunnels Established; exit status 0" in text
+    assert any(LOG_LINE.match(line) for line in text.splitlines()), "demo.* log lines in the one format"
+    assert_torn_down(text)
+    # The logs stay, at the paths it announced, and hold no PSK.
+    assert f"demo: logs kept in {log_dir}" in text
+    pods = list((log_dir / "pods").iterdir())
+    assert len(pods) == 1 and not pods[0].is_symlink(), pods
+    for f in ("charon-0.log", "charon-1.log", "status-agent-0.log", "exporter-0.log", "init-nat-0.log"):
+        assert (pods[0] / f).stat().st_size > 0, f
+    assert "agent.started" in (pods[0] / "status-agent-0.log").read_text()
+    assert "object.created" in (log_dir / "k8s" / "controller.log").read_text()
+    assert "IKE_SA" in (log_dir / "lab" / "s1" / "charon" / "charon.log").read_text()
+    assert "verb=patch" in (log_dir / "api-requests.log").read_text()
+    assert "kubelet.container.started" in (log_dir / "lab.log").read_text()
+    assert len(psks) == 2 and all(len(p) >= 24 for p in psks) and psks[0] != psks[1]
+    for p in psks:
+        assert p not in text, "a PSK in the demo's output"
+        for path in log_dir.rglob("*"):
+            if path.is_file() and not path.is_socket():
+                assert p.encode() not in path.read_bytes(), f"a PSK in {path}"
+
+
 @pytest.mark.parametrize(
-    "sig, to_group",
+    "sig, to_group, clean",
     [
-        pytest.param(signal.SIGINT, True, id="sigint-to-the-process-group-of-a-background-job"),
-        pytest.param(signal.SIGTERM, False, id="sigterm-to-the-demo"),
+        pytest.param(signal.SIGINT, True, False, id="sigint-to-the-process-group-of-a-background-job"),
+        pytest.param(signal.SIGTERM, False, True, id="sigterm-to-the-demo-with-clean-logs"),
     ],
 )
 def test_a_stop_signal_tears_everything_down_and_exits_128_plus_its_number(
-    sig: signal.Signals, to_group: bool
+    sig: signal.Signals, to_group: bool, clean: bool, log_dir: Path
 ) -> None:
-    """The newcomer's script: the demo as a background job (SIGINT ignored on entry). A SIGINT to the
-    group used to kill the agent and exporter while the demo went on printing the dead agent's
-    "Established" and exited 0 on SIGTERM. It also shows the default run's counters moving."""
-    demo = Demo()
+    """The newcomer's script: the demo as a background job (SIGINT ignored on entry), default run
+    (charon killed every 20 s). The signal comes once its counters moved in the status table."""
+    args = ["--log-dir", str(log_dir), *(["--clean-logs"] if clean else [])]
+    demo = Demo(*args)
     try:
         shell_ignored = int(
             Path(f"/proc/{demo.proc.pid}/status").read_text().split("SigIgn:")[1].split()[0], 16
         )
         assert shell_ignored & (1 << (signal.SIGINT - 1)), "the job must start with SIGINT ignored"
-        demo.until(r"demo: pod running in", 60)
-        # The default run (charon killed every 20 s): counters reach the table before the first kill.
-        demo.until(r"s1 +Established +in= *[1-9]\d* out= *[1-9]\d*", 15)
-        pids = pod_pids(demo.text)
-        prefix = re.search(r"demo: lab (\S+) up", demo.text).group(1)  # type: ignore[union-attr]
+        demo.until(r"running until Ctrl-C", 90)
+        demo.until_true(lambda text: len(set(counters(text, "s1"))) >= 2, 30, "the counters moving")
         if to_group:
             os.killpg(demo.proc.pid, sig)
         else:
@@ -154,28 +269,35 @@ def test_a_stop_signal_tears_everything_down_and_exits_128_plus_its_number(
     assert f"demo: stopped by {sig.name}, tearing the lab down" in text, text
     assert f"demo-exit={128 + sig}" in text and code == 128 + sig, text
     assert f"; stopped by {sig.name}; exit status {128 + sig}" in text
-    assert all(gone(pid) for pid in pids.values()), pids
-    assert not [ns for ns in netns.list_namespaces() if ns.startswith(prefix)]
+    assert_torn_down(text)
+    if clean:
+        assert not log_dir.exists() and f"demo: logs deleted ({log_dir}, --clean-logs)" in text
+    else:
+        assert f"demo: logs kept in {log_dir}" in text and (log_dir / "k8s" / "controller.log").exists()
     assert any(LOG_LINE.match(line) for line in text.splitlines()), "demo.* log lines in the one format"
 
 
-def test_a_pod_process_that_exits_fails_the_demo_loudly() -> None:
-    """A dead agent's status file still says Established: the demo must notice the process instead."""
-    demo = Demo("--kill-every", "0", shell_ignores_sigint=False)
+@pytest.mark.parametrize(
+    "victim, pattern",
+    [
+        pytest.param("controller", r"controller pid (\d+)", id="the-controller"),
+        pytest.param("charon of site s2", r"site s2: its own charon \(pid (\d+)\)", id="a-sites-charon"),
+    ],
+)
+def test_a_process_it_runs_that_dies_fails_the_demo_loudly(victim: str, pattern: str, log_dir: Path) -> None:
+    """The controller (or a site's charon) SIGKILLed under the demo: it says which, with the end of its
+    log, tears everything down and exits 1. (The pod's containers are the lab kubelet's: it restarts them.)"""
+    demo = Demo("--kill-every", "0", "--log-dir", str(log_dir), shell_ignores_sigint=False)
     try:
-        demo.until(r"demo: pod running in", 60)
-        pids = pod_pids(demo.text)
-        prefix = re.search(r"demo: lab (\S+) up", demo.text).group(1)  # type: ignore[union-attr]
-        os.kill(pids["agent"], signal.SIGKILL)
-        code = demo.finish(timeout=30)
+        demo.until(r"running until Ctrl-C", 90)
+        pid = int(demo.until(pattern, 1).group(1))
+        os.kill(pid, signal.SIGKILL)
+        code = demo.finish(timeout=60)
     finally:
         demo.kill()
     text = demo.text
-    assert f"demo: FAILED: agent (pid {pids['agent']}) was killed by SIGKILL" in text, text
+    assert f"demo: FAILED: {victim} (pid {pid}) was killed by SIGKILL; the end of its log" in text, text
     assert code == 1 and "demo-exit=1" in text
-    assert re.search(
-        rf"ERROR lab\.demo demo\.process_exited name='agent' pid={pids['agent']} returncode=-9", text
-    )
-    assert "demo: tearing the lab down" in text and "exit status 1" in text
-    assert all(gone(pid) for pid in pids.values()), pids
-    assert not [ns for ns in netns.list_namespaces() if ns.startswith(prefix)]
+    assert re.search(rf"ERROR lab\.demo demo\.process_exited name='{victim}' pid={pid} returncode=-9", text)
+    assert "demo: tearing the lab down" in text and "; FAILED; exit status 1" in text
+    assert_torn_down(text)
