@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/.tools/bin:$(PATH)
 setup:
 	bash scripts/setup.sh
 
-## make demo: the embedded lab with the gateway agents running against live daemons, until Ctrl-C
+## make demo: the operator flow in the lab (API emulator, controller, lab kubelet, remote sites), until Ctrl-C (docs/demo.md)
 demo: setup
 	$(PY) -m lab demo
 
