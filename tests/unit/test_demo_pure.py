@@ -156,7 +156,9 @@ def test_controller_line_shows_writes_and_warnings_only(line: str, shown: str | 
     assert (got is None) if shown is None else (got is not None and shown in got)
 
 
-def _cs(name: str, state: dict[str, Any], ready: bool = False, restarts: int = 0, **kw: Any) -> dict[str, Any]:
+def _cs(
+    name: str, state: dict[str, Any], ready: bool = False, restarts: int = 0, **kw: Any
+) -> dict[str, Any]:
     return {"name": name, "state": state, "ready": ready, "restartCount": restarts, **kw}
 
 
