@@ -7,8 +7,10 @@ images under podman.
   bounding set and no_new_privs before it execs the command. Programs run on the host's binaries; the
   gateway image's Python is Debian's ``python3`` with a venv, so ``python3`` here is Debian's too, with the
   project and the project's virtualenv on ``PYTHONPATH`` (its C extensions are built for the same minor
-  version: checked at start). The image's ``ENV`` lines are given to every container (``PROCESS_IMAGE_ENV``)
-  and what the image adds under ``/etc`` (group ``vpngw``) comes in through the overlay.
+  version: checked at start), bound read-only at fixed paths under the container's /run
+  (``PROJECT_IN_CONTAINER``), wherever the checkout lives. The image's ``ENV`` lines are given to every
+  container (``process_image``) and what the image adds under ``/etc`` (group ``vpngw``) comes in through
+  the overlay.
 * ``PodmanRuntime``: ``podman run`` of the pod spec's image in the pod's network namespace
   (``--network ns:``), ``--cap-drop all`` plus the spec's capabilities, the spec's user,
   ``--read-only`` without podman's extra tmpfs (as the kubelet's runtime does it), the volumes as bind
@@ -53,6 +55,22 @@ def site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
+PROJECT_IN_CONTAINER = "/run/lab-kubelet/project"
+SITE_PACKAGES_IN_CONTAINER = "/run/lab-kubelet/site-packages"
+"""Where a process-mode container sees the project and its virtualenv's packages: read-only binds of the
+host's, at fixed paths on the container's fresh /run. Not the host's own paths: a checkout under /tmp
+(a CI's clean clone) would be hidden by the container's fresh /tmp, as the image's /tmp hides nothing of
+its /opt/vpngw."""
+
+
+def project_mounts() -> list[Mount]:
+    """The binds behind ``PROJECT_IN_CONTAINER`` and ``SITE_PACKAGES_IN_CONTAINER``."""
+    return [
+        Mount(str(ROOT), PROJECT_IN_CONTAINER, readonly=True),
+        Mount(site_packages(), SITE_PACKAGES_IN_CONTAINER, readonly=True),
+    ]
+
+
 IMAGES = ROOT / "images"
 GATEWAY_IMAGE = "gateway"
 IMAGE_PREFIX = "localhost/vpngw-"
@@ -68,7 +86,8 @@ class ProcessImage:
       is their venv's interpreter, ``python3`` by another name; the host has only ``python3``, so an
       ``argv[0]`` of ``python`` runs as ``python3``.
     * ``env``: the image's ENV with ``PATH`` the host's and the project and its virtualenv on
-      ``PYTHONPATH`` (where the image has its venv).
+      ``PYTHONPATH`` (where the image has its venv), at the paths the container sees them
+      (``project_mounts``).
     * ``gateway_etc``: what the gateway image adds under /etc (its group ``vpngw``, strongswan.conf),
       given through the container's /etc overlay; the controller image adds nothing there.
     """
@@ -97,7 +116,7 @@ def process_image(image: str) -> ProcessImage:
     env = {
         **{k: v for k, v in cfg.env.items() if k != "PATH"},
         "PATH": PROCESS_PATH,
-        "PYTHONPATH": f"{ROOT}:{site_packages()}",
+        "PYTHONPATH": f"{PROJECT_IN_CONTAINER}:{SITE_PACKAGES_IN_CONTAINER}",
         "PYTHONNOUSERSITE": "1",
     }
     return ProcessImage(name, cfg.entrypoint, cfg.cmd, env, gateway_etc=name == GATEWAY_IMAGE)
@@ -250,7 +269,10 @@ class ProcessRuntime:
             "hostname": run.hostname,
             "etc": {"upper": str(upper), "work": str(work)},
             "tmpfs": ["/run", "/tmp"],
-            "mounts": [{"source": m.source, "target": m.target, "readonly": m.readonly} for m in run.mounts]
+            "mounts": [
+                {"source": m.source, "target": m.target, "readonly": m.readonly}
+                for m in [*project_mounts(), *run.mounts]
+            ]
             + [{"source": d, "target": d, "readonly": False} for d in run.devices],
             "readonly_root": run.readonly_root,
             "user": run.user,

@@ -40,12 +40,15 @@ from lab.kubelet import model, netpol
 from lab.kubelet.nsnet import in_netns
 from lab.kubelet.pod import PodWorker
 from lab.kubelet.runtime import (
+    PROJECT_IN_CONTAINER,
+    SITE_PACKAGES_IN_CONTAINER,
     ContainerRun,
     PodmanRuntime,
     image_name,
     podman_sync,
     process_argv,
     process_image,
+    project_mounts,
 )
 from lab.kubelet.world import API_ADDRESS, NODE, VPN, E2EWorld
 from lab.world import GW_NIC2_ADDR, Host
@@ -195,6 +198,19 @@ def test_process_mode_runs_the_images_own_entrypoint_and_env() -> None:
     )
     assert image_name("lab") == image_name("registry.example/other:1") == "gateway"
     assert image_name("localhost/vpngw-controller@sha256:ab") == "controller"
+
+
+def test_process_mode_sees_the_project_at_fixed_paths_wherever_the_checkout_lives() -> None:
+    """A container's fresh /tmp hid a checkout under /tmp (a CI's clean clone): every pod failed with ``No
+    module named initnat``. The project and its packages are bound at paths on the container's own /run."""
+    env = process_image("localhost/vpngw-gateway:0.1.0").env
+    paths = env["PYTHONPATH"].split(":")
+    assert paths == [PROJECT_IN_CONTAINER, SITE_PACKAGES_IN_CONTAINER]
+    assert all(p.startswith("/run/") for p in paths)  # /run is the container's fresh tmpfs: never the host's
+    mounts = {m.target: m for m in project_mounts()}
+    assert set(mounts) == set(paths) and all(m.readonly for m in mounts.values())
+    assert (Path(mounts[PROJECT_IN_CONTAINER].source) / "initnat" / "__main__.py").is_file()
+    assert (Path(mounts[SITE_PACKAGES_IN_CONTAINER].source) / "anyio").is_dir()
 
 
 def podman_args(tmp_path: Path, argv: list[str], **kw: Any) -> list[str]:
