@@ -485,7 +485,7 @@ def install_and_run(world: E2EWorld, runtime: str) -> dict[str, Any]:
         used.update(rules)
     assert egress == [("TCP", API_ADDRESS, 443)], egress
     unused = [r for i, r in enumerate(policy["spec"]["egress"]) if i not in used]
-    print("e2e.controller_egress_rules_unused", json.dumps(unused))
+    assert unused == [], f"the chart allows the controller more than it used: {json.dumps(unused)}"
     node_ip = str(world.k.kubelet.node_network.gateway.ip)
     assert ingress == [("TCP", node_ip, 8080)], "only the node (the kubelet's probes, this test) reached it"
     return {"worker": w, "docs": docs, "manifest": manifest, "pid": w.instances["controller"].running.pid}
