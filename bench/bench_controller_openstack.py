@@ -21,7 +21,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.cluster import Cluster, clouds_yaml, wait_for
+from lab.cluster import Cluster, clouds_yaml, openstack_args, wait_for
 from lab.openstack.cloud import Cloud, cloud_seed, declare_nodes
 from lab.openstack.neutron import NeutronSettings, start_neutron
 from lab.openstack.nova import NovaEmulator
@@ -109,16 +109,7 @@ def main() -> int:
                 c.apply(docs(i, a.peers))
             cfg = clouds_yaml(Path(tmp) / "clouds.yaml", nproxy.url, cproxy.url)
             args = [
-                "--cloud",
-                "openstack",
-                "--os-cloud",
-                "lab",
-                "--gateway-network",
-                net.id,
-                "--gateway-subnet",
-                sub.id,
-                "--external-network",
-                cloud.external.network_id,
+                *openstack_args(net.id, sub.id, cloud.external.network_id),
                 "--workers",
                 "8",
                 "--resync-seconds",

@@ -241,6 +241,24 @@ def clouds_yaml(path: Path, network_url: str, compute_url: str, name: str = "lab
     return path
 
 
+def openstack_args(
+    gateway_network: str, gateway_subnet: str, external_network: str, cloud: str = "lab"
+) -> list[str]:
+    """The controller's flags for the OpenStack backend against a ``clouds_yaml`` cloud."""
+    return [
+        "--cloud",
+        "openstack",
+        "--os-cloud",
+        cloud,
+        "--gateway-network",
+        gateway_network,
+        "--gateway-subnet",
+        gateway_subnet,
+        "--external-network",
+        external_network,
+    ]
+
+
 @contextlib.contextmanager
 def cluster(workdir: Path, **kw: Any) -> Iterator[Cluster]:
     with Cluster(workdir, **kw) as c:

@@ -306,7 +306,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
     its floating IP; SIGKILLed between the port and the floating IP, a new controller finishes the job
     without a duplicate; deleting the gateway leaves nothing tagged."""
     from controller.desired import plan_of
-    from lab.cluster import Cluster, clouds_yaml
+    from lab.cluster import Cluster, clouds_yaml, openstack_args
 
     key_tags = ",".join(tags(KEY, "vpngw"))
     conn = lab.connect(direct=True)
@@ -315,18 +315,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
             c.add_node(n.name, provider_id=n.provider_id)
         cfg = clouds_yaml(tmp_path / "clouds.yaml", lab.network_url, lab.compute_url)
         net = lab.cloud
-        args = [
-            "--cloud",
-            "openstack",
-            "--os-cloud",
-            "lab",
-            "--gateway-network",
-            net.gateway.network_id,
-            "--gateway-subnet",
-            net.gateway.subnet_id,
-            "--external-network",
-            net.external.network_id,
-        ]
+        args = openstack_args(net.gateway.network_id, net.gateway.subnet_id, net.external.network_id)
         env = {"OS_CLIENT_CONFIG_FILE": str(cfg)}
         held = lab.neutron_proxy.add("POST", r"^/v2\.0/floatingips$", Fault.hang(120), times=1)
         first = c.start_controller({"internalSourceCIDRs": ["192.0.2.64/26"]}, *args, name="first", env=env)

@@ -18,7 +18,7 @@ import pytest
 from controller.cloudplan import tags
 from controller.names import GatewayKey
 from lab import netns
-from lab.cluster import clouds_yaml
+from lab.cluster import clouds_yaml, openstack_args
 from lab.kubelet.world import E2EWorld, secret_doc
 from lab.openstack.fixtures import OpenStackLab
 from lab.world import Host
@@ -37,18 +37,7 @@ def world(openstack_lab: OpenStackLab, tmp_path: Path) -> Iterator[tuple[E2EWorl
     node = openstack_lab.cloud.nodes[0]
     cfg = clouds_yaml(tmp_path / "clouds.yaml", openstack_lab.network_url, openstack_lab.compute_url)
     net = openstack_lab.cloud
-    args = [
-        "--cloud",
-        "openstack",
-        "--os-cloud",
-        "lab",
-        "--gateway-network",
-        net.gateway.network_id,
-        "--gateway-subnet",
-        net.gateway.subnet_id,
-        "--external-network",
-        net.external.network_id,
-    ]
+    args = openstack_args(net.gateway.network_id, net.gateway.subnet_id, net.external.network_id)
     with E2EWorld(
         tmp_path / "e2e",
         static_nic=None,
