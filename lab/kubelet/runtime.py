@@ -31,7 +31,9 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 import anyio
@@ -109,9 +111,15 @@ def image_name(image: str) -> str:
 
 
 def process_image(image: str) -> ProcessImage:
+    """The configuration process mode takes from ``image``, read from its Dockerfile once per process (the
+    kubelet asks at every container start, the runtime again when it starts the process)."""
+    return _process_image(image_name(image))
+
+
+@cache
+def _process_image(name: str) -> ProcessImage:
     from lab.kubelet.model import image_config
 
-    name = image_name(image)
     cfg = image_config((IMAGES / name / "Dockerfile").read_text())
     env = {
         **{k: v for k, v in cfg.env.items() if k != "PATH"},
@@ -119,18 +127,14 @@ def process_image(image: str) -> ProcessImage:
         "PYTHONPATH": f"{PROJECT_IN_CONTAINER}:{SITE_PACKAGES_IN_CONTAINER}",
         "PYTHONNOUSERSITE": "1",
     }
-    return ProcessImage(name, cfg.entrypoint, cfg.cmd, env, gateway_etc=name == GATEWAY_IMAGE)
+    return ProcessImage(
+        name, cfg.entrypoint, cfg.cmd, MappingProxyType(env), gateway_etc=name == GATEWAY_IMAGE
+    )
 
 
 def process_argv(argv: list[str]) -> list[str]:
     """The images' ``python`` is ``python3`` here (``ProcessImage``)."""
     return ["python3", *argv[1:]] if argv and argv[0] == "python" else argv
-
-
-def process_image_env() -> dict[str, str]:
-    """The gateway image's ENV, for process mode (images/gateway/Dockerfile), with the project's code and
-    virtualenv where the image has its venv."""
-    return dict(process_image(IMAGE_PREFIX + GATEWAY_IMAGE).env)
 
 
 def check_process_python() -> None:
