@@ -108,8 +108,13 @@ hostname = Str(
     max_length=253,
     rule="is not an RFC 1123 host name",
 )
+# charon reads "a.b.c.d-<anything that is an address>" as an IPv4 range, a pattern matching every address
+# in it (identification.c, create_ip_address_from_string): refused whatever follows the "-", as
+# gwplan.ike_id_wildcard does for the plan.
+_IKE_ID_RANGE = rf"^{IPV4}-"
 ike_id = Str(
-    "IKE identity: FQDN, IPv4 address or email-style (letters, digits, '.', '-', '_', '@').",
+    "IKE identity: FQDN, IPv4 address or email-style (letters, digits, '.', '-', '_', '@'). Never a "
+    "wildcard or a range: each peer's identity must name that peer alone.",
     pattern=IKE_ID,
     max_length=255,
     rule="is not an IKE id (FQDN, IPv4 or email-style characters only)",
@@ -120,6 +125,12 @@ ike_id = Str(
             "self != '0.0.0.0'",
             "is the wildcard identity to charon (it reads 0.0.0.0 as %any); name the peer",
             lambda v: v != "0.0.0.0",
+        ),
+        # A range would select this peer's config and key for any peer presenting an address in it.
+        Rule(
+            f"!self.matches('{_IKE_ID_RANGE.replace(chr(92), chr(92) * 2)}')",
+            "is an IPv4 address range to charon (a.b.c.d-e.f.g.h matches every address in it); name the peer",
+            lambda v: re.search(_IKE_ID_RANGE, v) is None,
         ),
     ),
 )

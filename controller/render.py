@@ -364,7 +364,7 @@ def _ipsec(gateway: VPNGateway, peers: Sequence[VPNPeer], service_cidr: str) -> 
         if pi.auth == "psk":
             ref = pi.psk_secret_ref or gi.psk_secret_ref
             assert ref is not None  # validated
-            secrets.append(gwplan.IkeSecret(id=f"psk-{name}", owners=(gi.local_id, pi.id), ref=_ref(ref)))
+            secrets.append(gwplan.IkeSecret(id=f"psk-{name}", owners=(pi.id,), ref=_ref(ref)))
         else:
             pubkey = True
     certificates: tuple[gwplan.IkeCertificate, ...] = ()
@@ -398,9 +398,7 @@ def _legacy_ipsec(gateway: IPsecGateway, service_cidr: str) -> gwplan.Ipsec:
         )
         tunnels.append(gwplan.Tunnel(name=t.name, initiate=True, children=children, conn=conn))
         secrets.append(
-            gwplan.IkeSecret(
-                id=f"psk-{t.name}", owners=(gateway.local_id, t.peer_id), ref=_ref(gateway.psk_secret_ref)
-            )
+            gwplan.IkeSecret(id=f"psk-{t.name}", owners=(t.peer_id,), ref=_ref(gateway.psk_secret_ref))
         )
     return gwplan.Ipsec(secrets=tuple(secrets), tunnels=tuple(tunnels))
 

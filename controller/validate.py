@@ -343,6 +343,17 @@ def _peers(gateway: VPNGateway, peers: Sequence[VPNPeer]) -> list[Problem]:
                         "FieldValueRequired",
                     )
                 )
+            if ike_id_key(peer.ipsec.id) == ike_id_key(gateway.ipsec.local_id):
+                problems.append(
+                    _problem(
+                        p,
+                        "spec.ipsec.id",
+                        peer.ipsec.id,
+                        f"is the gateway's own IKE id (spec.ipsec.localID of {gw}): a peer's key would be "
+                        "offered for every exchange",
+                        "FieldValueDuplicate",
+                    )
+                )
             first = ike_ids.setdefault(ike_id_key(peer.ipsec.id), peer.meta)
             if first != peer.meta:
                 problems.append(
@@ -389,6 +400,16 @@ def _legacy(gateway: IPsecGateway) -> list[Problem]:
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for i, t in enumerate(gateway.tunnels):
+        if ike_id_key(t.peer_id) == ike_id_key(gateway.local_id):
+            problems.append(
+                _problem(
+                    str(gateway.meta),
+                    f"spec.tunnels[{i}].peer.id",
+                    t.peer_id,
+                    "is the gateway's own IKE id (spec.localID): its key would be offered for every exchange",
+                    "FieldValueDuplicate",
+                )
+            )
         first = seen.setdefault(ike_id_key(t.peer_id), i)
         if first != i:
             problems.append(

@@ -48,6 +48,33 @@ def is_device_name(name: object) -> bool:
     return isinstance(name, str) and _DEVICE_NAME.fullmatch(name) is not None
 
 
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4_RANGE_START = re.compile(rf"{_OCTET}(\.{_OCTET}){{3}}-")
+IKE_ID_WILDCARDS = ("", "%any", "%any6", "0.0.0.0", "*", "::", "0::0")
+"""The strings charon reads as ID_ANY, the identity that matches every peer (``identification_create_from_
+string`` in strongSwan 5.9.8's identification.c)."""
+
+
+def ike_id_wildcard(ike_id: str) -> str | None:
+    """Why charon would read ``ike_id`` as more than one identity, or None (pure).
+
+    A configured identity is a pattern to charon: a peer config and a shared key are selected when the
+    identity a peer PRESENTS matches it (``identification_t.matches``). One that matches other peers' ids
+    lets their exchanges select this peer's config and try this peer's key (LAB-FACTS.md, "Shared keys
+    and identities"). strongSwan 5.9.8's identification.c reads as patterns: the ID_ANY strings, an IPv4
+    range ``a.b.c.d-e.f.g.h`` (``create_ip_address_from_string``: the part before ``-`` an address), a
+    subnet ``a.b.c.d/n``, a ``*`` wildcard (FQDN/email: a leading ``*``; DN: a ``*`` RDN value), and
+    typed or hex-encoded forms (``ipv4range:``, ``{n}:``, ``@#``, ``fqdn:#2a...``) that can encode any of
+    these. The controller's ``ike_id`` pattern admits none of the last three; this names the rest."""
+    if ike_id in IKE_ID_WILDCARDS:
+        return "is the wildcard identity to charon (ID_ANY, matching every peer)"
+    if _IPV4_RANGE_START.match(ike_id):
+        return "is an IPv4 address range to charon (matching every address in it)"
+    if "/" in ike_id or "*" in ike_id or ":" in ike_id or "#" in ike_id or "=" in ike_id:
+        return "is a subnet, wildcard, typed or DN identity to charon (use an FQDN, IPv4 or email id)"
+    return None
+
+
 GatewayType: TypeAlias = Literal["ipsec", "wireguard"]
 Protocol_: TypeAlias = Literal["TCP", "UDP"]
 GrantKind: TypeAlias = Literal["exposure", "reverse"]
@@ -108,7 +135,11 @@ class IkeSecret:
     id: str
     """Stable VICI id of the shared secret; loading the same id again replaces the key."""
     owners: tuple[str, ...]
-    """IKE identities the key is for (our local id and the peer's id)."""
+    """The peer's IKE identity, and only that: charon returns a shared key for an exchange when ANY owner
+    matches either side's identity and tries every key returned, so a key that also named our own local
+    id would be tried for every peer, and one peer could authenticate as another with its own key (found
+    live; LAB-FACTS.md "Shared keys and identities"). ``loads`` refuses an owner that is a local id of the
+    plan, a wildcard or a range, and a secret without owners (which charon offers for every exchange)."""
     ref: SecretRef
 
 
@@ -434,6 +465,7 @@ def from_dict(doc: Any) -> Plan:
                 IkePrivateKey(id=k.str_("id"), ref=k.ref("ref")) for k in i.subs("privateKeys")
             ),
         )
+        _check_owners(ipsec)
     wireguard = None
     if "wireguard" in r.doc:
         w = r.sub("wireguard")
@@ -500,6 +532,31 @@ def from_dict(doc: Any) -> Plan:
     return Plan(
         gateway=gateway, type=gw_type, nic=nic, ipsec=ipsec, wireguard=wireguard, nat=nat, version=version
     )
+
+
+def _local_ids(tunnel: Tunnel) -> set[str]:
+    out = set()
+    for body in tunnel.conn.values():
+        local = body.get("local") if isinstance(body, Mapping) else None
+        if isinstance(local, Mapping) and isinstance(local.get("id"), str):
+            out.add(local["id"].lower())
+    return out
+
+
+def _check_owners(ipsec: Ipsec) -> None:
+    """Each shared key is for its peer alone (``IkeSecret.owners``); charon compares FQDN and email ids
+    without case, so the comparison with our local ids does too."""
+    local = set().union(*(_local_ids(t) for t in ipsec.tunnels))
+    for i, s in enumerate(ipsec.secrets):
+        where = f"ipsec.secrets[{i}].owners"
+        if not s.owners:
+            raise PlanError(f"{where}: empty (charon would offer the key for every identity)")
+        for owner in s.owners:
+            if owner.lower() in local:
+                raise PlanError(f"{where}: {owner!r} is a local id (the key would be tried for every peer)")
+            why = ike_id_wildcard(owner)
+            if why is not None:
+                raise PlanError(f"{where}: {owner!r} {why}")
 
 
 GZIP_MAGIC = b"\x1f\x8b"

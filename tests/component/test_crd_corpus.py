@@ -45,6 +45,8 @@ VALID: list[Case] = [
         for d in docs
     ),
     _c("gw-no-exposures", GATEWAY, ["spec", "exposures"], DELETE, None),
+    _c("peer-id-fqdn-with-dash", PEER, ["spec", "ipsec", "id"], "hq-1.acme-2.example", None),
+    _c("peer-id-ipv4", PEER, ["spec", "ipsec", "id"], "198.51.100.2", None),
     _c("gw-no-reverse", GATEWAY, ["spec", "reverseExposures"], DELETE, None),
     _c("gw-default-proposals", GATEWAY, ["spec", "ipsec"], {"localID": "gw.example"}, None),
     _c("gw-service-cidr-8", GATEWAY, ["spec", "serviceCIDR"], "10.0.0.0/8", None),
@@ -374,6 +376,11 @@ INVALID: list[Case] = [
         "0.0.0.0",
         "is the wildcard",
     ),
+    # charon reads "a.b.c.d-e.f.g.h" as an address range matching every address in it (identification.c)
+    _c("peer-id-range", PEER, ["spec", "ipsec", "id"], "0.0.0.1-255.255.255.254", "is an IPv4 address range"),
+    _c("peer-id-range-host", PEER, ["spec", "ipsec", "id"], "10.0.0.1-10.0.0.9", "is an IPv4 address range"),
+    _c("legacy-peer-id-range", LEGACY_GW, ["spec", "tunnels", 0, "peer", "id"], "1.2.3.4-5.6.7.8", "range"),
+    _c("gw-local-id-range", GATEWAY, ["spec", "ipsec", "localID"], "1.2.3.4-5.6.7.8", "range"),
     _c("peer-id-quote", PEER, ["spec", "ipsec", "id"], 'hq"acme', "is not an IKE id"),
     _c(
         "peer-subnet-33",

@@ -52,13 +52,20 @@ def test_ipsec_tunnels_have_one_child_per_remote_subnet() -> None:
         assert child["esp_proposals"] == ["aes256gcm16-modp2048"] and child["start_action"] == "none"
 
 
-def test_secrets_are_references_per_peer_with_override_or_default() -> None:
+def test_secrets_are_references_per_peer_with_override_or_default_each_owned_by_its_peer_alone() -> None:
+    """Never also by our local id: charon would then try every peer's key for every peer (tested live in
+    tests/integration/test_hostile_peer.py)."""
     plan = render_documents(IPSEC, OPTS)
     assert plan.ipsec is not None
     assert plan.ipsec.secrets == (
-        gwplan.IkeSecret("psk-s1", ("gw.lab.example", "s1.lab.example"), gwplan.SecretRef("s1-psk", "psk")),
-        gwplan.IkeSecret("psk-s2", ("gw.lab.example", "s2.lab.example"), gwplan.SecretRef("acme-psk", "psk")),
+        gwplan.IkeSecret("psk-s1", ("s1.lab.example",), gwplan.SecretRef("s1-psk", "psk")),
+        gwplan.IkeSecret("psk-s2", ("s2.lab.example",), gwplan.SecretRef("acme-psk", "psk")),
     )
+    legacy = render_documents(LEGACY, OPTS)
+    assert legacy.ipsec is not None
+    assert {s.owners for s in legacy.ipsec.secrets} == {
+        (t.conn[t.name]["remote"]["id"],) for t in legacy.ipsec.tunnels
+    }
 
 
 def test_child_names_are_stable_per_subnet_and_safe() -> None:

@@ -120,6 +120,20 @@ LEGACY = example_docs("legacy-ipsecgateway.yaml")
             id="duplicate-ike-id-differs-only-in-case",  # charon compares FQDN ids case-insensitively
         ),
         pytest.param(
+            edit(IPSEC, 2, ["spec", "ipsec", "id"], "GW.lab.example"),
+            INTERNAL,
+            'VPNPeer/tenant-acme/s2: spec.ipsec.id: "GW.lab.example" is the gateway\'s own IKE id',
+            "FieldValueDuplicate",
+            id="peer-id-is-the-gateways-own",  # its key would be owned by the id of every exchange
+        ),
+        pytest.param(
+            edit(LEGACY, 0, ["spec", "tunnels", 1, "peer", "id"], "gw.lab.example"),
+            INTERNAL,
+            'IPsecGateway/tenant-old/legacy: spec.tunnels[1].peer.id: "gw.lab.example" is the gateway\'s own IKE id',
+            "FieldValueDuplicate",
+            id="legacy-peer-id-is-the-gateways-own",
+        ),
+        pytest.param(
             edit(WG, 2, ["spec", "wireguard", "publicKey"], WG[1]["spec"]["wireguard"]["publicKey"]),
             INTERNAL,
             "VPNPeer/tenant-acme/s1: spec.wireguard.publicKey: is already the public key of "

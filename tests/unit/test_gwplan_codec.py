@@ -15,9 +15,14 @@ PLAN = g.Plan(
     gateway=g.GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-acme", "acme"),
     type="ipsec",
     ipsec=g.Ipsec(
-        secrets=(g.IkeSecret("psk-hq", ("gw.example", "hq.example"), g.SecretRef("hq-psk", "psk")),),
+        secrets=(g.IkeSecret("psk-hq", ("hq.example",), g.SecretRef("hq-psk", "psk")),),
         tunnels=(
-            g.Tunnel("hq", True, (g.Child("net-10-1-0-0-24", "10.1.0.0/24"),), {"hq": {"version": "2"}}),
+            g.Tunnel(
+                "hq",
+                True,
+                (g.Child("net-10-1-0-0-24", "10.1.0.0/24"),),
+                {"hq": {"version": "2", "local": {"id": "gw.example"}, "remote": {"id": "hq.example"}}},
+            ),
         ),
     ),
 )
@@ -112,3 +117,45 @@ def test_nic_reply_mark_is_optional_and_round_trips() -> None:
     doc["nic"]["replyMark"] = "0x1"
     with pytest.raises(g.PlanError, match=r"nic\.replyMark: expected int"):
         g.from_dict(doc)
+
+
+@pytest.mark.parametrize(
+    ("owners", "message"),
+    [
+        pytest.param([], "empty", id="no-owners"),
+        pytest.param(["gw.example", "hq.example"], "'gw.example' is a local id", id="our-own-id"),
+        pytest.param(["GW.Example"], "is a local id", id="our-own-id-other-case"),
+        pytest.param(["0.0.0.0"], "wildcard identity", id="any"),
+        pytest.param(["%any"], "wildcard identity", id="percent-any"),
+        pytest.param(["0.0.0.1-255.255.255.254"], "address range", id="range"),
+        pytest.param(["10.0.0.0/8"], "subnet, wildcard", id="subnet"),
+        pytest.param(["*.example"], "subnet, wildcard", id="star"),
+        pytest.param(["fqdn:#2a"], "subnet, wildcard", id="hex-encoded"),
+    ],
+)
+def test_a_shared_key_is_for_its_peer_alone(owners: list[str], message: str) -> None:
+    """charon offers a key for an exchange when any owner matches either side's identity and tries every
+    key it offers: an owner that is our own id, a pattern or nothing at all lets one peer's key
+    authenticate another peer (tests/integration/test_hostile_peer.py plays it live)."""
+    doc = json.loads(g.dumps(PLAN))
+    del doc["hash"]
+    doc["ipsec"]["secrets"][0]["owners"] = owners
+    with pytest.raises(g.PlanError, match=r"ipsec\.secrets\[0\]\.owners: .*" + message):
+        g.from_dict(doc)
+
+
+@pytest.mark.parametrize(
+    ("ike_id", "wildcard"),
+    [
+        ("hq.example", False),
+        ("198.51.100.2", False),
+        ("ops@acme.example", False),
+        ("hq-1.example", False),
+        ("1.2.3-4.5", False),  # not an address before the "-": charon reads an FQDN
+        ("1.2.3.4-x", True),
+        ("0.0.0.0", True),
+        ("", True),
+    ],
+)
+def test_ike_id_wildcard_follows_charons_parser(ike_id: str, wildcard: bool) -> None:
+    assert (g.ike_id_wildcard(ike_id) is not None) is wildcard
