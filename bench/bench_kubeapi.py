@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller.crds import crds  # noqa: E402
+from controller.api.crds import crds  # noqa: E402
 
 GW = "/apis/vpn.bnerd.net/v1alpha1"
 MERGE = {"Content-Type": "application/merge-patch+json"}

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gwplan
-from controller.render import RenderOptions, render_documents
+from controller.plan.render import RenderOptions, render_documents
 
 EXPOSURES = 500
 SUBNETS = 4

@@ -25,14 +25,14 @@ from typing import Any
 import yaml
 
 import gwplan
-from controller.api import CIDR, IPV4
-from controller.crds import crds_yaml
-from controller.render import RenderOptions, render_documents
+from controller.api.crds import crds_yaml
+from controller.api.resources import CIDR, IPV4
+from controller.api.schema import show
+from controller.api.validate import InvalidInput, parse_cidrs
+from controller.plan.render import RenderOptions, render_documents
+from controller.plan.swanctl import render_swanctl
 from controller.runcli import RunFailed, add_run_parser, run_command
-from controller.schema import show
 from controller.settings import SettingsError
-from controller.swanctl import render_swanctl
-from controller.validate import InvalidInput, parse_cidrs
 from gwkit.logs import LEVELS, setup_logging
 
 log = logging.getLogger("controller")

@@ -1,6 +1,6 @@
 """The Helm chart's generated files, from the one source of each. Pure: returns text, writes nothing.
 
-* ``crds/vpngw-crds.yaml``: the CRDs (``controller.crds``, the rules the controller validates with).
+* ``crds/vpngw-crds.yaml``: the CRDs (``controller.api.crds``, the rules the controller validates with).
 * ``files/controller-clusterrole-rules.yaml``, ``files/controller-leader-election-rules.yaml``: the rules
   of the controller's ClusterRole and of its leader-election Role (``controller.rbac``), each right
   preceded by a comment saying which code uses it; the chart's templates include them verbatim, so the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from controller.crds import crds_yaml
+from controller.api.crds import crds_yaml
 from controller.rbac import CLUSTER, LEADER_ELECTION, Right
 
 CRDS = "crds/vpngw-crds.yaml"

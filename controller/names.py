@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.api import LEGACY_GROUP, VERSION, VPN_GROUP
+from controller.api.resources import LEGACY_GROUP, VERSION, VPN_GROUP
 
 GatewayKind = Literal["VPNGateway", "IPsecGateway"]
 GATEWAY_KINDS: tuple[GatewayKind, ...] = ("VPNGateway", "IPsecGateway")

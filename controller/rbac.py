@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.api import LEGACY_GROUP, VPN_GROUP
+from controller.api.resources import LEGACY_GROUP, VPN_GROUP
 
 
 @dataclass(frozen=True)

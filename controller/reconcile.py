@@ -23,14 +23,14 @@ from typing import Any
 
 import gwplan
 from controller import diff, placement, status
+from controller.api.model import IPsecGateway, VPNGateway, VPNPeer, parse
+from controller.api.validate import InvalidInput, Problem, admit
 from controller.cloud import CLOUD_READY, CloudState
 from controller.desired import Desired, Inputs, desired, plan_of
-from controller.model import IPsecGateway, VPNGateway, VPNPeer, parse
 from controller.names import FINALIZER, GatewayKey, selector_labels
-from controller.render import RenderOptions, render, with_nic
+from controller.plan.render import RenderOptions, render, with_nic
 from controller.settings import Settings
 from controller.status import Condition, StatusEvent
-from controller.validate import InvalidInput, Problem, admit
 
 Obj = dict[str, Any]
 CONFIG_RENDERED, POD_READY = "ConfigRendered", "PodReady"

@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def crd_documents() -> list[dict[str, Any]]:
-    from controller.crds import crds
+    from controller.api.crds import crds
 
     nad = yaml.safe_load((MANIFESTS / "network-attachment-definition.yaml").read_text())
     return [*crds(), nad]

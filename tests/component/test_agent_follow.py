@@ -147,9 +147,14 @@ def test_the_mounted_plan_is_the_plan_at_boot_when_the_api_cannot_be_reached(
 ) -> None:
     c, _ = world
     mounted = tmp_path / "mounted.json"
-    cm = c.get("v1", "ConfigMap", "vpngw-acme", NS)
-    assert cm is not None
-    mounted.write_text(cm["data"]["plan.json"])
+
+    def plan_granting_s2() -> str | None:
+        # `converged` says the objects exist; the first plan may predate the peers (same apply)
+        cm = c.get("v1", "ConfigMap", "vpngw-acme", NS)
+        text = cm["data"]["plan.json"] if cm else None
+        return text if text and any(g.peer == "s2" for g in gwplan.loads(text).nat.grants) else None
+
+    mounted.write_text(wait_for(plan_granting_s2, 20, "a plan with s2's grants"))
     c.kube.inject_fault(503, count=-1, resource="configmaps")  # the API cannot give the plan
     agent = start_agent(c, tmp_path, "--plan-fallback", str(mounted))
     try:
@@ -166,4 +171,4 @@ def test_the_mounted_plan_is_the_plan_at_boot_when_the_api_cannot_be_reached(
         agent.send_signal(signal.SIGTERM)
         agent.wait(10)
     log = (tmp_path / "agent.log").read_text()
-    assert "follow.plan_written source=mounted" in log and "follow.plan_written source=api" in log
+    assert "follow.plan_written source=mounted" in log and "follow.plan_written source=api" in log, log

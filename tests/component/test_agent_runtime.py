@@ -22,7 +22,7 @@ from agent.health import HealthState, serve
 from agent.runtime import SecretError
 from agent.sink import FakeStatusApi, FileStatusSink, KubeStatusApi, KubeStatusSink, StatusWriteError
 from agent.sources import FilePlanSource, FileSecrets
-from controller.crds import crds
+from controller.api.crds import crds
 from gwkit.kube import KubeClient, load
 from gwplan import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, dumps
 from lab.kubeapi import KubeAPI

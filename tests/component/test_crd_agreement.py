@@ -33,8 +33,8 @@ from celpy.evaluation import CELEvalError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.crds import crds
-from controller.validate import validate_object
+from controller.api.crds import crds
+from controller.api.validate import validate_object
 from tests.component.test_crd_corpus import CORPUS, GATEWAY, LEGACY_GW, PEER, WG_SITE, Case
 from tests.examples import mutate
 

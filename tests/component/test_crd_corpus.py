@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from controller.validate import validate_object
+from controller.api.validate import validate_object
 from tests.examples import DELETE, example_docs, mutate
 
 IPSEC = example_docs("ipsec.yaml")

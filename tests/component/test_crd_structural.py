@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.crds import crds, crds_yaml
+from controller.api.crds import crds, crds_yaml
 
 REASONS = {"FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"}
 CRDS = crds()

@@ -1,7 +1,7 @@
 """The Helm chart, checked with the real helm binary (installed by scripts/setup.sh into .tools/bin).
 
 Its CRDs, the controller's RBAC rules and the monitoring files are generated copies (controller.chartgen:
-from controller.crds, controller.rbac and monitoring/); these tests fail on drift, so the chart a platform
+from controller.api.crds, controller.rbac and monitoring/); these tests fail on drift, so the chart a platform
 engineer installs always carries the admission rules the controller validates with and exactly the rights
 its code uses.
 """
@@ -97,7 +97,7 @@ def test_chart_crds_are_the_generated_ones() -> None:
 @pytest.mark.parametrize("path", sorted(generated_files()))
 def test_chart_generated_files_are_what_the_generator_writes(path: str) -> None:
     assert (CHART / path).read_text() == generated_files()[path], (
-        f"helm/vpngw/{path} drifted from controller.chartgen (controller/rbac.py, controller/crds.py): "
+        f"helm/vpngw/{path} drifted from controller.chartgen (controller/rbac.py, controller/api/crds.py): "
         "run `make chart`"
     )
 

@@ -18,7 +18,7 @@ from kubernetes import config as _config
 from kubernetes import watch as _watch
 from kubernetes.client.exceptions import ApiException
 
-from controller.crds import crds
+from controller.api.crds import crds
 from lab.kubeapi import KubeAPIThread
 
 GROUP, VERSION, PLURAL = "vpn.bnerd.net", "v1alpha1", "vpngateways"

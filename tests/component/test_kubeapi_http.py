@@ -37,7 +37,7 @@ JSONPATCH = {"Content-Type": "application/json-patch+json"}
 
 
 def _crds() -> list[dict[str, Any]]:
-    from controller.crds import crds
+    from controller.api.crds import crds
 
     return list(crds())
 

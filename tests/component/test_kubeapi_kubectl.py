@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.crds import crds
+from controller.api.crds import crds
 from lab.kubeapi import KubeAPIThread
 
 ROOT = Path(__file__).resolve().parents[2]

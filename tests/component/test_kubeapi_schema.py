@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controller.crds import crds
+from controller.api.crds import crds
 from lab.kubeapi import KubeAPI
 
 pytestmark = pytest.mark.anyio

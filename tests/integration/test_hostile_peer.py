@@ -1,8 +1,8 @@
 """A hostile peer against the real thing: can one peer of a gateway authenticate as another?
 
 The gateway's charon is configured only by the status-agent (``python -m agent``) from a plan the
-controller rendered (``controller.render``), with each peer's PSK in its own Secret file, exactly as a pod
-runs it. The attackers are stock charon daemons configured by hand (what a patched client would send is
+controller rendered (``controller.plan.render``), with each peer's PSK in its own Secret file, exactly as
+a pod runs it. The attackers are stock charon daemons configured by hand (what a patched client would send is
 the same IKE_AUTH: the peer's claimed identity, signed with the attacker's own key).
 
 charon's credential sets return a shared key when EITHER of its owners matches the local or the remote
@@ -29,8 +29,8 @@ import anyio
 import pytest
 
 import gwplan
-from controller.render import RenderOptions, render_documents
-from controller.validate import InvalidInput
+from controller.api.validate import InvalidInput
+from controller.plan.render import RenderOptions, render_documents
 from gwkit.vici import ViciCommandFailed, ViciSession
 from lab.daemons import Charon
 from lab.peers import psk_conn

@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gwplan
-from controller.api import ESP_PROPOSALS, IKE_PROPOSALS
-from controller.render import RenderOptions, render_documents
-from controller.swanctl import render_swanctl, secret_section
-from controller.validate import InvalidInput
+from controller.api.resources import ESP_PROPOSALS, IKE_PROPOSALS
+from controller.api.validate import InvalidInput
+from controller.plan.render import RenderOptions, render_documents
+from controller.plan.swanctl import render_swanctl, secret_section
 from gwkit.vici import ViciCommandFailed, ViciSession
 from lab.world import Host, Lab
 

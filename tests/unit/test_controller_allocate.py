@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.allocate import (
+from controller.plan.allocate import (
     DEFAULT_MARK_MASK,
     AllocationError,
     BadMask,

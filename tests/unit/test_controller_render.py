@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gwplan
-from controller.render import RenderOptions, child_name, render_documents
-from controller.swanctl import UnsafeValue, _value, render_swanctl
-from controller.validate import InvalidInput
+from controller.api.validate import InvalidInput
+from controller.plan.render import RenderOptions, child_name, render_documents
+from controller.plan.swanctl import UnsafeValue, _value, render_swanctl
 from tests.examples import edit, example_docs
 
 INTERNAL = ("192.0.2.64/26",)

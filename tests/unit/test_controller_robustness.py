@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.render import RenderOptions, render_documents
-from controller.validate import InvalidInput, validate
+from controller.api.validate import InvalidInput, validate
+from controller.plan.render import RenderOptions, render_documents
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 DOCS = {

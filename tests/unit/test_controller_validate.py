@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from controller.model import parse
-from controller.render import RenderOptions, render_documents
-from controller.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem, admit, validate
+from controller.api.model import parse
+from controller.api.validate import REVERSE_NEEDS_INTERNAL, InvalidInput, Problem, admit, validate
+from controller.plan.render import RenderOptions, render_documents
 from tests.examples import edit, example_docs
 
 INTERNAL = ("192.0.2.64/26",)

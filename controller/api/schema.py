@@ -1,10 +1,10 @@
 """A small schema language: the ONE source of the per-object rules, read twice.
 
 * ``check(node, value, path)`` walks a raw document (a dict from YAML) and returns every violation as a
-  ``FieldError`` (field path, offending value, rule). ``controller.validate`` uses it.
+  ``FieldError`` (field path, offending value, rule). ``controller.api.validate`` uses it.
 * ``openapi(node)`` turns the same nodes into a Kubernetes ``openAPIV3Schema`` (types, enums, patterns,
   formats, bounds, list semantics, and ``x-kubernetes-validations`` CEL rules with messages).
-  ``controller.crds`` uses it, so the API server rejects at admission what ``check`` rejects.
+  ``controller.api.crds`` uses it, so the API server rejects at admission what ``check`` rejects.
 
 Each cross-field ``Rule`` carries its CEL text AND a Python twin (``holds``); tests evaluate both (schema
 with ``jsonschema``, CEL with ``celpy``) against one corpus and prove they give the same verdict.

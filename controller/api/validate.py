@@ -3,7 +3,7 @@
 Two tiers, one set of rules:
 
 * ``validate_object(doc)``: everything decidable from one object alone. These rules live in
-  ``controller.api`` (schema + CEL twins) and are ALSO enforced at admission by the generated CRDs;
+  ``controller.api.resources`` (schema + CEL twins) and are ALSO enforced at admission by the generated CRDs;
   tests prove both give the same verdict on one corpus. Nulls are treated as the API server treats them
   (``admit`` returns the stored form: nulls of known fields dropped or defaulted).
 * ``validate_gateway(gateway, peers, options)``: rules that need other objects or the operator's own
@@ -25,9 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.api import BY_KIND, CIDR, DNS_LABEL
-from controller.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of, parse
-from controller.schema import FieldError, check, kind_of, prune_nulls, show
+from controller.api.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of, parse
+from controller.api.resources import BY_KIND, CIDR, DNS_LABEL
+from controller.api.schema import FieldError, check, kind_of, prune_nulls, show
 
 REVERSE_NEEDS_INTERNAL = "ReverseExposuresRequireInternalSourceCIDRs"
 
@@ -67,7 +67,7 @@ def validate_object(doc: Any, where: str = "?") -> list[Problem]:
 
 def admit(doc: Any, where: str = "?") -> tuple[list[Problem], Any]:
     """``validate_object``'s problems, and the document as the API server would store it: nulls of known
-    fields dropped or defaulted (``controller.schema.prune_nulls``). Parse the stored form."""
+    fields dropped or defaulted (``controller.api.schema.prune_nulls``). Parse the stored form."""
     if not isinstance(doc, Mapping):
         return [Problem(where, FieldError("(document)", f"must be an object (got {kind_of(doc)})"))], doc
     meta = meta_of(doc)

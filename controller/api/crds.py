@@ -1,4 +1,4 @@
-"""CustomResourceDefinitions generated from ``controller.api`` (the same source ``validate`` reads).
+"""CustomResourceDefinitions generated from ``controller.api.resources`` (the same source ``validate`` reads).
 
 ``python -m controller crds`` prints them as multi-document YAML (``kubectl apply -f -`` or the chart's
 crds/ directory). Pure: returns data and text.
@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from controller.api import RESOURCES, VERSION, Resource
-from controller.schema import openapi
+from controller.api.resources import RESOURCES, VERSION, Resource
+from controller.api.schema import openapi
 
 _PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "VPNGateway": [

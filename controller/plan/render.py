@@ -29,19 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gwplan
-from controller.allocate import (
-    DEFAULT_MARK_MASK,
-    AllocationError,
-    BadMask,
-    GrantKey,
-    MarksExhausted,
-    Pool,
-    marks,
-    mask_bits,
-    virtual_ips,
-)
-from controller.api import VERSION
-from controller.model import (
+from controller.api.model import (
     Exposure,
     Gateway,
     IPsecGateway,
@@ -51,14 +39,26 @@ from controller.model import (
     VPNPeer,
     parse,
 )
-from controller.schema import FieldError, show
-from controller.validate import (
+from controller.api.resources import VERSION
+from controller.api.schema import FieldError, show
+from controller.api.validate import (
     InvalidInput,
     Problem,
     admit_all,
     inside,
     select,
     validate_gateway,
+)
+from controller.plan.allocate import (
+    DEFAULT_MARK_MASK,
+    AllocationError,
+    BadMask,
+    GrantKey,
+    MarksExhausted,
+    Pool,
+    marks,
+    mask_bits,
+    virtual_ips,
 )
 
 SITE_DPD_DELAY = "30s"

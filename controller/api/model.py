@@ -1,7 +1,8 @@
 """The four resources as frozen dataclasses, parsed from documents that passed the schema check.
 
-``parse(doc)`` assumes ``controller.schema.check`` found nothing wrong with ``doc`` (``controller.validate``
-runs it first); it never guesses. Defaults documented on each field are applied here, once.
+``parse(doc)`` assumes ``controller.api.schema.check`` found nothing wrong with ``doc``
+(``controller.api.validate`` runs it first); it never guesses. Defaults documented on each field are
+applied here, once.
 
 * ``vpn.bnerd.net/v1alpha1``: ``VPNGateway`` and ``VPNPeer`` (the unified model);
 * ``ipsec.bnerd.net/v1alpha1``: ``IPsecGateway`` and ``ClusterLink`` (legacy, frozen, served in parallel).
@@ -14,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from controller.api import DEFAULT_ESP_PROPOSALS, DEFAULT_IKE_PROPOSALS
-from controller.schema import show
+from controller.api.resources import DEFAULT_ESP_PROPOSALS, DEFAULT_IKE_PROPOSALS
+from controller.api.schema import show
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The four resources' schemas, written once in ``controller.schema``'s language.
+"""The four resources' schemas, written once in ``controller.api.schema``'s language.
 
-``controller.validate`` checks documents against them; ``controller.crds`` turns them into CRDs. Every
+``controller.api.validate`` checks documents against them; ``controller.api.crds`` turns them into CRDs. Every
 string that can reach charon, swanctl.conf or iptables is constrained here by an allowlist pattern or
 enum: names are DNS labels, IKE ids use FQDN/IP/email characters only, addresses and CIDRs are dotted
 IPv4, hostnames are RFC 1123, proposals exact-match an allowlist.
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.schema import Arr, Bool, Int, Obj, Rule, Str
+from controller.api.schema import Arr, Bool, Int, Obj, Rule, Str
 
 VPN_GROUP = "vpn.bnerd.net"
 LEGACY_GROUP = "ipsec.bnerd.net"
