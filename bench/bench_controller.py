@@ -108,7 +108,8 @@ def main() -> int:
 
         started = time.monotonic()
         ctl = c.start_controller(
-            {"internalSourceCIDRs": ["192.0.2.128/26"], "staticNICs": nics},
+            {"internalSourceCIDRs": ["192.0.2.128/26"], "staticNICs": nics,
+             "allowances": {"default": {"exposureTargets": ["192.0.2.64/26"]}}},
             "--workers", str(a.workers), "--resync-seconds", "20",
         )  # fmt: skip
         pending = set(keys)

@@ -116,7 +116,8 @@ def main() -> int:
                 "30",
             ]
             t0 = time.monotonic()
-            ctl = c.start_controller({}, *args, env={"OS_CLIENT_CONFIG_FILE": str(cfg)})
+            allow = {"allowances": {"default": {"exposureTargets": ["192.0.2.64/26"]}}}
+            ctl = c.start_controller(allow, *args, env={"OS_CLIENT_CONFIG_FILE": str(cfg)})
             pending = {(f"tenant-{i // 10}", f"gw{i}") for i in range(a.gateways)}
 
             def done() -> bool:

@@ -16,6 +16,7 @@ Backends:
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,6 +70,11 @@ class Cloud(Protocol):
         """Delete everything held for ``key`` (idempotent)."""
         ...
 
+    async def transit_cidrs(self) -> tuple[str, ...]:
+        """The networks gateways' NIC2s sit on (no serviceCIDR may overlap them: a virtual IP there could
+        claim another gateway's NIC2 address); () while unknown (the cloud cannot be asked yet)."""
+        ...
+
 
 class StaticCloud:
     """``Cloud`` over configured NICs: ``namespace/name`` -> MAC, address, gateway (and a public IP)."""
@@ -99,6 +105,9 @@ class StaticCloud:
 
     async def release(self, key: GatewayKey) -> None:
         return None
+
+    async def transit_cidrs(self) -> tuple[str, ...]:
+        return tuple(sorted({str(ipaddress.IPv4Interface(n.address).network) for n in self.nics.values()}))
 
 
 _conforms: Cloud = StaticCloud({})

@@ -111,6 +111,14 @@ class OpenStackCloud:
     async def release(self, key: GatewayKey) -> None:
         await anyio.to_thread.run_sync(self._release, key)
 
+    async def transit_cidrs(self) -> tuple[str, ...]:
+        """The gateway subnet's CIDR (looked up once); () while Neutron cannot be asked (the reconcile's
+        cloud step then fails and says so)."""
+        try:
+            return (str((await anyio.to_thread.run_sync(self._network))[3]),)
+        except CloudError:
+            return ()
+
     # --- steps ----------------------------------------------------------------------------------
 
     def _network(self) -> tuple[str, str, str, str, int, str | None]:

@@ -17,18 +17,27 @@ once (on the transition).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import gwplan
 from controller import diff, placement, status
 from controller.api.model import IPsecGateway, VPNGateway, VPNPeer, parse
-from controller.api.validate import InvalidInput, Problem, admit
+from controller.api.validate import InvalidInput, Item, Neighbour, Problem, admit
 from controller.cloud import CLOUD_READY, CloudState
+from controller.cloudplan import ROUTING_READY
 from controller.desired import Desired, Inputs, desired, plan_of
 from controller.names import FINALIZER, GatewayKey, selector_labels
-from controller.plan.render import RenderOptions, render, with_nic
+from controller.plan.render import (
+    PeerNow,
+    RenderOptions,
+    StillAsked,
+    keep_only_still_asked,
+    render_parts,
+    with_nic,
+)
 from controller.settings import Settings
 from controller.status import Condition, StatusEvent
 
@@ -48,6 +57,10 @@ class Snapshot:
     nodes: tuple[Mapping[str, Any], ...] = ()
     pinned: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Gateways pinned to each node, this one excluded."""
+    neighbours: tuple[Neighbour, ...] = ()
+    """The other gateways whose serviceCIDRs come before this one's (``neighbours``)."""
+    links: Links = dataclasses.field(default_factory=lambda: Links())
+    """The ClusterLinks naming this gateway (``cluster_links``)."""
 
     @property
     def uid(self) -> str:
@@ -84,18 +97,26 @@ class Snapshot:
 @dataclass(frozen=True)
 class Rendered:
     plan: gwplan.Plan | None
-    """The plan just rendered (its ``nic`` still empty), None when the input is invalid."""
+    """The plan just rendered (its ``nic`` still empty), None when the gateway itself is invalid."""
     previous: gwplan.Plan | None
     """The deployed plan (from the owned ConfigMap)."""
     problems: tuple[Problem, ...] = ()
+    """Every problem: of the gateway (then ``plan`` is None), or of a part left out of ``plan``."""
     previous_error: str | None = None
+    kept: gwplan.Plan | None = None
+    """With no new plan: the deployed one without what was removed or revoked since."""
 
     @property
     def in_force(self) -> gwplan.Plan | None:
-        return self.plan if self.plan is not None else self.previous
+        return self.plan if self.plan is not None else self.kept
 
 
-def render_gateway(snap: Snapshot, settings: Settings) -> Rendered:
+def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str, ...] = ()) -> Rendered:
+    """Fail closed per item: a schema-invalid peer, or a peer, exposure or grant that breaks a rule, is
+    left out and named, the rest rendered. A gateway that is itself invalid renders nothing: the deployed
+    plan stays, without what was removed or revoked since (``keep_only_still_asked``).
+
+    ``transit_cidrs``: NIC2's networks, from the cloud (``Cloud.transit_cidrs``)."""
     previous: gwplan.Plan | None = None
     previous_error = None
     cm = snap.owned.get("ConfigMap")
@@ -104,29 +125,188 @@ def render_gateway(snap: Snapshot, settings: Settings) -> Rendered:
             previous = plan_of(cm)
         except gwplan.PlanError as exc:
             previous_error = f"the deployed plan in ConfigMap {snap.key.object_name} is unreadable: {exc}"
-    docs = [_as_stored(snap.gateway), *(_as_stored(p) for p in snap.peers)]
-    problems: list[Problem] = []
-    stored: list[Any] = []
-    for doc in docs:
-        found, doc_stored = admit(doc)
-        problems += found
-        stored.append(doc_stored)
-    if problems:
-        return Rendered(None, previous, tuple(problems), previous_error)
-    gateway = parse(stored[0])
-    peers = [p for p in (parse(d) for d in stored[1:]) if isinstance(p, VPNPeer)]
+    refused, stored_gateway = admit(_as_stored(snap.gateway))
+    left_out: list[Problem] = []
+    peers: list[VPNPeer] = []
+    for doc in snap.peers:
+        found, stored = admit(_as_stored(doc))
+        name = str((doc.get("metadata") or {}).get("name"))
+        if found:
+            left_out += [dataclasses.replace(p, item=Item("peer", name)) for p in found]
+            continue
+        peer = parse(stored)
+        assert isinstance(peer, VPNPeer)
+        peers.append(peer)
+
+    def keep(problems: Sequence[Problem]) -> Rendered:
+        kept = None
+        if previous is not None:
+            kept = keep_only_still_asked(previous, still_asked(snap, {p.meta.name for p in peers}))
+        return Rendered(None, previous, tuple(problems), previous_error, kept)
+
+    if refused:
+        return keep([*refused, *left_out])
+    gateway = parse(stored_gateway)
     assert isinstance(gateway, VPNGateway | IPsecGateway)
     options = RenderOptions(
         internal_source_cidrs=settings.internal_source_cidrs,
         previous=previous,
         nic=gwplan.Nic(),
         wireguard_interface=settings.wireguard_interface,
+        transit_cidrs=transit_cidrs,
+        neighbours=snap.neighbours,
+        exposure_targets=settings.allowance(snap.key.namespace).exposure_targets,
     )
     try:
-        plan = render(gateway, peers, options)
+        rendering = render_parts(gateway, peers, options)
     except InvalidInput as exc:
-        return Rendered(None, previous, exc.problems, previous_error)
-    return Rendered(plan, previous, (), previous_error)
+        return keep([*exc.problems, *left_out])
+    return Rendered(rendering.plan, previous, (*left_out, *rendering.left_out), previous_error)
+
+
+def still_asked(snap: Snapshot, valid_peers: set[str]) -> StillAsked:
+    """What the raw objects still ask for, read defensively (the gateway may be schema-invalid)."""
+    spec = snap.gateway.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+
+    def names(key: str) -> frozenset[str]:
+        items = spec.get(key)
+        if not isinstance(items, list):
+            return frozenset()
+        return frozenset(
+            i["name"] for i in items if isinstance(i, Mapping) and isinstance(i.get("name"), str)
+        )
+
+    def ref(value: Any) -> gwplan.SecretRef | None:
+        if (
+            isinstance(value, Mapping)
+            and isinstance(value.get("name"), str)
+            and isinstance(value.get("key"), str)
+        ):
+            return gwplan.SecretRef(value["name"], value["key"])
+        return None
+
+    def section(key: str) -> Mapping[str, Any]:
+        value = spec.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    peers: dict[str, PeerNow] = {}
+    if snap.key.kind == "IPsecGateway":
+        psk = ref(section("auth").get("pskSecretRef"))
+        for name in names("tunnels"):
+            peers[name] = PeerNow(secret=psk)
+        return StillAsked(peers, names("exposures"), names("reverseExposures"), legacy=True)
+    default_psk = ref(section("ipsec").get("pskSecretRef"))
+    for doc in snap.peers:
+        name = str((doc.get("metadata") or {}).get("name"))
+        if name not in valid_peers:
+            continue
+        pspec = doc.get("spec") or {}
+        pi, pw = pspec.get("ipsec") or {}, pspec.get("wireguard") or {}
+        authz = pspec.get("authorization") or {}
+        grants = {("exposure", e) for e in authz.get("exposures") or []}
+        grants |= {("reverse", e) for e in authz.get("reverseExposures") or []}
+        secret = ref(pw.get("presharedKeySecretRef")) if pw else (ref(pi.get("pskSecretRef")) or default_psk)
+        peers[name] = PeerNow(secret=secret, public_key=pw.get("publicKey"), grants=frozenset(grants))
+    return StillAsked(peers, names("exposures"), names("reverseExposures"))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A gateway's hold on a serviceCIDR: the one its deployed plan serves, else the one its spec asks."""
+
+    key: GatewayKey
+    service_cidr: str
+    deployed: bool
+    created: str
+    """``metadata.creationTimestamp`` (RFC 3339: sorts as text)."""
+
+    def rank(self) -> tuple[bool, str, str]:
+        """Who keeps a contested range: what is served first, then the older gateway, then by name."""
+        return (not self.deployed, self.created, str(self.key))
+
+
+def claim_of(key: GatewayKey, gateway: Mapping[str, Any], deployed_cidr: str | None) -> Claim | None:
+    """``gateway``'s claim (None: it has no deployed plan and no readable serviceCIDR)."""
+    md = gateway.get("metadata") or {}
+    created = str(md.get("creationTimestamp") or "")
+    if deployed_cidr is not None:
+        return Claim(key, deployed_cidr, True, created)
+    spec_cidr = (gateway.get("spec") or {}).get("serviceCIDR")
+    if not isinstance(spec_cidr, str):
+        return None
+    try:
+        return Claim(key, str(ipaddress.IPv4Network(spec_cidr, strict=False)), False, created)
+    except ValueError:
+        return None
+
+
+def neighbours(mine: Claim, others: Sequence[Claim]) -> tuple[Neighbour, ...]:
+    """The other gateways overlapping ``mine`` whose claims outrank it (``mine``: the claim of this
+    gateway's spec serviceCIDR, ``deployed`` when its deployed plan already serves an overlapping range):
+    they keep the range, and this gateway gets ``ServiceCIDRTaken``. A gateway that moves its serviceCIDR
+    onto a range another one serves never wins it; of two new ones, the older does (pure)."""
+    net = ipaddress.IPv4Network(mine.service_cidr)
+    return tuple(
+        Neighbour(f"{o.key.kind}/{o.key.namespace}/{o.key.name}", o.service_cidr)
+        for o in sorted(others, key=Claim.rank)
+        if o.key != mine.key
+        and o.rank() < mine.rank()
+        and ipaddress.IPv4Network(o.service_cidr).overlaps(net)
+    )
+
+
+def my_claim(key: GatewayKey, gateway: Mapping[str, Any], deployed_cidr: str | None) -> Claim | None:
+    """This gateway's claim on the range its spec asks for: ``deployed`` only when the deployed plan
+    already serves a range overlapping it (moving onto someone else's range is never a deployed claim)."""
+    asked = claim_of(key, gateway, None)
+    if asked is None:
+        return None
+    if deployed_cidr is not None and ipaddress.IPv4Network(deployed_cidr).overlaps(
+        ipaddress.IPv4Network(asked.service_cidr)
+    ):
+        return dataclasses.replace(asked, deployed=True)
+    return asked
+
+
+@dataclass(frozen=True)
+class Links:
+    """The ClusterLinks naming a gateway, split by the namespace's allowance."""
+
+    routers: tuple[str, ...] = ()
+    """The routers its reverse-exposure routes go to."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """(ClusterLink name, router id) of the links naming a router the namespace may not use."""
+
+
+def cluster_links(key: GatewayKey, links: Iterable[Mapping[str, Any]], allowed: Sequence[str]) -> Links:
+    """The ClusterLinks of ``key``'s namespace that name it, each router checked against the namespace's
+    allowance (``Settings.allowance``): a tenant must not get its routes onto a router it does not own."""
+    routers: set[str] = set()
+    refused: list[tuple[str, str]] = []
+    for link in links:
+        md, spec = link.get("metadata") or {}, link.get("spec") or {}
+        router = spec.get("routerID")
+        if md.get("namespace") != key.namespace or key.name not in (spec.get("gateways") or []) or not router:
+            continue
+        if str(router) in allowed:
+            routers.add(str(router))
+        else:
+            refused.append((str(md.get("name")), str(router)))
+    return Links(tuple(sorted(routers)), tuple(sorted(refused)))
+
+
+def links_condition(links: Links, namespace: str) -> Condition | None:
+    if not links.refused:
+        return None
+    names = ", ".join(f"ClusterLink {n} (router {r})" for n, r in links.refused)
+    return Condition(
+        ROUTING_READY,
+        False,
+        "RouterNotAllowed",
+        f"{names}: the operator's allowances for namespace {namespace} do not include the router; "
+        "no route was programmed on it",
+    )
 
 
 def _as_stored(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,24 +350,37 @@ class Decision:
     desired: Desired | None
 
 
+LEFT_OUT = "PartlyRendered"
+
+
 def config_condition(rendered: Rendered) -> Condition:
-    if rendered.problems:
-        kept = " (the deployed plan keeps running)" if rendered.previous is not None else ""
-        msg = "; ".join(str(p) for p in rendered.problems)
-        return Condition(CONFIG_RENDERED, False, rendered.problems[0].reason or "Invalid", msg + kept)
-    assert rendered.plan is not None
+    """``ConfigRendered``: True when every part rendered; False naming every problem, either with the
+    parts left out of a deployed plan (reason ``PartlyRendered``) or, when the gateway itself is invalid,
+    with the first problem's reason and what keeps running."""
+    problems = "; ".join(str(p) for p in rendered.problems)
+    if rendered.plan is None:
+        kept = (
+            " (the deployed plan keeps running, without what was removed or revoked since)"
+            if rendered.kept is not None
+            else ""
+        )
+        reason = next((p.reason for p in rendered.problems if p.item.kind == "gateway"), None)
+        return Condition(
+            CONFIG_RENDERED, False, reason or rendered.problems[0].reason or "Invalid", problems + kept
+        )
     p = rendered.plan
     what = (
         f"{len(p.ipsec.tunnels)} tunnel(s)"
         if p.ipsec is not None
         else f"{len(p.wireguard.peers) if p.wireguard else 0} WireGuard peer(s)"
     )
-    return Condition(
-        CONFIG_RENDERED,
-        True,
-        "Rendered",
-        f"plan {gwplan.plan_hash(p)[:19]}: {what}, {len(p.nat.grants)} grant(s)",
-    )
+    summary = f"plan {gwplan.plan_hash(p)[:19]}: {what}, {len(p.nat.grants)} grant(s)"
+    if rendered.problems:
+        parts = sorted({str(q.item) for q in rendered.problems})
+        return Condition(
+            CONFIG_RENDERED, False, LEFT_OUT, f"{summary}; left out ({', '.join(parts)}): {problems}"
+        )
+    return Condition(CONFIG_RENDERED, True, "Rendered", summary)
 
 
 def pod_condition(snap: Snapshot, node: str | None, nic: bool, where: placement.Placement) -> Condition:
@@ -247,7 +440,13 @@ def decide(
             )
         acts, foreign = diff.plan_actions(plan_desired.objects, snap.owned, snap.uid)
         actions = list(acts)
-    parts = [config_condition(rendered), *cloud.conditions]
+    routing = links_condition(snap.links, snap.key.namespace)
+    parts = [
+        config_condition(rendered),
+        *(c for c in cloud.conditions if routing is None or c.type != ROUTING_READY),
+    ]
+    if routing is not None:
+        parts.append(routing)
     if not any(c.type == CLOUD_READY for c in cloud.conditions):
         parts.append(Condition(CLOUD_READY, True, "Ready", "the cloud holds what the gateway needs"))
     parts.append(pod_condition(snap, where.node, cloud.nic is not None, where))

@@ -28,9 +28,10 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+import gwplan
 from controller import execute
 from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
-from controller.desired import OWNED_KINDS, Nic2
+from controller.desired import OWNED_KINDS, Nic2, plan_of
 from controller.informer import Informer
 from controller.names import (
     GATEWAY_KINDS,
@@ -42,7 +43,20 @@ from controller.names import (
     owner_of,
 )
 from controller.placement import ready
-from controller.reconcile import Rendered, Snapshot, decide, peers_of, place, provider_id, render_gateway
+from controller.reconcile import (
+    Claim,
+    Rendered,
+    Snapshot,
+    claim_of,
+    cluster_links,
+    decide,
+    my_claim,
+    neighbours,
+    peers_of,
+    place,
+    provider_id,
+    render_gateway,
+)
 from controller.settings import Settings
 from controller.status import Condition
 from controller.workqueue import WorkQueue
@@ -126,6 +140,8 @@ class Operator:
         self.queue: WorkQueue[GatewayKey] = WorkQueue()
         self.metrics = Metrics()
         self.pins: dict[GatewayKey, str] = {}
+        self._deployed: dict[GatewayKey, tuple[tuple[str, str], str | None]] = {}
+        """The serviceCIDR of each gateway's deployed plan, by the ConfigMap's (uid, resourceVersion)."""
         self._place_lock = anyio.Lock()
         ns = settings.namespace
         owned_selector = f"{LABEL_INSTANCE}={settings.instance}"
@@ -213,6 +229,16 @@ class Operator:
         )
         peers = peers_of(key, list(self.informers["VPNPeer"].items())) if key.kind == "VPNGateway" else ()
         pinned = Tally(node for k, node in self.pins.items() if k != key)
+        mine = my_claim(key, gateway, self._deployed_cidr(key))
+        others: list[Claim] = []
+        for g in self._gateways():
+            k = self._key(g)
+            c = claim_of(k, g, self._deployed_cidr(k)) if k != key else None
+            if c is not None:
+                others.append(c)
+        links = cluster_links(
+            key, self.informers["ClusterLink"].items(), self.settings.allowance(key.namespace).routers
+        )
         return Snapshot(
             key=key,
             gateway=gateway,
@@ -221,7 +247,26 @@ class Operator:
             pods=pods,
             nodes=tuple(self.informers["Node"].items()),
             pinned=dict(pinned),
+            neighbours=neighbours(mine, others) if mine is not None else (),
+            links=links,
         )
+
+    def _deployed_cidr(self, key: GatewayKey) -> str | None:
+        """The serviceCIDR ``key``'s deployed plan serves (parsed once per ConfigMap version)."""
+        cm = self.informers["ConfigMap"].get(key.namespace, key.object_name)
+        if cm is None:
+            self._deployed.pop(key, None)
+            return None
+        version = (str(cm["metadata"].get("uid")), str(cm["metadata"].get("resourceVersion")))
+        hit = self._deployed.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        try:
+            cidr: str | None = plan_of(cm).nat.service_cidr
+        except gwplan.PlanError:
+            cidr = None
+        self._deployed[key] = (version, cidr)
+        return cidr
 
     async def reconcile(self, key: GatewayKey) -> str:
         gateway = self.informers[key.kind].get(key.namespace, key.name)
@@ -237,13 +282,15 @@ class Operator:
                 await execute.remove_finalizer(self.kube, key, gateway)
                 log.info("gateway.released gateway=%s", key)
             return "deleted"
-        rendered = render_gateway(snap, self.settings)
+        rendered = render_gateway(snap, self.settings, await self.cloud.transit_cidrs())
         async with self._place_lock:
             snap = self.snapshot(key, gateway)  # the pins of reconciles that placed meanwhile
             where = place(snap, self.settings)
             if where.node is not None:
                 self.pins[key] = where.node
-        want = CloudWant(key, where.node, provider_id(snap, where.node), rendered.in_force, self.routers(key))
+        want = CloudWant(
+            key, where.node, provider_id(snap, where.node), rendered.in_force, snap.links.routers
+        )
         cloud_failed = False
         try:
             cloud = await self.cloud.ensure(want)
@@ -306,18 +353,6 @@ class Operator:
                 self.metrics.reconciles.labels(result).inc()
                 self.metrics.duration.observe(time.monotonic() - started)
                 self.metrics.queue_depth.set(len(self.queue))
-
-    def routers(self, key: GatewayKey) -> tuple[str, ...]:
-        """The routers of the ClusterLinks in the gateway's namespace that name it."""
-        return tuple(
-            sorted(
-                str(link["spec"]["routerID"])
-                for link in self.informers["ClusterLink"].items()
-                if link["metadata"].get("namespace") == key.namespace
-                and key.name in ((link.get("spec") or {}).get("gateways") or [])
-                and (link.get("spec") or {}).get("routerID")
-            )
-        )
 
     def enqueue_all(self) -> None:
         """Every gateway, behind any change (the resync; docs/controller.md)."""

@@ -103,6 +103,18 @@ class StaticNic:
 
 
 @dataclass(frozen=True)
+class Allowance:
+    """What a namespace's gateways may reach in shared infrastructure. Tenants choose exposure targets
+    and ClusterLink routers, but both reach what other tenants and the cloud share: the operator says
+    which, per namespace (docs/security.md). The default allows nothing."""
+
+    exposure_targets: tuple[str, ...] = ()
+    """CIDRs an exposure's target (an address, or what a host name resolves to in the pod) must lie in."""
+    routers: tuple[str, ...] = ()
+    """Router ids a ClusterLink may name (its gateways' reverse-exposure routes go there)."""
+
+
+@dataclass(frozen=True)
 class Settings:
     internal_source_cidrs: tuple[str, ...] = ()
     """IPSEC_INTERNAL_SOURCE_CIDRS: fabric sources allowed to reach reverse exposures."""
@@ -118,6 +130,13 @@ class Settings:
     instance: str = "vpngw"
     """This operator installation's name: labels and (OpenStack) tags carry it, so two installations in one
     cluster or cloud never touch each other's objects."""
+    allowances: Mapping[str, Allowance] = field(default_factory=dict)
+    """namespace -> what its gateways may reach; a namespace not named gets ``default_allowance``."""
+    default_allowance: Allowance = field(default_factory=Allowance)
+    """For every namespace without its own entry: nothing, unless the operator says otherwise."""
+
+    def allowance(self, namespace: str) -> Allowance:
+        return self.allowances.get(namespace, self.default_allowance)
 
 
 _LABEL_KEY = re.compile(
@@ -232,6 +251,47 @@ def _static_nics(doc: Any, what: str) -> dict[str, StaticNic]:
     return out
 
 
+_ROUTER_ID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,254}")
+
+
+def _allowance(doc: Any, what: str) -> Allowance:
+    if not isinstance(doc, Mapping):
+        raise SettingsError(f"{what}: expected a mapping with exposureTargets and clusterLinkRouters")
+    unknown = sorted(set(doc) - {"exposureTargets", "clusterLinkRouters"})
+    if unknown:
+        raise SettingsError(
+            f"{what}: unknown key(s) {', '.join(unknown)} (known: clusterLinkRouters, exposureTargets)"
+        )
+    targets = doc.get("exposureTargets") or []
+    routers = doc.get("clusterLinkRouters") or []
+    if not isinstance(targets, list) or not isinstance(routers, list):
+        raise SettingsError(f"{what}: exposureTargets and clusterLinkRouters are lists")
+    for i, r in enumerate(routers):
+        if not isinstance(r, str) or not _ROUTER_ID.fullmatch(r):
+            raise SettingsError(f"{what}.clusterLinkRouters[{i}]: {r!r} is not a router id")
+    return Allowance(
+        parse_cidrs(",".join(map(str, targets)), f"{what}.exposureTargets"), tuple(sorted(set(routers)))
+    )
+
+
+def _allowances(doc: Any, what: str) -> tuple[Allowance, dict[str, Allowance]]:
+    if not isinstance(doc, Mapping):
+        raise SettingsError(f"{what}: expected a mapping with default and namespaces")
+    unknown = sorted(set(doc) - {"default", "namespaces"})
+    if unknown:
+        raise SettingsError(f"{what}: unknown key(s) {', '.join(unknown)} (known: default, namespaces)")
+    default = _allowance(doc["default"], f"{what}.default") if doc.get("default") is not None else Allowance()
+    namespaces = doc.get("namespaces") or {}
+    if not isinstance(namespaces, Mapping):
+        raise SettingsError(f"{what}.namespaces: expected a mapping of namespace to allowance")
+    out = {}
+    for ns, body in namespaces.items():
+        if not _DNS_LABEL.fullmatch(str(ns)):
+            raise SettingsError(f"{what}.namespaces: {ns!r} is not a namespace name")
+        out[str(ns)] = _allowance(body, f"{what}.namespaces.{ns}")
+    return default, out
+
+
 def from_config(doc: Any, base: Settings | None = None) -> Settings:
     """Settings from a ``--config`` YAML document (camelCase keys, see docs/controller.md) over ``base``."""
     s = base or Settings()
@@ -239,7 +299,7 @@ def from_config(doc: Any, base: Settings | None = None) -> Settings:
         return s
     if not isinstance(doc, Mapping):
         raise SettingsError("config: expected a mapping")
-    known = {"gatewayPod", "networkPolicy", "staticNICs", "internalSourceCIDRs"}
+    known = {"gatewayPod", "networkPolicy", "staticNICs", "internalSourceCIDRs", "allowances"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise SettingsError(
@@ -274,6 +334,9 @@ def from_config(doc: Any, base: Settings | None = None) -> Settings:
     if "internalSourceCIDRs" in doc:
         cidrs = doc["internalSourceCIDRs"] or []
         s = replace(s, internal_source_cidrs=parse_cidrs(",".join(map(str, cidrs)), "internalSourceCIDRs"))
+    if "allowances" in doc:
+        default, namespaces = _allowances(doc["allowances"] or {}, "config.allowances")
+        s = replace(s, default_allowance=default, allowances=namespaces)
     np = doc.get("networkPolicy") or {}
     if np:
         if not isinstance(np, Mapping):

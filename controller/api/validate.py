@@ -19,17 +19,44 @@ Every problem names the resource, the field path and the rule, e.g.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
-from controller.api.model import Gateway, IPsecGateway, Meta, VPNGateway, VPNPeer, meta_of, parse
+from controller.api.model import (
+    Gateway,
+    IPsecGateway,
+    LegacyTunnel,
+    Meta,
+    VPNGateway,
+    VPNPeer,
+    meta_of,
+    parse,
+)
 from controller.api.resources import BY_KIND, CIDR, DNS_LABEL
 from controller.api.schema import FieldError, check, kind_of, prune_nulls, show
 
 REVERSE_NEEDS_INTERNAL = "ReverseExposuresRequireInternalSourceCIDRs"
+
+
+@dataclass(frozen=True, order=True)
+class Item:
+    """The part of a gateway a problem invalidates, and so leaves out of the plan."""
+
+    kind: Literal["gateway", "peer", "exposure", "reverse", "grant"] = "gateway"
+    name: str = ""
+    """peer: the VPNPeer's (legacy: the tunnel's) name; exposure/reverse: the exposure's; grant:
+    ``kind/peer/exposure`` (``controller.plan.allocate.grant_key_text``)."""
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "gateway" else f"{self.kind} {self.name}"
+
+
+GATEWAY = Item()
 
 
 @dataclass(frozen=True)
@@ -39,6 +66,8 @@ class Problem:
     resource: str
     """``Kind/namespace/name`` (or ``operator`` for the operator's own configuration)."""
     error: FieldError
+    item: Item = GATEWAY
+    """What the problem leaves out of the plan: the gateway (nothing renders) or one part of it."""
 
     @property
     def reason(self) -> str:
@@ -115,6 +144,54 @@ def document(i: int) -> str:
 
 
 # --- a gateway and its peers ------------------------------------------------------------------------
+#
+# Fail closed per item: a problem invalidates the smallest part it is about (a peer, an exposure, a
+# grant), and that part is left out of the plan while the rest is rendered; only a problem of the gateway
+# itself stops the render. So one invalid object never keeps a revoked grant or a deleted peer in force.
+# Conflicts between parts (two peers claiming one subnet or one IKE id) are settled in a fixed order: what
+# the deployed plan holds first (a newcomer never knocks out a working peer), then by name.
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """Another gateway of this operator: its serviceCIDR is reachable from the same transit network."""
+
+    resource: str
+    """``Kind/namespace/name``."""
+    service_cidr: str
+
+
+@dataclass(frozen=True)
+class Surroundings:
+    """What a gateway's rules need besides the gateway and its peers: the operator's configuration and
+    the other gateways. The defaults check nothing beyond the objects themselves (offline render)."""
+
+    internal_source_cidrs: tuple[str, ...] = ()
+    transit_cidrs: tuple[str, ...] = ()
+    """NIC2's networks: a virtual IP there could claim another gateway's NIC2 address (the cloud's
+    allowed-address-pairs would let it)."""
+    neighbours: tuple[Neighbour, ...] = ()
+    """The gateways that keep their serviceCIDR before this one (they come first in the operator's order)."""
+    exposure_targets: tuple[str, ...] | None = None
+    """The CIDRs this gateway's namespace may expose (the operator's allowance); None: no restriction."""
+    deployed: frozenset[str] = frozenset()
+    """Names of the peers (legacy: tunnels) the deployed plan holds: they win conflicts with newcomers."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A gateway and its peers with every invalid part left out, and why."""
+
+    gateway: Gateway
+    """Without its left-out exposures (legacy: tunnels and reverse exposures)."""
+    peers: tuple[VPNPeer, ...]
+    """The admitted peers, each without its left-out grants; sorted by name."""
+    problems: tuple[Problem, ...]
+
+    @property
+    def refused(self) -> tuple[Problem, ...]:
+        """Problems of the gateway itself: no plan can be rendered."""
+        return tuple(p for p in self.problems if p.item == GATEWAY)
 
 
 @dataclass(frozen=True)
@@ -131,32 +208,42 @@ def _net(text: str, owner: str, path: str) -> _Net:
     return _Net(int(n.network_address), int(n.broadcast_address), text, owner, path)
 
 
+def _meets(a: _Net, b: _Net) -> bool:
+    return a.first <= b.last and b.first <= a.last
+
+
 def _problem(
-    owner: str, path: str, value: str | None, rule: str, reason: str = "FieldValueInvalid"
+    owner: str,
+    path: str,
+    value: str | None,
+    rule: str,
+    reason: str = "FieldValueInvalid",
+    item: Item = GATEWAY,
 ) -> Problem:
-    return Problem(owner, FieldError(path, rule, show(value) if value is not None else None, reason))
+    return Problem(owner, FieldError(path, rule, show(value) if value is not None else None, reason), item)
 
 
-def _overlaps(nets: Iterable[_Net]) -> list[Problem]:
-    """Each net overlapping an earlier one (sorted sweep: O(n log n) for 20,000 subnets)."""
-    out: list[Problem] = []
-    widest: _Net | None = None
-    for n in sorted(nets, key=lambda n: (n.first, -n.last, n.owner, n.path)):
-        if widest is not None and n.first <= widest.last:
-            where = "" if widest.owner == n.owner else f"{widest.owner} "
-            out.append(
-                _problem(
-                    n.owner,
-                    n.path,
-                    n.text,
-                    f"overlaps {where}{widest.path} {show(widest.text)}: "
-                    "remote subnets of one gateway must be disjoint",
-                    "SubnetsOverlap",
-                )
-            )
-        if widest is None or n.last > widest.last:
-            widest = n
-    return out
+class _Disjoint:
+    """Nets admitted so far, pairwise disjoint and sorted: the one a new net overlaps is found by bisection
+    (the last one starting at or before its end), so 20,000 subnets cost O(n log n) lookups."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._nets: list[_Net] = []
+
+    def overlap(self, n: _Net) -> _Net | None:
+        i = bisect.bisect_right(self._starts, n.last) - 1
+        return self._nets[i] if i >= 0 and self._nets[i].last >= n.first else None
+
+    def add(self, n: _Net) -> None:
+        i = bisect.bisect_right(self._starts, n.first)
+        self._starts.insert(i, n.first)
+        self._nets.insert(i, n)
+
+
+def _subnets_overlap(n: _Net, other: _Net) -> str:
+    where = "" if other.owner == n.owner else f"{other.owner} "
+    return f"overlaps {where}{other.path} {show(other.text)}: remote subnets of one gateway must be disjoint"
 
 
 def parse_cidrs(values: Iterable[str], what: str) -> list[Problem]:
@@ -175,44 +262,81 @@ def _peer_path(peer: VPNPeer) -> str:
 def validate_gateway(
     gateway: Gateway, peers: Sequence[VPNPeer], internal_source_cidrs: Sequence[str]
 ) -> list[Problem]:
-    """Problems that need the gateway, all its peers and the operator's options together.
+    """Every problem that needs the gateway, its peers and the operator's options together (the offline
+    render's strict view: ``admit_gateway`` with nothing around the gateway)."""
+    return list(admit_gateway(gateway, peers, Surroundings(tuple(internal_source_cidrs))).problems)
+
+
+def admit_gateway(gateway: Gateway, peers: Sequence[VPNPeer], around: Surroundings) -> Admission:
+    """The gateway and the parts of it that can be rendered; every problem names the part it leaves out.
 
     Assumes every object passed ``validate_object`` and was parsed."""
-    problems = parse_cidrs(internal_source_cidrs, "internalSourceCIDRs")
+    problems = parse_cidrs(around.internal_source_cidrs, "internalSourceCIDRs")
+    problems += parse_cidrs(around.transit_cidrs, "transitCIDRs")
+    problems += parse_cidrs(around.exposure_targets or (), "exposureTargets")
     if problems:
-        return problems
-    peers = sorted(peers, key=lambda p: p.meta.name)  # messages independent of input order
+        return Admission(gateway, (), tuple(problems))
     gw = str(gateway.meta)
     service = _net(gateway.service_cidr, gw, "spec.serviceCIDR")
-    nets: list[_Net] = []
+    problems += _gateway_itself(gateway, service, around)
+    # Reverse exposures first: whether any survive decides whether peers may overlap internalSourceCIDRs.
+    reverse, found = _reverse_exposures(gateway, around)
+    problems += found
+    internal = [
+        _net(c, "operator", f"internalSourceCIDRs[{i}]")
+        for i, c in enumerate(around.internal_source_cidrs if reverse else ())
+    ]
+    exposures, found = _exposures(gateway, service, around)
+    problems += found
     if isinstance(gateway, VPNGateway):
-        problems += _peers(gateway, peers)
-        for peer in peers:
-            base = _peer_path(peer)
-            nets += [_net(s, str(peer.meta), f"{base}[{i}]") for i, s in enumerate(peer.subnets)]
-    else:
-        problems += _legacy(gateway)
-        for t_i, t in enumerate(gateway.tunnels):
-            nets += [
-                _net(s, gw, f"spec.tunnels[{t_i}].remoteSubnets[{i}]") for i, s in enumerate(t.remote_subnets)
-            ]
-    # A WireGuard peer's allowedIPs usually include its tunnel address inside the gateway's tunnel
-    # subnet: fine. Overlaps between peers are not (WireGuard routes each address to ONE peer).
-    for n in nets:
-        if n.first <= service.last and service.first <= n.last:
+        admitted, found = _admit_peers(gateway, peers, service, internal, around.deployed)
+        problems += found
+        granted = []
+        for peer in admitted:
+            peer, found = _grants(gateway, peer, exposures, reverse)
+            problems += found
+            granted.append(peer)
+        kept = dataclasses.replace(
+            gateway,
+            exposures=tuple(e for e in gateway.exposures if e.name in exposures),
+            reverse_exposures=tuple(e for e in gateway.reverse_exposures if e.name in reverse),
+        )
+        return Admission(kept, tuple(sorted(granted, key=lambda p: p.meta.name)), tuple(problems))
+    tunnels, found = _admit_tunnels(gateway, service, internal, around.deployed)
+    problems += found
+    carried = []
+    for i, e in enumerate(gateway.reverse_exposures):
+        if e.name not in reverse:
+            continue
+        if any(inside(e.address, t.remote_subnets) for t in tunnels):
+            carried.append(e)
+        else:
             problems.append(
                 _problem(
-                    n.owner,
-                    n.path,
-                    n.text,
-                    f"overlaps the gateway's serviceCIDR {gateway.service_cidr}",
-                    "OverlapsServiceCIDR",
+                    gw,
+                    f"spec.reverseExposures[{i}].target.address",
+                    e.address,
+                    "is not inside any tunnel's remoteSubnets",
+                    "ReverseTargetOutsidePeer",
+                    Item("reverse", e.name),
                 )
             )
-    problems += _overlaps(nets)
+    kept_legacy = dataclasses.replace(
+        gateway,
+        tunnels=tunnels,
+        exposures=tuple(e for e in gateway.exposures if e.name in exposures),
+        reverse_exposures=tuple(carried),
+    )
+    return Admission(kept_legacy, (), tuple(problems))
+
+
+def _gateway_itself(gateway: Gateway, service: _Net, around: Surroundings) -> list[Problem]:
+    """Rules of the gateway's own fields: one broken, and nothing of it can be rendered."""
+    gw = str(gateway.meta)
+    problems = []
     if isinstance(gateway, VPNGateway) and gateway.wireguard is not None:
         tunnel = _net(gateway.wireguard.address, gw, "spec.wireguard.address")
-        if tunnel.first <= service.last and service.first <= tunnel.last:
+        if _meets(tunnel, service):
             problems.append(
                 _problem(
                     gw,
@@ -222,28 +346,227 @@ def validate_gateway(
                     "OverlapsServiceCIDR",
                 )
             )
-    if gateway.reverse_exposures and not internal_source_cidrs:
-        problems.append(
+    for c in around.internal_source_cidrs:
+        if _meets(_net(c, "operator", ""), service):
+            problems.append(
+                _problem(
+                    gw,
+                    "spec.serviceCIDR",
+                    gateway.service_cidr,
+                    f"overlaps the operator's internalSourceCIDRs entry {c}: traffic from its virtual IPs "
+                    "(the source of its reverse exposures' SNAT) would pass for fabric sources at every "
+                    "gateway's reverse exposures",
+                    "OverlapsServiceCIDR",
+                )
+            )
+    for c in around.transit_cidrs:
+        if _meets(_net(c, "operator", ""), service):
+            problems.append(
+                _problem(
+                    gw,
+                    "spec.serviceCIDR",
+                    gateway.service_cidr,
+                    f"overlaps the gateways' transit network {c} (NIC2's subnet): a virtual IP could "
+                    "claim another gateway's NIC2 address",
+                    "OverlapsTransitNetwork",
+                )
+            )
+    for n in around.neighbours:
+        if _meets(_net(n.service_cidr, n.resource, ""), service):
+            problems.append(
+                _problem(
+                    gw,
+                    "spec.serviceCIDR",
+                    gateway.service_cidr,
+                    f"overlaps {n.resource}'s serviceCIDR {n.service_cidr}, which it had first: gateways "
+                    "on one transit network need disjoint serviceCIDRs",
+                    "ServiceCIDRTaken",
+                )
+            )
+    return problems
+
+
+def _reverse_exposures(gateway: Gateway, around: Surroundings) -> tuple[set[str], list[Problem]]:
+    gw = str(gateway.meta)
+    if gateway.reverse_exposures and not around.internal_source_cidrs:
+        return set(), [
             _problem(
                 gw,
-                "spec.reverseExposures",
-                None,
-                "need the operator's internalSourceCIDRs "
-                "(--internal-source-cidrs, IPSEC_INTERNAL_SOURCE_CIDRS): "
-                "without them nothing constrains who reaches a reverse exposure",
+                f"spec.reverseExposures[{i}]",
+                e.name,
+                "needs the operator's internalSourceCIDRs (--internal-source-cidrs, "
+                "IPSEC_INTERNAL_SOURCE_CIDRS): without them nothing constrains who reaches a reverse "
+                "exposure",
                 REVERSE_NEEDS_INTERNAL,
+                Item("reverse", e.name),
             )
-        )
-    # internalSourceCIDRs are the sources of reverse grants and nothing else (init-nat uses them only there),
-    # so their disjointness from peers and serviceCIDR protects reverse exposures only: without any, an
-    # operator-wide fabric range (often 10/8) overlapping a tenant's subnets harms nothing and is allowed.
-    internal = [
-        _net(c, "operator", f"internalSourceCIDRs[{i}]")
-        for i, c in enumerate(internal_source_cidrs if gateway.reverse_exposures else ())
-    ]
-    for n in nets:
+            for i, e in enumerate(gateway.reverse_exposures)
+        ]
+    return {e.name for e in gateway.reverse_exposures}, []
+
+
+def _exposures(gateway: Gateway, service: _Net, around: Surroundings) -> tuple[set[str], list[Problem]]:
+    gw = str(gateway.meta)
+    kept: set[str] = set()
+    problems = []
+    allowed = [ipaddress.IPv4Network(c, strict=False) for c in around.exposure_targets or ()]
+    for i, e in enumerate(gateway.exposures):
+        item = Item("exposure", e.name)
+        path = f"spec.exposures[{i}].target.address"
+        if e.address is not None and inside(e.address, [gateway.service_cidr]):
+            problems.append(
+                _problem(
+                    gw,
+                    path,
+                    e.address,
+                    "is inside the gateway's serviceCIDR: a target must be a fabric address",
+                    "OverlapsServiceCIDR",
+                    item,
+                )
+            )
+        elif (
+            around.exposure_targets is not None
+            and e.address is not None
+            and not any(ipaddress.IPv4Address(e.address) in n for n in allowed)
+        ):
+            problems.append(
+                _problem(
+                    gw,
+                    path,
+                    e.address,
+                    f"is not inside the exposure targets the operator allows for "
+                    f"namespace {gateway.meta.namespace} ({', '.join(around.exposure_targets) or 'none'})",
+                    "ExposureTargetNotAllowed",
+                    item,
+                )
+            )
+        else:
+            kept.add(e.name)
+    return kept, problems
+
+
+def _admit_peers(
+    gateway: VPNGateway,
+    peers: Sequence[VPNPeer],
+    service: _Net,
+    internal: Sequence[_Net],
+    deployed: frozenset[str],
+) -> tuple[list[VPNPeer], list[Problem]]:
+    """The peers that can be rendered, in the operator's order (deployed first, then by name)."""
+    gw = str(gateway.meta)
+    admitted: list[VPNPeer] = []
+    problems: list[Problem] = []
+    ike_ids: dict[str, Meta] = {}
+    keys: dict[str, Meta] = {}
+    nets = _Disjoint()
+    for peer in sorted(peers, key=lambda p: (p.meta.name not in deployed, p.meta.name)):
+        p = str(peer.meta)
+        item = Item("peer", peer.meta.name)
+        found: list[Problem] = []
+
+        def refuse(path: str, value: str | None, rule: str, reason: str = "FieldValueInvalid") -> None:
+            found.append(_problem(p, path, value, rule, reason, item))  # noqa: B023 (used in this iteration)
+
+        if peer.gateway != gateway.meta.name or peer.meta.namespace != gateway.meta.namespace:
+            refuse(
+                "spec.gatewayRef.name",
+                peer.gateway,
+                f"does not name the gateway being rendered ({gw})",
+                "GatewayMismatch",
+            )
+        if gateway.type == "ipsec" and peer.ipsec is None:
+            refuse("spec.ipsec", None, f"is required: {gw} is an ipsec gateway", "FieldValueRequired")
+        if gateway.type == "wireguard" and peer.wireguard is None:
+            refuse("spec.wireguard", None, f"is required: {gw} is a wireguard gateway", "FieldValueRequired")
+        if gateway.type == "ipsec" and peer.ipsec is not None and gateway.ipsec is not None:
+            pi, gi = peer.ipsec, gateway.ipsec
+            if pi.auth == "psk" and pi.psk_secret_ref is None and gi.psk_secret_ref is None:
+                refuse(
+                    "spec.ipsec.pskSecretRef",
+                    None,
+                    f"is required: {gw} has no default spec.ipsec.pskSecretRef",
+                    "FieldValueRequired",
+                )
+            if pi.auth == "pubkey" and gi.certificate_secret is None:
+                refuse(
+                    "spec.ipsec.auth",
+                    "pubkey",
+                    f"needs a gateway certificate: {gw} has no spec.ipsec.certificateSecretRef",
+                    "FieldValueRequired",
+                )
+            if ike_id_key(pi.id) == ike_id_key(gi.local_id):
+                refuse(
+                    "spec.ipsec.id",
+                    pi.id,
+                    f"is the gateway's own IKE id (spec.ipsec.localID of {gw}): a "
+                    "peer's key would be offered for every exchange",
+                    "FieldValueDuplicate",
+                )
+            first = ike_ids.get(ike_id_key(pi.id))
+            if first is not None:
+                refuse("spec.ipsec.id", pi.id, f"is already the IKE id of {first}", "FieldValueDuplicate")
+        if gateway.type == "wireguard" and peer.wireguard is not None:
+            first = keys.get(peer.wireguard.public_key)
+            if first is not None:
+                refuse(
+                    "spec.wireguard.publicKey",
+                    None,
+                    f"is already the public key of {first}",
+                    "FieldValueDuplicate",
+                )
+        base = _peer_path(peer)
+        own = [_net(s, p, f"{base}[{i}]") for i, s in enumerate(peer.subnets)]
+        for problem in _own_subnets(own, service, internal, gateway.service_cidr, item):
+            found.append(problem)
+        for n in own:
+            other = nets.overlap(n)
+            if other is not None:
+                refuse(n.path, n.text, _subnets_overlap(n, other), "SubnetsOverlap")
+        if found:
+            problems += found
+            continue
+        admitted.append(peer)
+        for n in own:
+            nets.add(n)
+        if peer.ipsec is not None:
+            ike_ids[ike_id_key(peer.ipsec.id)] = peer.meta
+        if peer.wireguard is not None:
+            keys[peer.wireguard.public_key] = peer.meta
+    return admitted, problems
+
+
+def _own_subnets(
+    own: Sequence[_Net], service: _Net, internal: Sequence[_Net], service_cidr: str, item: Item
+) -> list[Problem]:
+    """One peer's (or legacy tunnel's) subnets against each other, serviceCIDR and internalSourceCIDRs.
+    A WireGuard peer's allowedIPs usually include its tunnel address inside the gateway's tunnel subnet:
+    fine. Overlaps between peers are not (WireGuard routes each address to ONE peer)."""
+    problems = []
+    widest: _Net | None = None
+    for n in sorted(own, key=lambda n: (n.first, -n.last, n.path)):
+        if widest is not None and n.first <= widest.last:
+            problems.append(
+                _problem(n.owner, n.path, n.text, _subnets_overlap(n, widest), "SubnetsOverlap", item)
+            )
+        if widest is None or n.last > widest.last:
+            widest = n
+    for n in own:
+        if _meets(n, service):
+            problems.append(
+                _problem(
+                    n.owner,
+                    n.path,
+                    n.text,
+                    f"overlaps the gateway's serviceCIDR {service_cidr}",
+                    "OverlapsServiceCIDR",
+                    item,
+                )
+            )
+        # internalSourceCIDRs are the sources of reverse grants and nothing else (init-nat uses them only
+        # there), so their disjointness from peers protects reverse exposures only: without any, an
+        # operator-wide fabric range (often 10/8) overlapping a tenant's subnets harms nothing.
         for c in internal:
-            if n.first <= c.last and c.first <= n.last:
+            if _meets(n, c):
                 problems.append(
                     _problem(
                         n.owner,
@@ -253,141 +576,82 @@ def validate_gateway(
                         "reverse exposures, whose grants admit every internal source, so this peer's own "
                         "addresses would reach them",
                         "InternalSourceCIDRsOverlapPeer",
+                        item,
                     )
                 )
-    for c in internal:
-        if c.first <= service.last and service.first <= c.last:
-            problems.append(
-                _problem(
-                    gw,
-                    "spec.serviceCIDR",
-                    gateway.service_cidr,
-                    f"overlaps the operator's internalSourceCIDRs entry {c.text}: the gateway has reverse "
-                    "exposures, whose grants would admit its own virtual IPs as internal sources",
-                    "OverlapsServiceCIDR",
-                )
-            )
-    for i, e in enumerate(gateway.exposures):
-        if e.address is not None and inside(e.address, [gateway.service_cidr]):
-            problems.append(
-                _problem(
-                    gw,
-                    f"spec.exposures[{i}].target.address",
-                    e.address,
-                    "is inside the gateway's serviceCIDR: a target must be a fabric address",
-                    "OverlapsServiceCIDR",
-                )
-            )
-    if not problems:
-        problems += _reverse_targets(gateway, peers)
     return problems
 
 
-def _peers(gateway: VPNGateway, peers: Sequence[VPNPeer]) -> list[Problem]:
-    problems: list[Problem] = []
+def _grants(
+    gateway: VPNGateway, peer: VPNPeer, exposures: set[str], reverse: set[str]
+) -> tuple[VPNPeer, list[Problem]]:
+    """``peer`` with only the grants that name a rendered exposure (and, for a reverse exposure, one whose
+    target sits behind this peer)."""
     gw = str(gateway.meta)
-    exposures = {e.name for e in gateway.exposures}
-    reverse = {e.name for e in gateway.reverse_exposures}
-    ike_ids: dict[str, Meta] = {}
-    keys: dict[str, Meta] = {}
-    for peer in peers:
-        p = str(peer.meta)
-        if peer.gateway != gateway.meta.name or peer.meta.namespace != gateway.meta.namespace:
+    p = str(peer.meta)
+    problems = []
+    targets = {e.name: e.address for e in gateway.reverse_exposures}
+    known = {e.name for e in gateway.exposures}
+    kept_ex: list[str] = []
+    for i, name in enumerate(peer.exposures):
+        item = Item("grant", f"exposure/{peer.meta.name}/{name}")
+        if name in exposures:
+            kept_ex.append(name)
+        elif name in known:
             problems.append(
                 _problem(
                     p,
-                    "spec.gatewayRef.name",
-                    peer.gateway,
-                    f"does not name the gateway being rendered ({gw})",
-                    "GatewayMismatch",
+                    f"spec.authorization.exposures[{i}]",
+                    name,
+                    f"names an exposure of {gw} that is left out",
+                    "ExposureLeftOut",
+                    item,
                 )
             )
-        if gateway.type == "ipsec" and peer.ipsec is None:
-            problems.append(
-                _problem(
-                    p, "spec.ipsec", None, f"is required: {gw} is an ipsec gateway", "FieldValueRequired"
-                )
-            )
-        if gateway.type == "wireguard" and peer.wireguard is None:
+        else:
             problems.append(
                 _problem(
                     p,
-                    "spec.wireguard",
-                    None,
-                    f"is required: {gw} is a wireguard gateway",
-                    "FieldValueRequired",
+                    f"spec.authorization.exposures[{i}]",
+                    name,
+                    f"names no exposure of {gw}",
+                    "UnknownExposure",
+                    item,
                 )
             )
-        if gateway.type == "ipsec" and peer.ipsec is not None and gateway.ipsec is not None:
-            if (
-                peer.ipsec.auth == "psk"
-                and peer.ipsec.psk_secret_ref is None
-                and gateway.ipsec.psk_secret_ref is None
-            ):
-                problems.append(
-                    _problem(
-                        p,
-                        "spec.ipsec.pskSecretRef",
-                        None,
-                        f"is required: {gw} has no default spec.ipsec.pskSecretRef",
-                        "FieldValueRequired",
-                    )
+    kept_rev: list[str] = []
+    for i, name in enumerate(peer.reverse_exposures):
+        item = Item("grant", f"reverse/{peer.meta.name}/{name}")
+        path = f"spec.authorization.reverseExposures[{i}]"
+        if name in reverse and inside(targets[name], peer.subnets):
+            kept_rev.append(name)
+        elif name in reverse:
+            problems.append(
+                _problem(
+                    p,
+                    path,
+                    name,
+                    f"targets {targets[name]}, which is not inside this peer's subnets",
+                    "ReverseTargetOutsidePeer",
+                    item,
                 )
-            if peer.ipsec.auth == "pubkey" and gateway.ipsec.certificate_secret is None:
-                problems.append(
-                    _problem(
-                        p,
-                        "spec.ipsec.auth",
-                        "pubkey",
-                        f"needs a gateway certificate: {gw} has no spec.ipsec.certificateSecretRef",
-                        "FieldValueRequired",
-                    )
+            )
+        elif name in targets:
+            problems.append(
+                _problem(
+                    p,
+                    path,
+                    name,
+                    f"names a reverse exposure of {gw} that is left out",
+                    "ExposureLeftOut",
+                    item,
                 )
-            if ike_id_key(peer.ipsec.id) == ike_id_key(gateway.ipsec.local_id):
-                problems.append(
-                    _problem(
-                        p,
-                        "spec.ipsec.id",
-                        peer.ipsec.id,
-                        f"is the gateway's own IKE id (spec.ipsec.localID of {gw}): a peer's key would be "
-                        "offered for every exchange",
-                        "FieldValueDuplicate",
-                    )
-                )
-            first = ike_ids.setdefault(ike_id_key(peer.ipsec.id), peer.meta)
-            if first != peer.meta:
-                problems.append(
-                    _problem(
-                        p,
-                        "spec.ipsec.id",
-                        peer.ipsec.id,
-                        f"is already the IKE id of {first}",
-                        "FieldValueDuplicate",
-                    )
-                )
-        if gateway.type == "wireguard" and peer.wireguard is not None:
-            first = keys.setdefault(peer.wireguard.public_key, peer.meta)
-            if first != peer.meta:
-                problems.append(
-                    _problem(
-                        p,
-                        "spec.wireguard.publicKey",
-                        None,
-                        f"is already the public key of {first}",
-                        "FieldValueDuplicate",
-                    )
-                )
-        for field_name, kind, granted, known in (
-            ("exposures", "exposure", peer.exposures, exposures),
-            ("reverseExposures", "reverse exposure", peer.reverse_exposures, reverse),
-        ):
-            problems += [
-                _problem(p, f"spec.authorization.{field_name}[{i}]", name, f"names no {kind} of {gw}",
-                         "UnknownExposure")
-                for i, name in enumerate(granted)
-                if name not in known
-            ]  # fmt: skip
-    return problems
+            )
+        else:
+            problems.append(
+                _problem(p, path, name, f"names no reverse exposure of {gw}", "UnknownExposure", item)
+            )
+    return dataclasses.replace(peer, exposures=tuple(kept_ex), reverse_exposures=tuple(kept_rev)), problems
 
 
 def ike_id_key(ike_id: str) -> str:
@@ -396,73 +660,62 @@ def ike_id_key(ike_id: str) -> str:
     return ike_id.lower()
 
 
-def _legacy(gateway: IPsecGateway) -> list[Problem]:
+def _admit_tunnels(
+    gateway: IPsecGateway, service: _Net, internal: Sequence[_Net], deployed: frozenset[str]
+) -> tuple[tuple[LegacyTunnel, ...], list[Problem]]:
+    """The legacy gateway's tunnels that can be rendered: deployed ones first, then in spec order."""
+    gw = str(gateway.meta)
+    order = sorted(range(len(gateway.tunnels)), key=lambda i: (gateway.tunnels[i].name not in deployed, i))
+    admitted: list[int] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    for i, t in enumerate(gateway.tunnels):
+    nets = _Disjoint()
+    for i in order:
+        t = gateway.tunnels[i]
+        item = Item("peer", t.name)
+        found = []
         if ike_id_key(t.peer_id) == ike_id_key(gateway.local_id):
-            problems.append(
+            found.append(
                 _problem(
-                    str(gateway.meta),
+                    gw,
                     f"spec.tunnels[{i}].peer.id",
                     t.peer_id,
                     "is the gateway's own IKE id (spec.localID): its key would be offered for every exchange",
                     "FieldValueDuplicate",
+                    item,
                 )
             )
-        first = seen.setdefault(ike_id_key(t.peer_id), i)
-        if first != i:
-            problems.append(
+        first = seen.get(ike_id_key(t.peer_id))
+        if first is not None:
+            found.append(
                 _problem(
-                    str(gateway.meta),
+                    gw,
                     f"spec.tunnels[{i}].peer.id",
                     t.peer_id,
                     f"is already the IKE id of spec.tunnels[{first}]",
                     "FieldValueDuplicate",
+                    item,
                 )
             )
-    return problems
+        own = [_net(s, gw, f"spec.tunnels[{i}].remoteSubnets[{j}]") for j, s in enumerate(t.remote_subnets)]
+        found += _own_subnets(own, service, internal, gateway.service_cidr, item)
+        for n in own:
+            other = nets.overlap(n)
+            if other is not None:
+                found.append(_problem(gw, n.path, n.text, _subnets_overlap(n, other), "SubnetsOverlap", item))
+        if found:
+            problems += found
+            continue
+        admitted.append(i)
+        seen[ike_id_key(t.peer_id)] = i
+        for n in own:
+            nets.add(n)
+    return tuple(gateway.tunnels[i] for i in sorted(admitted)), problems
 
 
 def inside(address: str, subnets: Sequence[str]) -> bool:
     a = ipaddress.IPv4Address(address)
     return any(a in ipaddress.IPv4Network(s, strict=False) for s in subnets)
-
-
-def _reverse_targets(gateway: Gateway, peers: Sequence[VPNPeer]) -> list[Problem]:
-    """A reverse exposure's target must sit behind the peer (or legacy tunnel) that carries it."""
-    problems: list[Problem] = []
-    targets = {e.name: e.address for e in gateway.reverse_exposures}
-    if isinstance(gateway, VPNGateway):
-        for peer in peers:
-            for i, name in enumerate(peer.reverse_exposures):
-                if name in targets and not inside(targets[name], peer.subnets):
-                    problems.append(
-                        Problem(
-                            str(peer.meta),
-                            FieldError(
-                                f"spec.authorization.reverseExposures[{i}]",
-                                f"targets {targets[name]}, which is not inside this peer's subnets",
-                                f'"{name}"',
-                                "ReverseTargetOutsidePeer",
-                            ),
-                        )
-                    )
-    else:
-        for i, e in enumerate(gateway.reverse_exposures):
-            if not any(inside(e.address, t.remote_subnets) for t in gateway.tunnels):
-                problems.append(
-                    Problem(
-                        str(gateway.meta),
-                        FieldError(
-                            f"spec.reverseExposures[{i}].target.address",
-                            "is not inside any tunnel's remoteSubnets",
-                            f'"{e.address}"',
-                            "ReverseTargetOutsidePeer",
-                        ),
-                    )
-                )
-    return problems
 
 
 def select(resources: Sequence[Any]) -> tuple[Gateway, list[VPNPeer]]:

@@ -43,11 +43,14 @@ from controller.api.resources import VERSION
 from controller.api.schema import FieldError, show
 from controller.api.validate import (
     InvalidInput,
+    Item,
+    Neighbour,
     Problem,
+    Surroundings,
     admit_all,
+    admit_gateway,
     inside,
     select,
-    validate_gateway,
 )
 from controller.plan.allocate import (
     DEFAULT_MARK_MASK,
@@ -56,6 +59,7 @@ from controller.plan.allocate import (
     GrantKey,
     MarksExhausted,
     Pool,
+    grant_key_text,
     marks,
     mask_bits,
     virtual_ips,
@@ -78,6 +82,12 @@ class RenderOptions:
     """The plan currently deployed for this gateway: its allocations are kept where still valid."""
     nic: gwplan.Nic = field(default_factory=gwplan.Nic)
     wireguard_interface: str = "wg0"
+    transit_cidrs: tuple[str, ...] = ()
+    """NIC2's networks (the gateways' transit network): no serviceCIDR may overlap them."""
+    neighbours: tuple[Neighbour, ...] = ()
+    """The gateways whose serviceCIDRs come first (``controller.api.validate.Surroundings``)."""
+    exposure_targets: tuple[str, ...] | None = None
+    """The CIDRs the gateway's namespace may expose; None: no restriction (the offline render)."""
 
 
 def normalise(cidr: str) -> str:
@@ -174,15 +184,43 @@ def _grants(
     )
 
 
-def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | None = None) -> gwplan.Plan:
-    """The plan for ``gateway`` and its ``peers`` (already schema-valid and parsed).
+@dataclass(frozen=True)
+class Rendering:
+    """A plan, and the parts of the input left out of it (each problem names its part)."""
 
-    Raises ``InvalidInput`` with every problem found (cross-object rules and allocation)."""
+    plan: gwplan.Plan
+    left_out: tuple[Problem, ...] = ()
+
+
+def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | None = None) -> gwplan.Plan:
+    """The plan for ``gateway`` and ALL its ``peers`` (already schema-valid and parsed), or
+    ``InvalidInput`` with every problem found: the offline render's strict view of ``render_parts``."""
+    rendering = render_parts(gateway, peers, options)
+    if rendering.left_out:
+        raise InvalidInput(rendering.left_out)
+    return rendering.plan
+
+
+def _deployed(previous: gwplan.Plan | None) -> frozenset[str]:
+    if previous is None:
+        return frozenset()
+    if previous.ipsec is not None:
+        return frozenset(t.name for t in previous.ipsec.tunnels)
+    return (
+        frozenset(p.name for p in previous.wireguard.peers) if previous.wireguard is not None else frozenset()
+    )
+
+
+def render_parts(
+    gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | None = None
+) -> Rendering:
+    """The plan of every valid part of ``gateway`` and its ``peers`` (already schema-valid and parsed),
+    and the parts left out: an invalid peer, exposure or grant is left out and named, the rest rendered
+    (fail closed per item: one bad object never keeps a revoked grant or a deleted peer in force).
+
+    Raises ``InvalidInput`` when the gateway itself cannot be rendered (its own fields, the operator's
+    options, a damaged previous plan)."""
     options = options or RenderOptions()
-    problems = validate_gateway(gateway, peers, options.internal_source_cidrs)
-    if problems:
-        raise InvalidInput(problems)
-    peers = sorted(peers, key=lambda p: p.meta.name)
     previous = options.previous
     ref = gwplan.GatewayRef(
         kind=gateway.meta.kind,
@@ -192,6 +230,19 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
     )
     if previous is not None and previous.gateway != ref:
         previous = None  # another gateway's allocations mean nothing here
+    around = Surroundings(
+        internal_source_cidrs=options.internal_source_cidrs,
+        transit_cidrs=options.transit_cidrs,
+        neighbours=options.neighbours,
+        exposure_targets=options.exposure_targets,
+        deployed=_deployed(previous),
+    )
+    written = gateway, peers  # the input as the user wrote it: problems point at its fields
+    admitted = admit_gateway(gateway, peers, around)
+    if admitted.refused:
+        raise InvalidInput(admitted.problems)
+    left_out = list(admitted.problems)
+    gateway, peers = admitted.gateway, list(admitted.peers)
     service_cidr = normalise(gateway.service_cidr)
     internal = tuple(normalise(c) for c in options.internal_source_cidrs)
     mask = DEFAULT_MARK_MASK
@@ -207,7 +258,18 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
     try:
         _, exposures, reverse = _nat_exposures(gateway, previous)
     except AllocationError as exc:
-        raise InvalidInput([_virtual_ips_exhausted(gateway, exc)]) from exc
+        # The exposures that got no virtual IP are the fresh ones past the room left: leave them out.
+        left_out += _virtual_ips_exhausted(written[0], exc)
+        gateway = _without_exposures(gateway, set(exc.unplaced))
+        peers = [
+            dataclasses.replace(
+                p,
+                exposures=tuple(e for e in p.exposures if e not in exc.unplaced),
+                reverse_exposures=tuple(e for e in p.reverse_exposures if e not in exc.unplaced),
+            )
+            for p in peers
+        ]
+        _, exposures, reverse = _nat_exposures(gateway, previous)
     wanted: list[tuple[GrantKey, tuple[str, ...]]] = []
     if isinstance(gateway, VPNGateway):
         for p in peers:
@@ -226,7 +288,10 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
     try:
         grants = _grants(wanted, previous, mask)
     except MarksExhausted as exc:
-        raise InvalidInput(_marks_exhausted(gateway, peers, exc, mask)) from exc
+        # The grants without a mark are the new ones past the pool: leave them out, keep the others.
+        left_out += _marks_exhausted(*written, exc, mask)
+        unmarked = set(exc.grants)
+        grants = _grants([w for w in wanted if w[0] not in unmarked], previous, mask)
     nat = gwplan.Nat(
         service_cidr=service_cidr,
         source_address=Pool.of(service_cidr).source_address,
@@ -244,7 +309,15 @@ def render(gateway: Gateway, peers: Sequence[VPNPeer], options: RenderOptions | 
         plan = gwplan.Plan(
             gateway=ref, type="wireguard", wireguard=_wireguard(gateway, peers, options), nat=nat
         )
-    return with_nic(plan, options.nic)
+    return Rendering(with_nic(plan, options.nic), tuple(left_out))
+
+
+def _without_exposures(gateway: Gateway, names: set[str]) -> Gateway:
+    return dataclasses.replace(
+        gateway,
+        exposures=tuple(e for e in gateway.exposures if e.name not in names),
+        reverse_exposures=tuple(e for e in gateway.reverse_exposures if e.name not in names),
+    )
 
 
 def with_nic(plan: gwplan.Plan, nic: gwplan.Nic) -> gwplan.Plan:
@@ -269,73 +342,64 @@ def with_nic(plan: gwplan.Plan, nic: gwplan.Nic) -> gwplan.Plan:
     return dataclasses.replace(plan, ipsec=dataclasses.replace(plan.ipsec, tunnels=tuple(tunnels)))
 
 
-def _virtual_ips_exhausted(gateway: Gateway, exc: AllocationError) -> Problem:
-    """The pool that ran out is serviceCIDR: report it there, with what it holds and what is asked."""
-    return Problem(
-        str(gateway.meta),
-        FieldError(
-            "spec.serviceCIDR",
-            f"has room for {exc.available} virtual IP(s) (network, broadcast and the gateway's own first "
-            f"host are not handed out) but exposures and reverseExposures need {exc.needed}: "
-            "widen it or remove exposures",
-            show(gateway.service_cidr),
-            ALLOCATION_FAILED,
-        ),
+def _virtual_ips_exhausted(gateway: Gateway, exc: AllocationError) -> list[Problem]:
+    """One problem per exposure left without a virtual IP, saying what serviceCIDR holds and what is
+    asked (the ones holding a virtual IP keep it, so it is the new ones that are left out)."""
+    why = (
+        f"gets no virtual IP: spec.serviceCIDR {show(gateway.service_cidr)} has room for {exc.available} "
+        "(network, broadcast and the gateway's own first host are not handed out) but exposures and "
+        f"reverseExposures need {exc.needed}: widen it or remove exposures"
     )
+    named: list[tuple[str, Literal["exposure", "reverse"], str]] = [
+        *((f"spec.exposures[{i}]", "exposure", e.name) for i, e in enumerate(gateway.exposures)),
+        *(
+            (f"spec.reverseExposures[{i}]", "reverse", e.name)
+            for i, e in enumerate(gateway.reverse_exposures)
+        ),
+    ]
+    return [
+        Problem(str(gateway.meta), FieldError(path, why, show(name), ALLOCATION_FAILED), Item(kind, name))
+        for path, kind, name in named
+        if name in exc.unplaced
+    ]
 
 
 def _marks_exhausted(
     gateway: Gateway, peers: Sequence[VPNPeer], exc: MarksExhausted, mask: int
 ) -> list[Problem]:
-    """More grants than conntrack marks: one problem per object whose grants got none, at the first such
-    grant (grants holding a mark in the deployed plan keep it, so it is the new ones that are left out)."""
+    """One problem per grant left without a conntrack mark (grants holding a mark in the deployed plan keep
+    it, so it is the new ones that are left out). ``gateway`` and ``peers`` are the input as written, so
+    the paths point at the user's fields."""
     why = (
         f"gets no conntrack mark: {gateway.meta}'s grants need {exc.needed} marks, the mark mask "
         f"{mask:#x} holds {exc.available}; remove grants"
     )
-    missing: dict[str, list[GrantKey]] = {}
-    for key in exc.grants:
-        missing.setdefault(key[1], []).append(key)
+    by_peer = {p.meta.name: p for p in peers}
+    tunnels = {t.name: i for i, t in enumerate(gateway.tunnels)} if isinstance(gateway, IPsecGateway) else {}
     problems: list[Problem] = []
-    if isinstance(gateway, VPNGateway):
-        for peer in peers:
-            keys = sorted(missing.get(peer.meta.name, []))
-            if not keys:
-                continue
-            kind, _, name = keys[0]
+    for key in sorted(exc.grants, key=lambda k: (k[1], k[0], k[2])):
+        kind, owner, name = key
+        item = Item("grant", grant_key_text(key))
+        peer = by_peer.get(owner)
+        if peer is not None:
             field_name, granted = (
                 ("exposures", peer.exposures)
                 if kind == "exposure"
                 else ("reverseExposures", peer.reverse_exposures)
             )
-            more = f" ({len(keys)} of this peer's grants have none)" if len(keys) > 1 else ""
-            problems.append(
-                Problem(
-                    str(peer.meta),
-                    FieldError(
-                        f"spec.authorization.{field_name}[{granted.index(name)}]",
-                        why + more,
-                        show(name),
-                        ALLOCATION_FAILED,
-                    ),
-                )
+            error = FieldError(
+                f"spec.authorization.{field_name}[{granted.index(name)}]", why, show(name), ALLOCATION_FAILED
             )
-    else:
-        for i, t in enumerate(gateway.tunnels):
-            keys = missing.get(t.name, [])
-            if keys:
-                problems.append(
-                    Problem(
-                        str(gateway.meta),
-                        FieldError(
-                            f"spec.tunnels[{i}].name",
-                            f"{why} (every tunnel is granted every exposure; {len(keys)} of this "
-                            "tunnel's grants have none)",
-                            show(t.name),
-                            ALLOCATION_FAILED,
-                        ),
-                    )
-                )
+            problems.append(Problem(str(peer.meta), error, item))
+        else:
+            what = "exposure" if kind == "exposure" else "reverse exposure"
+            error = FieldError(
+                f"spec.tunnels[{tunnels[owner]}].name",
+                f"{why} (every tunnel is granted every exposure; its grant of {what} {name!r} has none)",
+                show(owner),
+                ALLOCATION_FAILED,
+            )
+            problems.append(Problem(str(gateway.meta), error, item))
     return problems
 
 
@@ -445,3 +509,79 @@ def render_documents(docs: Sequence[Mapping[str, Any]], options: RenderOptions |
         raise InvalidInput(problems)
     gateway, peers = select([parse(d) for d in stored])
     return render(gateway, peers, options)
+
+
+# --- what a refused gateway keeps ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerNow:
+    """A peer (legacy: a tunnel) as its object says now, read however invalid the gateway is."""
+
+    secret: gwplan.SecretRef | None = None
+    """The PSK (IPsec) or preshared key (WireGuard) it names now."""
+    public_key: str | None = None
+    grants: frozenset[tuple[str, str]] = frozenset()
+    """(kind, exposure) it is granted now (VPNPeer only; a legacy tunnel is granted every exposure)."""
+
+
+@dataclass(frozen=True)
+class StillAsked:
+    """What the cluster still asks of a gateway whose new plan cannot be rendered: only what can be read
+    for sure (names, references, grants), so that nothing removed or revoked since stays in force."""
+
+    peers: Mapping[str, PeerNow]
+    """The peers (legacy: tunnels) that still exist and are themselves valid."""
+    exposures: frozenset[str]
+    reverse_exposures: frozenset[str]
+    legacy: bool = False
+
+
+def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Plan:
+    """The deployed plan without what was removed or revoked since it was rendered (pure): a gateway
+    field that became invalid may keep the previous plan, but never a peer, a grant or a Secret that
+    is gone. A peer whose key reference or public key changed goes whole (its old key is revoked
+    material); an exposure that is gone takes its grants with it."""
+    ipsec, wireguard = previous.ipsec, previous.wireguard
+    kept: set[str] = set()
+    if ipsec is not None:
+        refs = {s.id: s.ref for s in ipsec.secrets}
+        tunnels = []
+        for t in ipsec.tunnels:
+            now = still.peers.get(t.name)
+            ref = refs.get(f"psk-{t.name}")
+            if now is None or (ref is not None and ref != now.secret):
+                continue
+            tunnels.append(t)
+            kept.add(t.name)
+        ipsec = dataclasses.replace(
+            ipsec,
+            tunnels=tuple(tunnels),
+            secrets=tuple(s for s in ipsec.secrets if s.id.removeprefix("psk-") in kept),
+        )
+    if wireguard is not None:
+        wg_peers = []
+        for p in wireguard.peers:
+            now = still.peers.get(p.name)
+            if now is None or now.public_key != p.public_key or now.secret != p.preshared_key_ref:
+                continue
+            wg_peers.append(p)
+            kept.add(p.name)
+        wireguard = dataclasses.replace(wireguard, peers=tuple(wg_peers))
+    nat = previous.nat
+    exposures = tuple(e for e in nat.exposures if e.name in still.exposures)
+    reverse = tuple(e for e in nat.reverse_exposures if e.name in still.reverse_exposures)
+    live = {("exposure", e.name) for e in exposures} | {("reverse", e.name) for e in reverse}
+
+    def granted(g: gwplan.Grant) -> bool:
+        if g.peer not in kept or (g.kind, g.exposure) not in live:
+            return False
+        return still.legacy or (g.kind, g.exposure) in still.peers[g.peer].grants
+
+    nat = dataclasses.replace(
+        nat,
+        exposures=exposures,
+        reverse_exposures=reverse,
+        grants=tuple(g for g in nat.grants if granted(g)),
+    )
+    return dataclasses.replace(previous, ipsec=ipsec, wireguard=wireguard, nat=nat)

@@ -39,7 +39,7 @@ from lab.kubelet.kubelet import LabKubeletThread
 from lab.kubelet.pod import PodWorker
 from lab.kubelet.settings import KubeletSettings
 from lab.peers import psk_conn
-from lab.world import GW_NIC2_ADDR, NIC2_PREFIX, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
+from lab.world import GW_NIC2_ADDR, NIC2_PREFIX, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, SVC_NET, Host, Lab
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
@@ -237,7 +237,11 @@ class E2EWorld:
 
     def _start_controller(self) -> None:
         assert self.cluster is not None
-        cfg: dict[str, Any] = {"internalSourceCIDRs": ["192.0.2.64/26"], **self.controller_config}
+        cfg: dict[str, Any] = {
+            "internalSourceCIDRs": [SVC_NET],
+            "allowances": {"default": {"exposureTargets": [SVC_NET]}},  # the lab's fabric
+            **self.controller_config,
+        }
         if self.static_nic:
             cfg.setdefault("staticNICs", {})[self.static_nic] = self.static_nic_config()
         self.controller = self.cluster.start_controller(cfg, *self.controller_args, env=self.controller_env)

@@ -17,7 +17,7 @@ from typing import Any
 from controller.names import ANNOTATION_HASH
 from controller.rbac import UNUSED_BY_DESIGN, cluster_role_rules, granted, leader_election_rules
 from lab.cluster import Cluster, wait_for
-from tests.component.test_controller_operator import CONFIG, OWNED, condition, converged, gateway
+from tests.component.test_controller_operator import CONFIG, OWNED, condition, converged, gateway, legacy_docs
 from tests.examples import example_docs
 
 SA = "system:serviceaccount:vpngw-system:vpngw-controller"
@@ -97,7 +97,7 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
         ctl = c.start_controller(CONFIG, kubeconfig=bind(c))
         wait_for(lambda: ctl.ready() or ctl.proc.poll() is not None, 30, "ready")
         c.apply(example_docs("ipsec.yaml"))
-        c.apply(example_docs("legacy-ipsecgateway.yaml"))
+        c.apply(legacy_docs())
         wait_for(
             lambda: converged(c) and converged(c, "legacy", "tenant-old", "ipsecgw"), 30, "both gateways"
         )

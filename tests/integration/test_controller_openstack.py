@@ -26,7 +26,7 @@ from controller.cloudplan import tags
 from controller.names import GatewayKey
 from controller.openstack import OpenStackCloud, OpenStackSettings, server_of
 from controller.reconcile import Snapshot, peers_of, render_gateway
-from controller.settings import Settings
+from controller.settings import Allowance, Settings
 from lab.cluster import wait_for
 from lab.openstack.fixtures import OpenStackLab
 from lab.openstack.proxy import Fault
@@ -35,7 +35,13 @@ from tests.examples import example_docs
 pytestmark = pytest.mark.lab
 
 KEY = GatewayKey("VPNGateway", "tenant-acme", "acme")
-SETTINGS = Settings(internal_source_cidrs=("192.0.2.64/26",))
+SETTINGS = Settings(
+    internal_source_cidrs=("192.0.2.64/26",), default_allowance=Allowance(exposure_targets=("192.0.2.64/26",))
+)
+CONFIG = {
+    "internalSourceCIDRs": ["192.0.2.64/26"],
+    "allowances": {"default": {"exposureTargets": ["192.0.2.64/26"]}},
+}
 
 
 def docs(hostname_peer: bool = True, road_warrior: bool = True) -> list[dict[str, Any]]:
@@ -318,7 +324,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
         args = openstack_args(net.gateway.network_id, net.gateway.subnet_id, net.external.network_id)
         env = {"OS_CLIENT_CONFIG_FILE": str(cfg)}
         held = lab.neutron_proxy.add("POST", r"^/v2\.0/floatingips$", Fault.hang(120), times=1)
-        first = c.start_controller({"internalSourceCIDRs": ["192.0.2.64/26"]}, *args, name="first", env=env)
+        first = c.start_controller(CONFIG, *args, name="first", env=env)
         wait_for(first.ready, 30, "the controller")
         c.apply(docs())
         # This customer's ClusterLink names the gateway; another customer's link (another namespace, another
@@ -343,7 +349,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
         wait_for(lambda: held.hits == 1, 30, "the floating IP's POST, held")
         first.stop(signal.SIGKILL)
         lab.neutron_proxy.clear()
-        second = c.start_controller({"internalSourceCIDRs": ["192.0.2.64/26"]}, *args, name="second", env=env)
+        second = c.start_controller(CONFIG, *args, name="second", env=env)
         gw = wait_for(
             lambda: (
                 (g := c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme"))

@@ -265,6 +265,7 @@ def lab_values(world: E2EWorld) -> dict[str, Any]:
     placement = {"nodeSelector": VPN_NODE, "tolerations": [TOLERATION]}
     return {
         "internalSourceCIDRs": ["192.0.2.64/26"],
+        "allowances": {"default": {"exposureTargets": ["192.0.2.64/26"]}},
         "cloud": {"type": "static", "static": {"nics": {f"{TENANT}/acme": world.static_nic_config()}}},
         "controller": {**placement, "logLevel": "INFO"},
         "gateway": {**placement, "sysctls": "pod"},

@@ -125,7 +125,7 @@ def test_invalid_input_lists_every_error_exits_2_and_writes_nothing(tmp_path: Pa
 def test_reverse_exposures_without_internal_cidrs_fail_loud() -> None:
     res = run("render", "-f", str(EXAMPLES / "ipsec.yaml"))
     assert res.returncode == 2 and res.stdout == ""
-    assert "reasons=ReverseExposuresRequireInternalSourceCIDRs" in res.stderr
+    assert "reasons=ExposureLeftOut,ReverseExposuresRequireInternalSourceCIDRs" in res.stderr
 
 
 def test_swanctl_format_and_bad_yaml() -> None:

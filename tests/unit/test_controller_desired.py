@@ -28,14 +28,16 @@ from controller.names import (
 from controller.placement import Placement
 from controller.podspec import INITNAT_CAPS, IPSEC_CAPS
 from controller.reconcile import Decision, Snapshot, decide, peers_of, render_gateway
-from controller.settings import GatewayPod, Settings, StaticNic
+from controller.settings import Allowance, GatewayPod, Settings, StaticNic
 from controller.status import Condition
 from tests.examples import edit, example_docs
 
 NIC = Nic2("fa:16:3e:00:00:01", "192.0.2.2/26", "192.0.2.1")
 NOW = "2026-12-01T10:00:00Z"
 LATER = "2026-12-01T11:00:00Z"
-SETTINGS = Settings(internal_source_cidrs=("192.0.2.64/26",))
+SETTINGS = Settings(
+    internal_source_cidrs=("192.0.2.64/26",), default_allowance=Allowance(exposure_targets=("192.0.2.64/26",))
+)
 CLOUD = CloudState(NIC, "203.0.113.10", (Condition("CloudReady", True, "StaticNIC", "ok"),))
 HERE = Placement("node-a", "Placed", "pinned to node node-a")
 
@@ -420,22 +422,68 @@ def test_an_object_of_our_name_that_we_do_not_own_is_never_touched() -> None:
     assert conds["OwnedObjects"]["reason"] == "ObjectNameTaken" and conds["Ready"]["status"] == "False"
 
 
-def test_an_invalid_cr_keeps_the_deployed_plan_and_names_every_field_error() -> None:
+def written_plan(d: Decision, owned: Mapping[str, Any]) -> gwplan.Plan:
+    """The plan the ConfigMap holds after ``d``."""
+    for a in d.actions:
+        if isinstance(a, diff.Create | diff.Replace) and a.obj["kind"] == "ConfigMap":
+            return plan_of(a.obj)
+    return plan_of(owned["ConfigMap"])
+
+
+def test_an_invalid_peer_or_grant_is_left_out_and_the_rest_is_rendered() -> None:
+    """Fail closed per item: the invalid part goes, and so does a revocation made in the same edit."""
+    owned = applied(run(snapshot(IPSEC)))
+    bad = edit(IPSEC, 1, ["spec", "authorization", "exposures"], ["web", "nope"])  # db revoked, nope unknown
+    bad = edit(bad, 2, ["spec", "ipsec", "remoteSubnets"], ["203.0.113.0/28"])  # overlaps s1's: s2 goes
+    d = run(snapshot(bad, owned=owned))
+    plan = written_plan(d, owned)
+    assert plan.ipsec is not None
+    assert [t.name for t in plan.ipsec.tunnels] == ["s1"], "s2 is left out: its tunnel goes"
+    assert {(g.peer, g.exposure) for g in plan.nat.grants} == {("s1", "web"), ("s1", "printer")}
+    assert [s.id for s in plan.ipsec.secrets] == ["psk-s1"]
+    cond = {c["type"]: c for c in d.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert (cond["status"], cond["reason"]) == ("False", "PartlyRendered")
+    assert "left out (grant exposure/s1/nope, peer s2)" in cond["message"]
+    nope = 'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "nope" names no exposure'
+    assert nope in cond["message"]
+    assert "VPNPeer/tenant-acme/s2: spec.ipsec.remoteSubnets[0]" in cond["message"]
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "PartlyRendered")]
+
+
+def test_a_schema_invalid_peer_is_left_out_alone() -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    bad = edit(IPSEC, 2, ["spec", "ipsec", "remoteSubnets", 0], "203.0.113.16/33")
+    d = run(snapshot(bad, owned=owned))
+    plan = written_plan(d, owned)
+    assert plan.ipsec is not None and [t.name for t in plan.ipsec.tunnels] == ["s1"]
+    assert not any(g.peer == "s2" for g in plan.nat.grants)
+    cond = {c["type"]: c for c in d.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert "left out (peer s2)" in cond["message"] and "is not an IPv4 CIDR" in cond["message"]
+
+
+def test_an_invalid_gateway_keeps_the_deployed_plan_but_nothing_removed_or_revoked_since() -> None:
+    """A gateway field may break and keep the deployed plan; a peer deleted, a grant revoked, an exposure
+    removed or a PSK reference changed in the meantime still takes effect."""
     owned = applied(run(snapshot(IPSEC)))
     deployed = plan_of(owned["ConfigMap"])
-    bad = edit(IPSEC, 1, ["spec", "authorization", "exposures"], ["web", "nope"])
-    bad = edit(bad, 2, ["spec", "ipsec", "remoteSubnets"], ["203.0.113.0/28"])  # overlaps s1's
-    d = run(snapshot(bad, owned=owned))
-    assert not any(a.obj["kind"] == "ConfigMap" for a in d.actions)
+    bad = edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/33")  # the gateway is invalid
+    bad = edit(bad, 0, ["spec", "exposures"], [bad[0]["spec"]["exposures"][0]])  # db removed
+    bad = edit(bad, 1, ["spec", "authorization", "reverseExposures"], [])  # s1's printer revoked
+    bad = edit(bad, 1, ["spec", "ipsec", "pskSecretRef"], {"name": "s1-psk-new", "key": "psk"})
+    d = run(snapshot(bad[:2], owned=owned))  # s2 deleted
+    kept = written_plan(d, owned)
+    assert kept.ipsec is not None
+    # s2 is deleted; s1's old PSK reference is revoked material, so s1 goes whole
+    assert kept.ipsec.tunnels == () and kept.ipsec.secrets == ()
+    assert kept.nat.grants == ()
+    assert [e.name for e in kept.nat.exposures] == ["web"]
+    assert kept.nat.exposures[0].virtual_ip == deployed.nat.exposures[1].virtual_ip, "allocations kept"
     cond = {c["type"]: c for c in d.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
-    assert cond["status"] == "False"
-    assert (
-        'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "nope" names no exposure' in cond["message"]
-    )
-    assert "VPNPeer/tenant-acme/s2: spec.ipsec.remoteSubnets[0]" in cond["message"]
-    assert "the deployed plan keeps running" in cond["message"]
-    assert [(e.type, e.reason) for e in d.events] == [("Warning", "UnknownExposure")]
-    assert plan_of(owned["ConfigMap"]) == deployed
+    assert cond["status"] == "False" and "spec.serviceCIDR" in cond["message"]
+    assert "keeps running, without what was removed or revoked since" in cond["message"]
+    # Nothing removed: the deployed plan stays as it is, and nothing is written.
+    unchanged = run(snapshot(edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/33"), owned=owned))
+    assert not any(a.obj["kind"] == "ConfigMap" for a in unchanged.actions)
 
 
 def test_a_schema_invalid_gateway_is_reported_without_touching_anything() -> None:

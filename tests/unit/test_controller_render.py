@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gwplan
-from controller.api.validate import InvalidInput
-from controller.plan.render import RenderOptions, child_name, render_documents
+from controller.api.model import Gateway, VPNPeer, parse
+from controller.api.validate import InvalidInput, select
+from controller.plan.render import RenderOptions, child_name, render_documents, render_parts
 from controller.plan.swanctl import UnsafeValue, _value, render_swanctl
 from tests.examples import edit, example_docs
 
@@ -101,6 +102,10 @@ def test_road_warrior_and_pubkey_peers() -> None:
         gwplan.IkePrivateKey("gateway", gwplan.SecretRef("acme-tls", "tls.key")),
     )
     assert gwplan.loads(gwplan.dumps(plan)) == plan
+
+
+def _parsed(documents: list[dict[str, Any]]) -> tuple[Gateway, list[VPNPeer]]:
+    return select([parse(d) for d in documents])
 
 
 def test_nat_grants_sources_and_marks() -> None:
@@ -213,17 +218,25 @@ def test_previous_plan_of_another_gateway_is_ignored() -> None:
     ) == render_documents(IPSEC, OPTS)
 
 
-def test_too_many_exposures_for_the_service_cidr_is_reported_at_the_service_cidr() -> None:
+def test_exposures_beyond_the_service_cidr_are_left_out_by_name_and_the_rest_rendered() -> None:
     small = edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/30")
-    with pytest.raises(InvalidInput) as info:
-        render_documents(small, OPTS)
-    (problem,) = info.value.problems
-    assert problem.reason == "AllocationFailed"
-    assert str(problem) == (
-        'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/30" has room for 1 virtual IP(s) '
-        "(network, broadcast and the gateway's own first host are not handed out) but exposures and "
-        "reverseExposures need 3: widen it or remove exposures"
+    rendering = render_parts(*_parsed(small), OPTS)
+    why = (
+        'gets no virtual IP: spec.serviceCIDR "198.18.0.0/30" has room for 1 (network, broadcast and the '
+        "gateway's own first host are not handed out) but exposures and reverseExposures need 3: widen it or "
+        "remove exposures"
     )
+    # Fresh names take the pool in sorted order: db gets the one virtual IP, printer and web do not.
+    assert [str(p) for p in rendering.left_out] == [
+        f'VPNGateway/tenant-acme/acme: spec.exposures[0]: "web" {why}',
+        f'VPNGateway/tenant-acme/acme: spec.reverseExposures[0]: "printer" {why}',
+    ]
+    assert all(p.reason == "AllocationFailed" for p in rendering.left_out)
+    nat = rendering.plan.nat
+    assert [e.name for e in nat.exposures] == ["db"] and nat.reverse_exposures == ()
+    assert {(g.peer, g.exposure) for g in nat.grants} == {("s1", "db")}, "the grants of what is left out go"
+    with pytest.raises(InvalidInput):  # the strict (offline) render refuses the same input
+        render_documents(small, OPTS)
 
 
 def _with_mask(plan: gwplan.Plan, mask: int) -> gwplan.Plan:
@@ -247,27 +260,29 @@ def test_grants_beyond_the_mark_pool_are_reported_at_the_new_grants_of_their_pee
     )
 
 
-def test_mark_exhaustion_names_every_peer_and_legacy_tunnel_left_without() -> None:
+def test_mark_exhaustion_names_every_grant_left_without_and_keeps_the_rest() -> None:
     one = RenderOptions(
         internal_source_cidrs=INTERNAL, previous=_with_mask(render_documents(IPSEC, OPTS), 0x1)
     )
-    with pytest.raises(InvalidInput) as info:
-        render_documents(IPSEC, one)
-    assert [(p.resource, p.error.path, p.error.value) for p in info.value.problems] == [
+    rendering = render_parts(*_parsed(IPSEC), one)
+    assert [(p.resource, p.error.path, p.error.value) for p in rendering.left_out] == [
         ("VPNPeer/tenant-acme/s1", "spec.authorization.exposures[0]", '"web"'),
+        ("VPNPeer/tenant-acme/s1", "spec.authorization.reverseExposures[0]", '"printer"'),
         ("VPNPeer/tenant-acme/s2", "spec.authorization.exposures[0]", '"web"'),
     ]
-    assert "(2 of this peer's grants have none)" in str(info.value.problems[0])
+    # None of the deployed marks fits the mask: all are fresh, and the first in sorted order gets the one.
+    assert [(g.peer, g.exposure) for g in rendering.plan.nat.grants] == [("s1", "db")]
     legacy = RenderOptions(
         internal_source_cidrs=INTERNAL, previous=_with_mask(render_documents(LEGACY, OPTS), 0x1)
     )
-    with pytest.raises(InvalidInput) as info:
-        render_documents(LEGACY, legacy)
-    assert [(p.resource, p.error.path) for p in info.value.problems] == [
+    rendering = render_parts(*_parsed(LEGACY), legacy)
+    assert [(p.resource, p.error.path) for p in rendering.left_out] == [
         ("IPsecGateway/tenant-old/legacy", "spec.tunnels[0].name"),
         ("IPsecGateway/tenant-old/legacy", "spec.tunnels[1].name"),
     ]
-    assert all(p.reason == "AllocationFailed" for p in info.value.problems)
+    assert "its grant of reverse exposure 'printer' has none" in str(rendering.left_out[0])
+    assert all(p.reason == "AllocationFailed" for p in rendering.left_out)
+    assert len(rendering.plan.nat.grants) == 1
 
 
 @pytest.mark.parametrize(

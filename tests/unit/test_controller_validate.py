@@ -56,14 +56,14 @@ LEGACY = example_docs("legacy-ipsecgateway.yaml")
         pytest.param(
             IPSEC,
             (),
-            "VPNGateway/tenant-acme/acme: spec.reverseExposures: need the operator's internalSourceCIDRs",
+            'VPNGateway/tenant-acme/acme: spec.reverseExposures[0]: "printer" needs the operator\'s internalSourceCIDRs',
             REVERSE_NEEDS_INTERNAL,
             id="reverse-without-internal-cidrs",
         ),
         pytest.param(
             LEGACY,
             (),
-            "IPsecGateway/tenant-old/legacy: spec.reverseExposures: need the operator's internalSourceCIDRs",
+            'IPsecGateway/tenant-old/legacy: spec.reverseExposures[0]: "printer" needs the operator\'s internalSourceCIDRs',
             REVERSE_NEEDS_INTERNAL,
             id="legacy-reverse-without-internal-cidrs",
         ),
@@ -271,7 +271,8 @@ def test_overlap_check_scales_to_thousands_of_subnets() -> None:
         many.append(doc)
     many[-1]["spec"]["ipsec"]["remoteSubnets"] = ["10.0.5.128/25"]  # inside p5's /24
     found = problems([IPSEC[0], *many])
-    assert [p.resource for p in found] == ["VPNPeer/tenant-acme/p2999"]
+    # Conflicts go to the first in the operator's order (deployed, then by name): "p2999" < "p5".
+    assert [p.resource for p in found] == ["VPNPeer/tenant-acme/p5"]
     assert gateway.meta.name == "acme"
 
 
@@ -280,7 +281,8 @@ def test_validate_reports_per_object_then_cross_object_problems() -> None:
     per_object = validate(edit(IPSEC, 1, ["spec", "endpoint"], "not a host"), INTERNAL)
     assert [p.error.path for p in per_object] == ["spec.endpoint"]
     cross = validate(IPSEC, ())
-    assert [p.reason for p in cross] == [REVERSE_NEEDS_INTERNAL]
+    # The reverse exposure is left out, and so is the grant naming it.
+    assert [p.reason for p in cross] == [REVERSE_NEEDS_INTERNAL, "ExposureLeftOut"]
 
 
 def test_wireguard_tunnel_address_must_not_overlap_the_service_cidr() -> None:
@@ -295,9 +297,13 @@ def test_service_cidr_must_not_hold_exposure_targets_or_internal_sources() -> No
     target = validate(edit(IPSEC, 0, ["spec", "exposures", 0, "target", "address"], "198.18.0.9"), INTERNAL)
     assert [str(p) for p in target] == [
         'VPNGateway/tenant-acme/acme: spec.exposures[0].target.address: "198.18.0.9" is inside the gateway\'s '
-        "serviceCIDR: a target must be a fabric address"
+        "serviceCIDR: a target must be a fabric address",
+        'VPNPeer/tenant-acme/s1: spec.authorization.exposures[0]: "web" names an exposure of '
+        "VPNGateway/tenant-acme/acme that is left out",
+        'VPNPeer/tenant-acme/s2: spec.authorization.exposures[0]: "web" names an exposure of '
+        "VPNGateway/tenant-acme/acme that is left out",
     ]
-    (internal,) = validate(IPSEC, ("198.18.0.0/16",))
+    (internal,) = validate(_without_reverse(IPSEC), ("198.18.0.0/16",))
     assert str(internal).startswith(
         'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/24" overlaps the operator\'s '
         "internalSourceCIDRs entry 198.18.0.0/16"
@@ -309,24 +315,25 @@ def _without_reverse(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return edit(out, 1, ["spec", "authorization", "reverseExposures"], [])
 
 
-def test_internal_source_cidrs_must_be_disjoint_only_when_reverse_exposures_use_them() -> None:
-    """internalSourceCIDRs are the sources of reverse grants and nothing else: an operator-wide fabric range
-    overlapping a tenant's subnets (or serviceCIDR) matters only on a gateway with reverse exposures."""
+def test_internal_source_cidrs_must_be_disjoint_from_peers_only_when_reverse_exposures_use_them() -> None:
+    """internalSourceCIDRs are the sources of reverse grants: an operator-wide fabric range overlapping a
+    tenant's subnets matters only on a gateway with reverse exposures. A serviceCIDR inside them matters
+    always: its SNAT source would pass for a fabric source at every other gateway's reverse exposures."""
     overlapping = ("203.0.0.0/16", "198.18.0.0/16")  # s1's 203.0.113.0/28 and the serviceCIDR
     with_reverse = [str(p) for p in validate(IPSEC, overlapping)]
     assert with_reverse == [
+        'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/24" overlaps the operator\'s '
+        "internalSourceCIDRs entry 198.18.0.0/16: traffic from its virtual IPs (the source of its reverse "
+        "exposures' SNAT) would pass for fabric sources at every gateway's reverse exposures",
         'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[0]: "203.0.113.0/28" overlaps the operator\'s '
         "internalSourceCIDRs entry 203.0.0.0/16: the gateway has reverse exposures, whose grants admit "
         "every internal source, so this peer's own addresses would reach them",
         'VPNPeer/tenant-acme/s2: spec.ipsec.remoteSubnets[0]: "203.0.113.16/28" overlaps the operator\'s '
         "internalSourceCIDRs entry 203.0.0.0/16: the gateway has reverse exposures, whose grants admit "
         "every internal source, so this peer's own addresses would reach them",
-        'VPNGateway/tenant-acme/acme: spec.serviceCIDR: "198.18.0.0/24" overlaps the operator\'s '
-        "internalSourceCIDRs entry 198.18.0.0/16: the gateway has reverse exposures, whose grants would "
-        "admit its own virtual IPs as internal sources",
     ]
-    assert validate(_without_reverse(IPSEC), overlapping) == []
-    assert problems(_without_reverse(IPSEC), overlapping) == []
+    assert [p.reason for p in validate(_without_reverse(IPSEC), overlapping)] == ["OverlapsServiceCIDR"]
+    assert validate(_without_reverse(IPSEC), ("203.0.0.0/16",)) == []
     assert validate(WG, ("10.99.0.0/16",)) == [], "no reverse exposures: allowedIPs may overlap them"
     assert validate(_without_reverse(IPSEC), ("10.0.0.0/33",))[0].reason == "FieldValueInvalid", (
         "a malformed flag is still an error"

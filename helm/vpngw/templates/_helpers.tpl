@@ -102,6 +102,7 @@ when set, so the controller's own defaults (gateway resources, ...) stay in forc
 {{- with (include "vpngw.apiServer" . | fromJsonArray) }}{{ $_ := set $netpol "apiServer" . }}{{ end -}}
 {{- $_ := set $cfg "networkPolicy" $netpol -}}
 {{- with .Values.internalSourceCIDRs }}{{ $_ := set $cfg "internalSourceCIDRs" . }}{{ end -}}
+{{- with .Values.allowances }}{{ $_ := set $cfg "allowances" . }}{{ end -}}
 {{- if and (eq .Values.cloud.type "static") .Values.cloud.static.nics }}{{ $_ := set $cfg "staticNICs" .Values.cloud.static.nics }}{{ end -}}
 {{- toYaml $cfg -}}
 {{- end -}}

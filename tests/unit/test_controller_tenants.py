@@ -1,0 +1,166 @@
+"""Tenants on one transit network stay apart (pure decisions): disjoint serviceCIDRs across gateways (the
+one that has it keeps it), none on NIC2's network, exposure targets and ClusterLink routers only inside
+what the operator allows each namespace."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from controller.names import GatewayKey
+from controller.reconcile import (
+    Claim,
+    Links,
+    claim_of,
+    cluster_links,
+    my_claim,
+    neighbours,
+    render_gateway,
+)
+from controller.settings import Allowance, Settings, SettingsError, from_config
+from tests.examples import edit, example_docs
+from tests.unit.test_controller_desired import run, snapshot
+
+IPSEC = example_docs("ipsec.yaml")
+FABRIC = Allowance(exposure_targets=("192.0.2.64/26",))
+SETTINGS = Settings(internal_source_cidrs=("192.0.2.64/26",), default_allowance=FABRIC)
+
+
+def key(name: str, ns: str = "tenant-a") -> GatewayKey:
+    return GatewayKey("VPNGateway", ns, name)
+
+
+def gateway(cidr: str, created: str) -> dict[str, Any]:
+    return {"metadata": {"creationTimestamp": created}, "spec": {"serviceCIDR": cidr}}
+
+
+def conditions(d: Any) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in d.status["conditions"]}
+
+
+# --- serviceCIDRs across gateways ---------------------------------------------------------------------
+
+
+def test_a_gateway_moving_onto_a_served_range_never_wins_it_even_when_older() -> None:
+    served = claim_of(key("b"), gateway("198.18.0.0/24", "2026-02-01T00:00:00Z"), "198.18.0.0/24")
+    assert served is not None and served.deployed
+    # a (older) moves from 198.18.5.0/24 onto b's range
+    mine = my_claim(key("a"), gateway("198.18.0.0/25", "2026-01-01T00:00:00Z"), "198.18.5.0/24")
+    assert mine is not None and not mine.deployed
+    assert [n.resource for n in neighbours(mine, [served])] == ["VPNGateway/tenant-a/b"]
+    # ... and b, serving it, is not held back by a's claim
+    b_mine = my_claim(key("b"), gateway("198.18.0.0/24", "2026-02-01T00:00:00Z"), "198.18.0.0/24")
+    a_claim = claim_of(key("a"), gateway("198.18.0.0/25", "2026-01-01T00:00:00Z"), "198.18.5.0/24")
+    assert b_mine is not None and a_claim is not None
+    assert neighbours(b_mine, [a_claim]) == ()
+
+
+def test_of_two_new_gateways_the_older_keeps_the_range() -> None:
+    old = claim_of(key("old"), gateway("198.18.0.0/24", "2026-01-01T00:00:00Z"), None)
+    new = claim_of(key("new"), gateway("198.18.0.0/24", "2026-01-02T00:00:00Z"), None)
+    assert old is not None and new is not None
+    assert [n.resource for n in neighbours(new, [old])] == ["VPNGateway/tenant-a/old"]
+    assert neighbours(old, [new]) == ()
+
+
+def test_a_taken_service_cidr_refuses_the_gateway_naming_the_other() -> None:
+    other = Claim(key("first", "tenant-b"), "198.18.0.0/16", True, "2026-01-01T00:00:00Z")
+    mine = my_claim(key("acme", "tenant-acme"), snapshot(IPSEC).gateway, None)
+    assert mine is not None
+    snap = snapshot(IPSEC, neighbours=neighbours(mine, [other]))
+    d = run(snap, SETTINGS)
+    cond = conditions(d)["ConfigRendered"]
+    assert (cond["status"], cond["reason"]) == ("False", "ServiceCIDRTaken")
+    assert (
+        "overlaps VPNGateway/tenant-b/first's serviceCIDR 198.18.0.0/16, which it had first"
+        in cond["message"]
+    )
+    assert d.actions == () or not any(a.obj["kind"] == "ConfigMap" for a in d.actions), "nothing rendered"
+
+
+def test_a_service_cidr_on_the_transit_network_is_refused() -> None:
+    """A virtual IP on NIC2's network could claim another gateway's NIC2 address (the cloud's
+    allowed-address-pairs would let it)."""
+    rendered = render_gateway(snapshot(edit(IPSEC, 0, ["spec", "serviceCIDR"], "192.0.2.0/27")), SETTINGS,
+                              ("192.0.2.0/26",))  # fmt: skip
+    assert rendered.plan is None
+    assert [p.reason for p in rendered.problems if p.item.kind == "gateway"] == ["OverlapsTransitNetwork"]
+    assert render_gateway(snapshot(IPSEC), SETTINGS, ("192.0.2.0/26",)).plan is not None
+
+
+# --- what a namespace may reach ------------------------------------------------------------------------
+
+
+def test_an_exposure_outside_the_namespaces_allowance_is_left_out() -> None:
+    outside = edit(IPSEC, 0, ["spec", "exposures", 1, "target", "address"], "10.0.0.5")  # db -> the cloud's
+    rendered = render_gateway(snapshot(outside), SETTINGS)
+    assert rendered.plan is not None
+    assert [e.name for e in rendered.plan.nat.exposures] == ["web"]
+    assert not any(g.exposure == "db" for g in rendered.plan.nat.grants)
+    (problem, grant) = rendered.problems
+    assert problem.reason == "ExposureTargetNotAllowed" and str(problem.item) == "exposure db"
+    assert "is not inside the exposure targets the operator allows for namespace tenant-acme" in str(problem)
+    assert grant.reason == "ExposureLeftOut"
+    # A namespace of its own allowance: the same target is fine there.
+    own = Settings(
+        internal_source_cidrs=("192.0.2.64/26",),
+        allowances={"tenant-acme": Allowance(exposure_targets=("10.0.0.0/24", "192.0.2.64/26"))},
+    )
+    assert render_gateway(snapshot(outside), own).problems == ()
+    nothing = render_gateway(snapshot(IPSEC), Settings(internal_source_cidrs=("192.0.2.64/26",)))
+    assert nothing.plan is not None and nothing.plan.nat.exposures == (), "the default allows no target"
+
+
+def link(name: str, router: str, gateways: list[str], ns: str = "tenant-acme") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns}, "spec": {"routerID": router, "gateways": gateways}}
+
+
+def test_a_cluster_link_naming_a_router_outside_the_allowance_programs_no_route() -> None:
+    k = GatewayKey("VPNGateway", "tenant-acme", "acme")
+    links = [
+        link("ours", "r-ours", ["acme"]),
+        link("theirs", "r-infra", ["acme"]),
+        link("elsewhere", "r-x", ["acme"], ns="tenant-b"),  # another namespace's link never counts
+        link("other-gw", "r-ours", ["other"]),
+    ]
+    got = cluster_links(k, links, allowed=("r-ours",))
+    assert got == Links(routers=("r-ours",), refused=(("theirs", "r-infra"),))
+    d = run(snapshot(IPSEC, links=got), SETTINGS)
+    cond = conditions(d)["RoutingReady"]
+    assert (cond["status"], cond["reason"]) == ("False", "RouterNotAllowed")
+    assert "ClusterLink theirs (router r-infra)" in cond["message"]
+    assert conditions(d)["Ready"]["status"] == "False"
+    allowed_only = run(snapshot(IPSEC, links=cluster_links(k, links[:1], ("r-ours",))), SETTINGS)
+    assert "RoutingReady" not in conditions(allowed_only), "the cloud's own RoutingReady is left alone"
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"allowances": {"default": {"exposureTargets": ["10.0.0.0/33"]}}}, "default.exposureTargets[0]"),
+        ({"allowances": {"namespaces": {"Bad_NS": {}}}}, "'Bad_NS' is not a namespace name"),
+        ({"allowances": {"default": {"routers": []}}}, "unknown key(s) routers"),
+        ({"allowances": {"default": {"clusterLinkRouters": ["a b"]}}}, "clusterLinkRouters[0]: 'a b'"),
+    ],
+)
+def test_allowances_in_the_config_are_checked_naming_the_field(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        from_config(config)
+
+
+def test_allowances_parse_per_namespace_over_a_default() -> None:
+    s = from_config(
+        {
+            "allowances": {
+                "default": {"exposureTargets": ["10.1.0.0/24"]},
+                "namespaces": {
+                    "tenant-acme": {"exposureTargets": ["10.2.0.0/24"], "clusterLinkRouters": ["r1"]}
+                },
+            }
+        }
+    )
+    assert s.allowance("tenant-acme") == Allowance(("10.2.0.0/24",), ("r1",))
+    assert s.allowance("tenant-b") == Allowance(("10.1.0.0/24",), ())
+    assert Settings().allowance("anyone") == Allowance(), "nothing unless the operator says so"
