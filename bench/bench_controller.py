@@ -35,7 +35,7 @@ def gateway_docs(i: int, peers: int) -> list[dict[str, Any]]:
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "type": "ipsec",
-            "serviceCIDR": "198.18.0.0/24",
+            "serviceCIDR": f"100.{64 + i // 256}.{i % 256}.0/24",  # disjoint: one transit network
             "exposures": [
                 {"name": f"svc{j}", "target": {"address": f"192.0.2.{64 + j}"}, "ports": [{"port": 80 + j}]}
                 for j in range(4)

@@ -39,7 +39,7 @@ def docs(i: int, peers: int) -> list[dict[str, Any]]:
             "metadata": {"name": name, "namespace": ns},
             "spec": {
                 "type": "ipsec",
-                "serviceCIDR": "198.18.0.0/24",
+                "serviceCIDR": f"100.{64 + i // 256}.{i % 256}.0/24",  # disjoint: one transit network
                 "exposures": [{"name": "web", "target": {"address": "192.0.2.66"}, "ports": [{"port": 80}]}],
                 "ipsec": {"localID": f"{name}.example", "pskSecretRef": {"name": "psk", "key": "psk"}},
             },
