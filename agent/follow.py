@@ -17,6 +17,16 @@ the kubelet updates it, until the API has delivered the plan once (after that th
 A deleted ConfigMap or Secret keeps its last content (as a kubelet's volume does); a Secret no longer
 referenced by the plan is removed. API failures are retried with backoff, forever; the agent keeps
 running on what it has.
+
+What is taken, and what is not (the ConfigMap and Secrets are the API's, not the controller's alone):
+
+* the plan ConfigMap (in the pod's own namespace, the operator's gateway namespace) holds exactly one
+  plan key, ``data.plan.json`` or ``binaryData.plan.json`` (gzip), and nothing else: anything more (a
+  second plan someone added in ``binaryData``, say) is never read, the last good plan stays, and the
+  controller removes the extra keys at its next write;
+* the Secrets are read in the gateway's own namespace (the plan's ``gateway.namespace``, the tenant's),
+  and only those their owners opted in (``gwplan.SECRET_OPT_IN_LABEL``); a Secret that loses the label
+  is removed from the live directory, as one the plan no longer references.
 """
 
 from __future__ import annotations
@@ -46,16 +56,26 @@ PLAN_KEY = "plan.json"
 _NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-.")
 
 
-def plan_bytes(cm: Mapping[str, Any]) -> bytes | None:
-    """The plan in a ConfigMap: ``data.plan.json`` or (gzip, large plans) ``binaryData.plan.json``."""
-    binary = (cm.get("binaryData") or {}).get(PLAN_KEY)
-    if isinstance(binary, str):
+def plan_bytes(cm: Mapping[str, Any]) -> bytes | str:
+    """The plan in a ConfigMap, or why there is none to take (pure): exactly one key, ``data.plan.json``
+    or (gzip, large plans) ``binaryData.plan.json``, and no other."""
+    data, binary = cm.get("data") or {}, cm.get("binaryData") or {}
+    keys = [f"data.{k}" for k in sorted(data)] + [f"binaryData.{k}" for k in sorted(binary)]
+    if keys == [f"binaryData.{PLAN_KEY}"]:
         try:
-            return base64.b64decode(binary, validate=True)
+            return base64.b64decode(str(binary[PLAN_KEY]), validate=True)
         except ValueError:
-            return None
-    text = (cm.get("data") or {}).get(PLAN_KEY)
-    return text.encode() if isinstance(text, str) else None
+            return f"binaryData.{PLAN_KEY} is not base64"
+    if keys == [f"data.{PLAN_KEY}"] and isinstance(data[PLAN_KEY], str):
+        return str(data[PLAN_KEY]).encode()
+    if not keys:
+        return f"no {PLAN_KEY}"
+    return f"holds {', '.join(keys)}: exactly one {PLAN_KEY} in data or binaryData is the controller's"
+
+
+def opted_in(secret: Mapping[str, Any]) -> bool:
+    """Its owner meant it for gateways (``gwplan.SECRET_OPT_IN_LABEL``)."""
+    return ((secret.get("metadata") or {}).get("labels") or {}).get(gwplan.SECRET_OPT_IN_LABEL) == "true"
 
 
 def secret_files(secret: Mapping[str, Any]) -> dict[str, bytes]:
@@ -116,6 +136,8 @@ class PlanFollower:
         self.api_synced = False
         """The API has delivered the plan at least once (the mounted copy is no longer used)."""
         self.secrets_wanted: frozenset[str] = frozenset()
+        self.secrets_namespace: str | None = None
+        """Where the plan's Secrets are: the gateway's own namespace (the plan says which)."""
         self._secrets_changed = anyio.Event()
         self.writes = 0
         self.last_error: str | None = None
@@ -138,8 +160,9 @@ class PlanFollower:
             log.error("follow.plan_invalid source=%s error=%r", source, str(exc))
         else:
             wanted = frozenset(gwplan.secret_names(plan))
-            if wanted != self.secrets_wanted:
+            if wanted != self.secrets_wanted or plan.gateway.namespace != self.secrets_namespace:
                 self.secrets_wanted = wanted
+                self.secrets_namespace = plan.gateway.namespace
                 self._secrets_changed.set()
         if _atomic(self.plan_path, data, 0o644):
             self.writes += 1
@@ -150,23 +173,29 @@ class PlanFollower:
                 len(data),
             )
 
-    async def _watch(self, res: Resource, name: str, on: Callable[[Obj | None], None], what: str) -> None:
+    async def _watch(
+        self,
+        res: Resource,
+        name: str,
+        on: Callable[[Obj | None], None],
+        what: str,
+        namespace: str | None = None,
+    ) -> None:
         """List-then-watch one object by name (``fieldSelector``: what a Role's resourceNames allows)."""
         selector = f"metadata.name={name}"
+        ns = namespace or self.namespace
         failures = 0
         while True:
             try:
-                items, rv = await self.kube.list(res, self.namespace, field_selector=selector)
+                items, rv = await self.kube.list(res, ns, field_selector=selector)
                 on(items[0] if items else None)
                 failures = 0
                 self.last_error = None
-                async for ev in self.kube.watch(
-                    res, self.namespace, resource_version=rv, field_selector=selector
-                ):
+                async for ev in self.kube.watch(res, ns, resource_version=rv, field_selector=selector):
                     if ev.type in ("ADDED", "MODIFIED"):
                         on(ev.object)
                     elif ev.type == "DELETED":
-                        log.warning("follow.deleted %s=%s/%s kept=last", what, self.namespace, name)
+                        log.warning("follow.deleted %s=%s/%s kept=last", what, ns, name)
             except Gone:
                 continue
             except KubeError as exc:
@@ -177,7 +206,7 @@ class PlanFollower:
                     log.warning(
                         "follow.failed %s=%s/%s failures=%d retry_in=%.1f error=%r",
                         what,
-                        self.namespace,
+                        ns,
                         name,
                         failures,
                         delay,
@@ -189,8 +218,9 @@ class PlanFollower:
         if cm is None:
             return
         data = plan_bytes(cm)
-        if data is None:
-            log.error("follow.plan_missing configmap=%s/%s key=%s", self.namespace, self.configmap, PLAN_KEY)
+        if isinstance(data, str):
+            self.last_error = f"configmap {self.configmap}: {data} (the last good plan is kept)"
+            log.error("follow.plan_refused configmap=%s/%s reason=%r", self.namespace, self.configmap, data)
             return
         self.api_synced = True
         self._take_plan(data, "api")
@@ -217,10 +247,19 @@ class PlanFollower:
     def _on_secret(self, name: str) -> Callable[[Obj | None], None]:
         def on(secret: Obj | None) -> None:
             if secret is None:
-                log.warning("follow.secret_missing secret=%s/%s", self.namespace, name)
+                log.warning("follow.secret_missing secret=%s/%s", self.secrets_namespace, name)
+                return
+            d = self.secrets_dir / name
+            if not opted_in(secret):
+                label = f"{gwplan.SECRET_OPT_IN_LABEL}=true"
+                self.last_error = f"secret {name}: not opted in for gateways (label {label}): not used"
+                log.error(
+                    "follow.secret_refused secret=%s/%s reason='not opted in'", self.secrets_namespace, name
+                )
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(d)
                 return
             files = secret_files(secret)
-            d = self.secrets_dir / name
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
             changed = [k for k, v in sorted(files.items()) if _atomic(d / k, v, 0o400)]
             for old in d.iterdir():
@@ -234,25 +273,28 @@ class PlanFollower:
         return on
 
     async def _follow_secrets(self) -> None:
-        running: dict[str, anyio.CancelScope] = {}
+        running: dict[tuple[str, str], anyio.CancelScope] = {}
         async with anyio.create_task_group() as tg:
             while True:
                 changed = self._secrets_changed = anyio.Event()  # before reading: no change is missed
-                for name in sorted(set(running) - self.secrets_wanted):
-                    running.pop(name).cancel()
+                ns = self.secrets_namespace
+                wanted = {(ns, n) for n in self.secrets_wanted} if ns is not None else set()
+                for key in sorted(set(running) - wanted):
+                    running.pop(key).cancel()
                     with contextlib.suppress(OSError):
-                        shutil.rmtree(self.secrets_dir / name)
-                    log.info("follow.secret_dropped secret=%s", name)
-                for name in sorted(self.secrets_wanted - set(running)):
+                        shutil.rmtree(self.secrets_dir / key[1])
+                    log.info("follow.secret_dropped secret=%s/%s", *key)
+                for key in sorted(wanted - set(running)):
+                    namespace, name = key
                     if not set(name) <= _NAME_OK:
                         log.error("follow.secret_refused secret=%r reason='not a Secret name'", name)
                         continue
                     scope = anyio.CancelScope()
-                    running[name] = scope
+                    running[key] = scope
 
-                    async def one(n: str = name, s: anyio.CancelScope = scope) -> None:
+                    async def one(n: str = name, ns_: str = namespace, s: anyio.CancelScope = scope) -> None:
                         with s:
-                            await self._watch(SECRETS, n, self._on_secret(n), "secret")
+                            await self._watch(SECRETS, n, self._on_secret(n), "secret", ns_)
 
                     tg.start_soon(one)
                 await changed.wait()

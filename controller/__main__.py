@@ -63,9 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser(
         "rbac",
-        help="print the rights the controller needs (the chart's ClusterRole and Role are generated from it)",
-        description="Print, as YAML, the rules of the controller's ClusterRole and of its leader-election "
-        "Role in its own namespace (controller/rbac.py, where each right says which code uses it).",
+        help="print the rights the controller needs, per scope (the chart's Roles are generated from it)",
+        description="Print, as YAML, the rules of each of the controller's Roles and ClusterRoles and where "
+        "each is bound: cluster-wide, the gateway namespace, each opted-in tenant namespace, the migration "
+        "from tenant namespaces, its own namespace (controller/rbac.py, where each right says which code "
+        "uses it).",
     )
     ch = sub.add_parser(
         "chart",
@@ -237,9 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(crds_yaml())
             return EXIT_OK
         if args.command == "rbac":
-            from controller.rbac import cluster_role_rules, leader_election_rules
+            from controller.rbac import SCOPES, rules
 
-            doc = {"clusterRole": cluster_role_rules(), "leaderElectionRole": leader_election_rules()}
+            doc = {
+                s.name: {"kind": s.kind, "bound": s.bound, "what": s.what, "rules": rules(s)} for s in SCOPES
+            }
             sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
             return EXIT_OK
         if args.command == "run":

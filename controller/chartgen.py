@@ -1,10 +1,9 @@
 """The Helm chart's generated files, from the one source of each. Pure: returns text, writes nothing.
 
 * ``crds/vpngw-crds.yaml``: the CRDs (``controller.api.crds``, the rules the controller validates with).
-* ``files/controller-clusterrole-rules.yaml``, ``files/controller-leader-election-rules.yaml``: the rules
-  of the controller's ClusterRole and of its leader-election Role (``controller.rbac``), each right
-  preceded by a comment saying which code uses it; the chart's templates include them verbatim, so the
-  rendered manifests carry the comments too.
+* ``files/controller-<scope>-rules.yaml``: the rules of each of the controller's Roles and ClusterRoles
+  (``controller.rbac.SCOPES``), each right preceded by a comment saying which code uses it; the chart's
+  templates include them verbatim, so the rendered manifests carry the comments too.
 
 ``python -m controller chart`` (``make chart``) writes ``generated_files()`` under helm/vpngw/ and copies
 ``COPIES`` from monitoring/; tests/component/test_helm_chart.py fails when the chart drifts from either.
@@ -16,11 +15,14 @@ import json
 from collections.abc import Iterable
 
 from controller.api.crds import crds_yaml
-from controller.rbac import CLUSTER, LEADER_ELECTION, Right
+from controller.rbac import SCOPES, Right, Scope
 
 CRDS = "crds/vpngw-crds.yaml"
-CLUSTER_ROLE_RULES = "files/controller-clusterrole-rules.yaml"
-LEADER_ELECTION_RULES = "files/controller-leader-election-rules.yaml"
+
+
+def rules_file(scope: Scope) -> str:
+    return f"files/controller-{scope.name}-rules.yaml"
+
 
 COPIES: dict[str, str] = {
     "files/alerts.yml": "monitoring/alerts.yml",
@@ -48,12 +50,4 @@ def rules_yaml(rights: Iterable[Right], what: str) -> str:
 
 def generated_files() -> dict[str, str]:
     """Path relative to the chart's directory -> the file's content."""
-    return {
-        CRDS: crds_yaml(),
-        CLUSTER_ROLE_RULES: rules_yaml(
-            CLUSTER, "The controller's ClusterRole (gateways live in any namespace)."
-        ),
-        LEADER_ELECTION_RULES: rules_yaml(
-            LEADER_ELECTION, "The controller's Role in its own namespace: the leader-election Lease."
-        ),
-    }
+    return {CRDS: crds_yaml(), **{rules_file(s): rules_yaml(s.rights, s.what) for s in SCOPES}}

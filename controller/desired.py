@@ -1,15 +1,21 @@
 """The Kubernetes objects a gateway should have, as plain API documents. Pure: data in, documents out.
 
-Per gateway (``controller.names`` names them all ``vpngw-<name>``, owned by the gateway):
+Per gateway, in the operator's gateway namespace (``controller.names``: named ``home_name``, labelled
+with the gateway's namespace and uid in place of an ownerReference):
 
 * ConfigMap: the plan (``plan.json``; gzip in ``binaryData`` past ``GZIP_ABOVE`` bytes, still under the
   key ``plan.json``: ``gwplan.loads`` tells the two apart, so the pod's volume never changes);
 * NetworkAttachmentDefinition: the operator's NAD template with NIC2's MAC (host-device by MAC);
-* ServiceAccount, Role, RoleBinding: exactly what the pod does through the API (patch its own CR's
-  status; read its plan ConfigMap and the Secrets the plan references, each by name);
+* ServiceAccount, Role, RoleBinding: the pod may read its plan ConfigMap (by name), nothing else there;
 * NetworkPolicy for eth0: ingress to the metrics port from the monitoring namespace only; egress to
   cluster DNS and the API server only (NIC2 is outside NetworkPolicy's reach: docs/controller.md);
 * Deployment: the gateway pod (``controller.podspec``).
+
+And in the tenant's namespace (``object_name``, owned by the gateway): a Role and a RoleBinding for the
+pod's ServiceAccount: patch its own CR's status, read the Secrets its plan references, each by name and
+only those their owners opted in (``names.LABEL_GATEWAY_SECRET``).
+
+Each object has a slot: its kind, or ``Tenant<kind>`` for the two in the tenant's namespace.
 
 A plan change (peers, grants, Secret references) changes the ConfigMap and the Role, never the pod
 template: the pod follows its plan live. Only the image, the node, NIC2's MAC or the pod's shape
@@ -34,6 +40,7 @@ from controller.names import (
     ANNOTATION_HASH,
     PLAN_KEY,
     GatewayKey,
+    home_labels,
     labels,
     owner_reference,
     selector_labels,
@@ -66,13 +73,20 @@ class Inputs:
     """None: the cloud has no NIC2 for this gateway yet (no NAD, no pod until it has)."""
     node: str | None
     """The node the gateway is pinned to; None: no node can take it (the Deployment is left as it is)."""
+    secrets: frozenset[str] | None = None
+    """The Secrets of the gateway's namespace its pod may be granted (opted in by their owners); None:
+    every one the plan references (the offline tools)."""
 
 
 @dataclass(frozen=True)
 class Desired:
-    objects: tuple[Obj, ...]
+    objects: tuple[tuple[str, Obj], ...]
+    """(slot, object) in the order they are to be written."""
     held: frozenset[str]
-    """Kinds to leave as they are (neither created, changed nor deleted): they cannot be decided now."""
+    """Slots to leave as they are (neither created, changed nor deleted): they cannot be decided now."""
+
+    def get(self, slot: str) -> Obj | None:
+        return next((o for s, o in self.objects if s == slot), None)
 
 
 def content_hash(obj: Mapping[str, Any]) -> str:
@@ -82,16 +96,23 @@ def content_hash(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
 
 
-def _meta(inputs: Inputs, annotations: Mapping[str, str] | None = None) -> Obj:
-    md: Obj = {
+def _meta(inputs: Inputs) -> Obj:
+    """Metadata of an object in the gateway namespace."""
+    return {
+        "name": inputs.key.home_name,
+        "namespace": inputs.settings.gateway_namespace,
+        "labels": home_labels(inputs.key, inputs.settings.instance, inputs.uid),
+    }
+
+
+def _tenant_meta(inputs: Inputs) -> Obj:
+    """Metadata of an object in the gateway's own (the tenant's) namespace."""
+    return {
         "name": inputs.key.object_name,
         "namespace": inputs.key.namespace,
         "labels": labels(inputs.key, inputs.settings.instance),
         "ownerReferences": [owner_reference(inputs.key, inputs.uid)],
     }
-    if annotations:
-        md["annotations"] = dict(annotations)
-    return md
 
 
 def _stamped(obj: Obj) -> Obj:
@@ -102,6 +123,8 @@ def _stamped(obj: Obj) -> Obj:
 
 
 def config_map(inputs: Inputs) -> Obj:
+    """Exactly the plan, under one key: anything else someone added (another key, a ``binaryData``
+    copy) is not ours and goes at the next write (``diff`` replaces the whole object's data)."""
     data = gwplan.dumps(inputs.plan)
     obj: Obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inputs)}
     if len(data) > GZIP_ABOVE:
@@ -127,7 +150,7 @@ def plan_of(config_map: Mapping[str, Any]) -> gwplan.Plan:
 
 def nad(inputs: Inputs, nic: Nic2) -> Obj:
     config = string.Template(inputs.settings.pod.nad_template).substitute(
-        mac=nic.mac, name=inputs.key.object_name, namespace=inputs.key.namespace
+        mac=nic.mac, name=inputs.key.home_name, namespace=inputs.settings.gateway_namespace
     )
     return {
         "apiVersion": "k8s.cni.cncf.io/v1",
@@ -138,15 +161,41 @@ def nad(inputs: Inputs, nic: Nic2) -> Obj:
 
 
 def service_account(inputs: Inputs) -> Obj:
+    """The pod's identity. No token is mounted by default: only the status-agent's container gets one
+    (a projected volume, ``controller.podspec``); charon, init-nat and the exporter have none."""
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": _meta(inputs),
-        "automountServiceAccountToken": True,
+        "automountServiceAccountToken": False,
     }
 
 
 def role(inputs: Inputs) -> Obj:
+    """In the gateway namespace: the pod reads its plan ConfigMap, by name, and nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(inputs),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [inputs.key.home_name],
+                "verbs": ["get", "list", "watch"],
+            }
+        ],
+    }
+
+
+def granted_secrets(inputs: Inputs) -> list[str]:
+    """The Secrets the pod may read: those its plan references that their owners opted in."""
+    names = gwplan.secret_names(inputs.plan)
+    return names if inputs.secrets is None else [n for n in names if n in inputs.secrets]
+
+
+def tenant_role(inputs: Inputs) -> Obj:
+    """In the tenant's namespace: the pod patches its own CR's status and reads its Secrets, by name."""
     key = inputs.key
     rules: list[Obj] = [
         {
@@ -154,15 +203,9 @@ def role(inputs: Inputs) -> Obj:
             "resources": [f"{key.plural}/status"],
             "resourceNames": [key.name],
             "verbs": ["patch"],
-        },
-        {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "resourceNames": [key.object_name],
-            "verbs": ["get", "list", "watch"],
-        },
+        }
     ]
-    secrets = gwplan.secret_names(inputs.plan)
+    secrets = granted_secrets(inputs)
     if secrets:
         rules.append(
             {
@@ -175,20 +218,33 @@ def role(inputs: Inputs) -> Obj:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _meta(inputs),
+        "metadata": _tenant_meta(inputs),
         "rules": rules,
     }
 
 
-def role_binding(inputs: Inputs) -> Obj:
-    name = inputs.key.object_name
+def _binding(inputs: Inputs, meta: Obj, role_name: str) -> Obj:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(inputs),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": inputs.key.namespace}],
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+        "subjects": [
+            {
+                "kind": "ServiceAccount",
+                "name": inputs.key.home_name,
+                "namespace": inputs.settings.gateway_namespace,
+            }
+        ],
     }
+
+
+def role_binding(inputs: Inputs) -> Obj:
+    return _binding(inputs, _meta(inputs), inputs.key.home_name)
+
+
+def tenant_role_binding(inputs: Inputs) -> Obj:
+    return _binding(inputs, _tenant_meta(inputs), inputs.key.object_name)
 
 
 def needs_dns(plan: gwplan.Plan) -> bool:
@@ -271,22 +327,39 @@ def deployment(inputs: Inputs, nic: Nic2, node: str) -> Obj:
 
 def desired(inputs: Inputs) -> Desired:
     """Every object the gateway should have now, each stamped with its desired hash."""
-    # The Role before the ConfigMap: a plan that references a new Secret reaches a pod that may read it.
-    objects: list[Obj] = [service_account(inputs), role(inputs), role_binding(inputs), network_policy(inputs)]
-    objects.append(config_map(inputs))
+    # The Roles before the ConfigMap: a plan that references a new Secret reaches a pod that may read it.
+    objects: list[tuple[str, Obj]] = [
+        ("ServiceAccount", service_account(inputs)),
+        ("Role", role(inputs)),
+        ("RoleBinding", role_binding(inputs)),
+        ("TenantRole", tenant_role(inputs)),
+        ("TenantRoleBinding", tenant_role_binding(inputs)),
+        ("NetworkPolicy", network_policy(inputs)),
+        ("ConfigMap", config_map(inputs)),
+    ]
     held: set[str] = set()
     if inputs.nic is None:
         held |= {"NetworkAttachmentDefinition", "Deployment"}
     else:
-        objects.append(nad(inputs, inputs.nic))
+        objects.append(("NetworkAttachmentDefinition", nad(inputs, inputs.nic)))
         if inputs.node is None:
             held.add("Deployment")
         else:
-            objects.append(deployment(inputs, inputs.nic, inputs.node))
-    return Desired(tuple(_stamped(o) for o in objects), frozenset(held))
+            objects.append(("Deployment", deployment(inputs, inputs.nic, inputs.node)))
+    return Desired(tuple((slot, _stamped(o)) for slot, o in objects), frozenset(held))
 
 
-OWNED_KINDS: Sequence[str] = (
+def slot_of(obj: Mapping[str, Any], gateway_namespace: str) -> str:
+    """The slot of one of a gateway's objects: its kind in the gateway namespace; ``Tenant<kind>`` for
+    its Role and RoleBinding in its own namespace; ``Leftover<kind>`` for what an earlier release made
+    there."""
+    kind = str(obj["kind"])
+    if (obj.get("metadata") or {}).get("namespace") == gateway_namespace:
+        return kind
+    return f"Tenant{kind}" if f"Tenant{kind}" in TENANT_SLOTS else f"Leftover{kind}"
+
+
+HOME_KINDS: Sequence[str] = (
     "ConfigMap",
     "ServiceAccount",
     "Role",
@@ -295,3 +368,17 @@ OWNED_KINDS: Sequence[str] = (
     "NetworkAttachmentDefinition",
     "Deployment",
 )
+"""The kinds a gateway owns in the gateway namespace (each its own slot)."""
+TENANT_SLOTS: Mapping[str, str] = {"TenantRole": "Role", "TenantRoleBinding": "RoleBinding"}
+"""Slot -> kind of what a gateway owns in its own namespace."""
+OWNED_SLOTS: Sequence[str] = (*HOME_KINDS, *TENANT_SLOTS)
+LEFTOVER_KINDS: Sequence[str] = (
+    "Deployment",
+    "ConfigMap",
+    "NetworkAttachmentDefinition",
+    "NetworkPolicy",
+    "ServiceAccount",
+)
+"""What an earlier release made in the tenant's namespace (named ``object_name``) and this one makes in
+the gateway namespace: deleted once found (``Settings.migrate``); the Role and RoleBinding of that name
+are this release's tenant slots, rewritten in place."""

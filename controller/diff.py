@@ -4,9 +4,15 @@ An object is in order when it carries our desired-hash annotation (``names.ANNOT
 current hash AND every field we set has our value (``covers``: fields others add, such as the API
 server's defaults, are left alone). A different hash means our wish changed: the object is replaced
 (PUT with its resourceVersion), which also drops fields we no longer set. A field someone edited is
-restored the same way. Every gateway has every owned kind (some held back until they can be decided),
-so nothing is ever deleted here: the API server's garbage collector removes them with their gateway.
-Nothing is written for an object in order: a no-op reconcile makes no write at all.
+restored the same way. Some fields are ours whole (``WHOLE``): a ConfigMap's ``data`` and ``binaryData``
+hold the plan and nothing else, so a key someone added (a second plan in ``binaryData``, say) makes the
+object out of order and goes at the replace. Every gateway has every owned slot (some held back until
+they can be decided); what is deleted is said by the reconcile (``Delete``: the gateway's objects when
+it goes, what an earlier release left in the tenant's namespace). Nothing is written for an object in
+order: a no-op reconcile makes no write at all.
+
+An object is ours when its ownerReference or, in the gateway namespace where none can point across
+namespaces, its ``names.LABEL_OWNER_UID`` label names the gateway's uid.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.names import ANNOTATION_HASH
+from controller.names import ANNOTATION_HASH, LABEL_OWNER_UID
 
 Obj = dict[str, Any]
 
@@ -33,6 +39,16 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class Delete:
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    """The object's own uid: a precondition, so a newer object of the same name is never deleted."""
+    why: str
+
+
+@dataclass(frozen=True)
 class Foreign:
     """An object of our name that this gateway does not own: never touched, reported."""
 
@@ -40,7 +56,11 @@ class Foreign:
     name: str
 
 
-Action = Create | Replace
+Action = Create | Replace | Delete
+
+WHOLE: Mapping[str, tuple[str, ...]] = {"ConfigMap": ("data", "binaryData")}
+"""Top-level fields that are ours whole, per kind: nothing of anyone else's is kept in them (an absent
+map and an empty one are the same: the API server drops empty ones)."""
 
 
 def covers(actual: Any, want: Any) -> bool:
@@ -60,8 +80,15 @@ def covers(actual: Any, want: Any) -> bool:
     return bool(actual == want)
 
 
-def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    return any(r.get("uid") == uid for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    md = obj.get("metadata") or {}
+    if (md.get("labels") or {}).get(LABEL_OWNER_UID) == uid:
+        return True
+    return any(r.get("uid") == uid for r in md.get("ownerReferences") or [])
+
+
+def _whole_differs(actual: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    return any((actual.get(f) or {}) != (want.get(f) or {}) for f in WHOLE.get(str(want.get("kind")), ()))
 
 
 def replacement(actual: Mapping[str, Any], want: Mapping[str, Any]) -> Obj:
@@ -72,30 +99,35 @@ def replacement(actual: Mapping[str, Any], want: Mapping[str, Any]) -> Obj:
     wmd = want.get("metadata") or {}
     md["labels"] = {**(md.get("labels") or {}), **(wmd.get("labels") or {})}
     md["annotations"] = {**(md.get("annotations") or {}), **(wmd.get("annotations") or {})}
-    md["ownerReferences"] = list(wmd.get("ownerReferences") or [])
+    if wmd.get("ownerReferences"):
+        md["ownerReferences"] = list(wmd["ownerReferences"])
+    else:
+        md.pop("ownerReferences", None)
     md.pop("managedFields", None)
-    out: Obj = {k: v for k, v in actual.items() if k not in ("metadata", "status")}
+    whole = WHOLE.get(str(want.get("kind")), ())
+    out: Obj = {k: v for k, v in actual.items() if k not in ("metadata", "status", *whole)}
     out.update({k: v for k, v in want.items() if k != "metadata"})
     out["metadata"] = md
     return out
 
 
 def plan_actions(
-    desired: Sequence[Mapping[str, Any]],
+    desired: Sequence[tuple[str, Mapping[str, Any]]],
     actual: Mapping[str, Mapping[str, Any]],
     uid: str,
 ) -> tuple[list[Action], list[Foreign]]:
-    """``actual``: kind -> the object of our name of that kind (if any)."""
+    """``desired``: (slot, object); ``actual``: slot -> the object of our name in that slot (if any)."""
     actions: list[Action] = []
     foreign: list[Foreign] = []
-    for want in desired:
+    for slot, want in desired:
         kind = str(want["kind"])
-        have = actual.get(kind)
+        have = actual.get(slot)
         if have is None:
             actions.append(Create(dict(want)))
             continue
-        if not _owned_by(have, uid):
-            foreign.append(Foreign(kind, str(have["metadata"]["name"])))
+        if not owned_by(have, uid):
+            md = have["metadata"]
+            foreign.append(Foreign(kind, f"{md.get('namespace')}/{md['name']}"))
             continue
         if (have.get("metadata") or {}).get("deletionTimestamp"):
             continue  # being deleted: created again once it is gone
@@ -103,6 +135,20 @@ def plan_actions(
         have_hash = ((have.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
         if want_hash != have_hash:
             actions.append(Replace(replacement(have, want), "changed"))
-        elif not covers(have, {k: v for k, v in want.items() if k not in ("apiVersion", "kind")}):
+        elif _whole_differs(have, want) or not covers(
+            have, {k: v for k, v in want.items() if k not in ("apiVersion", "kind")}
+        ):
             actions.append(Replace(replacement(have, want), "restored"))
     return actions, foreign
+
+
+def deletions(objects: Sequence[Mapping[str, Any]], uid: str, why: str) -> list[Delete]:
+    """A ``Delete`` for each of ``objects`` that is ours and not already going."""
+    out = []
+    for obj in objects:
+        md = obj.get("metadata") or {}
+        if owned_by(obj, uid) and not md.get("deletionTimestamp"):
+            out.append(
+                Delete(str(obj["kind"]), str(md.get("namespace")), str(md["name"]), str(md["uid"]), why)
+            )
+    return out

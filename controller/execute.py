@@ -93,6 +93,19 @@ async def _guarded(call: Any) -> Any:
 
 
 async def _perform(kube: KubeClient, action: diff.Action, counts: Counts) -> None:
+    if isinstance(action, diff.Delete):
+        res = BY_KIND[action.kind]
+        try:
+            await kube.delete(res, action.name, action.namespace, uid=action.uid, propagation="Background")
+        except NotFound:
+            return  # gone already
+        except Conflict as exc:  # the uid precondition failed: a new object of that name, not ours to delete
+            raise Requeue(f"delete {res}/{action.name}: {exc}") from None
+        log.info(
+            "object.deleted kind=%s name=%s/%s why=%r", action.kind, action.namespace, action.name, action.why
+        )
+        counts.writes += 1
+        return
     if isinstance(action, diff.Create):
         obj = action.obj
         res = BY_KIND[str(obj["kind"])]
@@ -123,6 +136,14 @@ async def _perform(kube: KubeClient, action: diff.Action, counts: Counts) -> Non
             obj["metadata"]["name"],
         )
     counts.writes += 1
+
+
+async def delete_all(kube: KubeClient, deletions: list[diff.Delete]) -> int:
+    """Perform ``deletions`` (the finalizer's cleanup); the number of deletes sent."""
+    counts = Counts()
+    for d in deletions:
+        await _perform(kube, d, counts)
+    return counts.writes
 
 
 async def remove_finalizer(kube: KubeClient, key: GatewayKey, gateway: Mapping[str, Any]) -> None:

@@ -28,6 +28,12 @@ ChangeHandler = Callable[[Obj | None, Obj | None], None]
 ObjKey = tuple[str, str]
 
 
+def metadata_only(obj: Obj) -> Obj:
+    """``obj`` without its content: what the controller keeps of a Secret (it needs the name and labels,
+    never the values)."""
+    return {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
+
+
 def obj_key(obj: Mapping[str, Any]) -> ObjKey:
     md = obj.get("metadata") or {}
     return (str(md.get("namespace") or ""), str(md.get("name")))
@@ -45,6 +51,7 @@ class Informer:
         watch_seconds: tuple[int, int] = (240, 480),
         retry_cap: float = 5.0,
         on_error: Callable[[Resource, KubeError], None] | None = None,
+        transform: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.kube = kube
         self.res = res
@@ -54,6 +61,9 @@ class Informer:
         self.on_error = on_error or (lambda res, exc: None)
         self.watch_seconds = watch_seconds
         self.retry_cap = retry_cap
+        self.transform = transform or (lambda obj: obj)
+        """Applied to every object before it is cached (``metadata_only`` keeps no Secret data)."""
+        self.last_error: str | None = None
         self.store: dict[ObjKey, Obj] = {}
         self.resource_version = ""
         self.synced = anyio.Event()
@@ -67,6 +77,7 @@ class Informer:
         return iter(list(self.store.values()))
 
     def _set(self, obj: Obj) -> None:
+        obj = self.transform(obj)
         k = obj_key(obj)
         old = self.store.get(k)
         self.store[k] = obj
@@ -89,6 +100,7 @@ class Informer:
                 self._set(o)
         self.resource_version = rv
         self.relists += 1
+        self.last_error = None
         self.synced.set()
 
     async def run(self) -> None:
@@ -135,6 +147,7 @@ class Informer:
                 need_list = True
             except KubeError as exc:
                 self.failures += 1
+                self.last_error = str(exc)
                 self.on_error(self.res, exc)
                 delay = backoff(self.failures, base=0.2, cap=self.retry_cap)
                 if self.failures in (1, 5) or self.failures % 50 == 0:

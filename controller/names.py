@@ -1,18 +1,29 @@
 """Who owns what: the key of a gateway, the names and labels of the objects the controller makes for it.
 
-Every owned object of a gateway has the same name, ``vpngw-<name>`` for a VPNGateway and
-``ipsecgw-<name>`` for a legacy IPsecGateway (kinds differ, so names do not collide; a VPNGateway and an
-IPsecGateway of one name in one namespace do not collide either), its labels name the gateway and the
-operator instance, and an ownerReference points at the gateway (the API server's garbage collector
-deletes them with it). Pure.
+The gateway pod is not the tenant's: it holds NET_ADMIN, NET_RAW and unsafe sysctls, so it runs in the
+operator's gateway namespace (``Settings.gateway_namespace``), never in the tenant's (docs/security.md).
+So a gateway's objects live in two places:
+
+* in the gateway namespace: the plan ConfigMap, ServiceAccount, Role and RoleBinding (the plan), the
+  NetworkPolicy, the NAD and the Deployment, all named ``home_name`` (``vpngw-<name>-<hash>``: unique
+  across tenants, whatever their namespaces and names are called). An ownerReference cannot cross
+  namespaces: their labels say whose they are (``LABEL_NAMESPACE``, ``LABEL_OWNER_UID``) and the gateway's
+  finalizer deletes them;
+* in the tenant's namespace: a Role and RoleBinding named ``object_name`` (``vpngw-<name>``, legacy
+  ``ipsecgw-<name>``) that let the pod's ServiceAccount patch its CR's status and read the Secrets its
+  plan references, each by name; they carry an ownerReference (the garbage collector deletes them).
+
+Pure.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import gwplan
 from controller.api.resources import LEGACY_GROUP, VERSION, VPN_GROUP
 
 GatewayKind = Literal["VPNGateway", "IPsecGateway"]
@@ -21,6 +32,10 @@ GATEWAY_KINDS: tuple[GatewayKind, ...] = ("VPNGateway", "IPsecGateway")
 LABEL_GATEWAY = "vpn.bnerd.net/gateway"
 LABEL_KIND = "vpn.bnerd.net/gateway-kind"
 LABEL_INSTANCE = "vpn.bnerd.net/operator"
+LABEL_NAMESPACE = "vpn.bnerd.net/gateway-namespace"
+"""On the objects in the gateway namespace: the namespace of the gateway they belong to."""
+LABEL_OWNER_UID = "vpn.bnerd.net/owner-uid"
+"""On the objects in the gateway namespace: the uid of the gateway (what an ownerReference would say)."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "vpngw-controller"
 FIELD_MANAGER = "vpngw-controller"
@@ -30,6 +45,12 @@ ANNOTATION_HASH = "vpn.bnerd.net/desired-hash"
 our wish changed (rewrite it, dropping fields we no longer set); an equal hash with fields that differ
 means someone else edited it (restore it)."""
 ANNOTATION_NIC_MAC = "vpn.bnerd.net/nic-mac"
+LABEL_TENANT = "vpn.bnerd.net/tenant"
+"""On a namespace (``enabled``): its gateways are served. Set by whoever administers namespaces."""
+TENANT_ENABLED = "enabled"
+LABEL_GATEWAY_SECRET = gwplan.SECRET_OPT_IN_LABEL
+"""On a Secret (``"true"``): its owner means it for gateways. Only such Secrets are ever granted to a
+gateway pod or read by one, whatever a CR references (docs/security.md)."""
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 PLAN_KEY = "plan.json"
 
@@ -57,8 +78,20 @@ class GatewayKey:
 
     @property
     def object_name(self) -> str:
-        """The name of every object owned by this gateway."""
-        return f"{'vpngw' if self.kind == 'VPNGateway' else 'ipsecgw'}-{self.name}"
+        """The name of the gateway's objects in its own (the tenant's) namespace."""
+        return f"{self._prefix}-{self.name}"
+
+    @property
+    def home_name(self) -> str:
+        """The name of the gateway's objects in the gateway namespace: unique across tenants (a hash of
+        kind, namespace and name: ``a-b``/``c`` and ``a``/``b-c`` never meet), readable, and at most 63
+        characters (a DNS label, so it fits every kind and a label value)."""
+        digest = hashlib.sha256(f"{self.kind}/{self.namespace}/{self.name}".encode()).hexdigest()[:16]
+        return f"{self._prefix}-{self.name[:36].rstrip('-')}-{digest}"
+
+    @property
+    def _prefix(self) -> str:
+        return "vpngw" if self.kind == "VPNGateway" else "ipsecgw"
 
 
 def key_of(obj: Mapping[str, Any]) -> GatewayKey:
@@ -69,11 +102,6 @@ def key_of(obj: Mapping[str, Any]) -> GatewayKey:
     return GatewayKey(kind, str(md.get("namespace")), str(md.get("name")))
 
 
-def selector_labels(key: GatewayKey) -> dict[str, str]:
-    """The labels a gateway's pod is selected by (a Deployment's selector is immutable: never change)."""
-    return {LABEL_GATEWAY: key.name, LABEL_KIND: key.kind}
-
-
 def labels(key: GatewayKey, instance: str) -> dict[str, str]:
     return {
         **selector_labels(key),
@@ -82,6 +110,19 @@ def labels(key: GatewayKey, instance: str) -> dict[str, str]:
         "app.kubernetes.io/name": "vpngw-gateway",
         "app.kubernetes.io/instance": key.object_name[:63].rstrip("-"),
     }
+
+
+def selector_labels(key: GatewayKey) -> dict[str, str]:
+    """The labels a gateway's pod is selected by (a Deployment's selector is immutable: never change).
+    The gateway's namespace is one of them: in the gateway namespace, gateways of one name from two
+    tenants meet."""
+    return {LABEL_GATEWAY: key.name, LABEL_KIND: key.kind, LABEL_NAMESPACE: key.namespace}
+
+
+def home_labels(key: GatewayKey, instance: str, uid: str) -> dict[str, str]:
+    """The labels of the gateway's objects in the gateway namespace: whose they are, in place of an
+    ownerReference (which cannot point across namespaces)."""
+    return {**labels(key, instance), LABEL_OWNER_UID: uid}
 
 
 def owner_reference(key: GatewayKey, uid: str) -> dict[str, Any]:
@@ -96,8 +137,12 @@ def owner_reference(key: GatewayKey, uid: str) -> dict[str, Any]:
 
 
 def owner_of(obj: Mapping[str, Any]) -> GatewayKey | None:
-    """The gateway that owns ``obj`` (its controller ownerReference), if any."""
+    """The gateway that owns ``obj``: its labels in the gateway namespace, else its controller
+    ownerReference, if any."""
     md = obj.get("metadata") or {}
+    lbl = md.get("labels") or {}
+    if lbl.get(LABEL_KIND) in GATEWAY_KINDS and LABEL_NAMESPACE in lbl and LABEL_GATEWAY in lbl:
+        return GatewayKey(lbl[LABEL_KIND], str(lbl[LABEL_NAMESPACE]), str(lbl[LABEL_GATEWAY]))
     for ref in md.get("ownerReferences") or []:
         if ref.get("controller") and ref.get("kind") in GATEWAY_KINDS:
             api = str(ref.get("apiVersion", ""))

@@ -20,7 +20,11 @@ the same):
   0700 root; NET_ADMIN for the kernel's netlink GET). Liveness ``/healthz`` on the metrics port.
 
 Every container: all capabilities dropped but those, no privilege escalation, read-only root file system
-(writable emptyDirs where a program writes), the RuntimeDefault seccomp profile.
+(writable emptyDirs where a program writes), the RuntimeDefault seccomp profile. Only the status-agent
+has an API token: the pod mounts none (``automountServiceAccountToken: false``) and the agent's container
+alone mounts a projected one (token, the cluster's CA, the namespace), where the in-cluster config looks.
+
+The pod runs in the operator's gateway namespace (``Settings.gateway_namespace``), never the tenant's.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ NOT_READY_TOLERATION_SECONDS = 30
 IPSEC_CAPS = ["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE", "SETGID", "CHOWN"]
 INITNAT_CAPS = ["NET_ADMIN", "NET_RAW"]
 UNPRIVILEGED = 65532
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # noqa: S105 (a path)
+TOKEN_SECONDS = 3607
+"""As the ServiceAccount admission plugin's own volume: an hour and seven seconds (kubelet refreshes it)."""
 
 
 def _security(
@@ -121,7 +128,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         "python3", "-m", "agent",
         "--plan", LIVE_PLAN,
         "--plan-fallback", f"{PLAN_DIR}/plan.json",
-        "--follow-configmap", key.object_name,
+        "--follow-configmap", key.home_name,
         "--live-dir", LIVE_DIR,
         "--secrets-dir", f"{LIVE_DIR}/secrets",
         "--kube-status",
@@ -186,6 +193,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
                 _mount("plan", PLAN_DIR, read_only=True),
                 _mount("live", LIVE_DIR),
                 _mount("tmp", "/tmp"),
+                _mount("api-token", TOKEN_DIR, read_only=True),
                 *daemon_mounts,
             ],
             env=[{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
@@ -210,7 +218,8 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
 
 def volumes(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> list[Obj]:
     vols: list[Obj] = [
-        {"name": "plan", "configMap": {"name": key.object_name}},
+        {"name": "plan", "configMap": {"name": key.home_name}},
+        token_volume(),
         {"name": "live", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
@@ -225,6 +234,26 @@ def volumes(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> list[Obj]
         if settings.pod.wireguard == "wireguard-go":
             vols.append({"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}})
     return vols
+
+
+def token_volume() -> Obj:
+    """The status-agent's API credentials: what the ServiceAccount admission plugin would mount in every
+    container, mounted in that one only."""
+    return {
+        "name": "api-token",
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": TOKEN_SECONDS, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {
+                    "downwardAPI": {
+                        "items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]
+                    }
+                },
+            ],
+        },
+    }
 
 
 def tolerations(settings: Settings) -> list[Obj]:
@@ -251,8 +280,8 @@ def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str) 
         ]
     spec: Obj = {
         "nodeName": node,
-        "serviceAccountName": key.object_name,
-        "automountServiceAccountToken": True,
+        "serviceAccountName": key.home_name,
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": pod.termination_grace_seconds,
         "securityContext": security,
@@ -269,7 +298,9 @@ def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str) 
 
 
 def deployment_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, mac: str, node: str) -> Obj:
-    networks = json.dumps([{"name": key.object_name, "namespace": key.namespace}], separators=(",", ":"))
+    networks = json.dumps(
+        [{"name": key.home_name, "namespace": settings.gateway_namespace}], separators=(",", ":")
+    )
     return {
         "replicas": 1,
         "strategy": {"type": "Recreate"},

@@ -25,11 +25,12 @@ from typing import Any
 import gwplan
 from controller import diff, placement, status
 from controller.api.model import IPsecGateway, VPNGateway, VPNPeer, parse
+from controller.api.schema import FieldError, show
 from controller.api.validate import InvalidInput, Item, Neighbour, Problem, admit
 from controller.cloud import CLOUD_READY, CloudState
 from controller.cloudplan import ROUTING_READY
-from controller.desired import Desired, Inputs, desired, plan_of
-from controller.names import FINALIZER, GatewayKey, selector_labels
+from controller.desired import HOME_KINDS, Desired, Inputs, desired, plan_of
+from controller.names import FINALIZER, LABEL_TENANT, TENANT_ENABLED, GatewayKey, selector_labels
 from controller.plan.render import (
     PeerNow,
     RenderOptions,
@@ -52,8 +53,18 @@ class Snapshot:
     peers: tuple[Mapping[str, Any], ...] = ()
     """The VPNPeers of the gateway's namespace whose gatewayRef names it (VPNGateway only)."""
     owned: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    """kind -> the object of the gateway's object name of that kind, as the API holds it."""
+    """slot -> the object of the gateway's name in that slot (``controller.desired``), as the API holds it."""
+    leftovers: tuple[Mapping[str, Any], ...] = ()
+    """What an earlier release made for this gateway in the tenant's namespace (``LEFTOVER_KINDS``)."""
     pods: tuple[Mapping[str, Any], ...] = ()
+    """The gateway's pods, wherever they run (the gateway namespace; the tenant's before the move)."""
+    namespace_enabled: bool = True
+    """The gateway's namespace carries ``names.LABEL_TENANT`` (its gateways are served)."""
+    secrets: frozenset[str] | None = None
+    """The Secrets of the gateway's namespace whose owners opted them in (``names.LABEL_GATEWAY_SECRET``);
+    None: no check (the offline tools)."""
+    secrets_unreadable: str | None = None
+    """Why the controller cannot tell which Secrets are opted in (nothing new is rendered then)."""
     nodes: tuple[Mapping[str, Any], ...] = ()
     pinned: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """Gateways pinned to each node, this one excluded."""
@@ -144,6 +155,34 @@ def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str,
             kept = keep_only_still_asked(previous, still_asked(snap, {p.meta.name for p in peers}))
         return Rendered(None, previous, tuple(problems), previous_error, kept)
 
+    if not snap.namespace_enabled:
+        refused = [
+            Problem(
+                str(snap.key),
+                FieldError(
+                    "metadata.namespace",
+                    f"is not enabled for gateways: the namespace needs the label "
+                    f"{LABEL_TENANT}={TENANT_ENABLED} (set by whoever administers namespaces; "
+                    "docs/install.md)",
+                    show(snap.key.namespace),
+                    "NamespaceNotEnabled",
+                ),
+            ),
+            *refused,
+        ]
+    if snap.secrets_unreadable is not None:
+        refused = [
+            *refused,
+            Problem(
+                str(snap.key),
+                FieldError(
+                    "metadata.namespace",
+                    snap.secrets_unreadable,
+                    show(snap.key.namespace),
+                    "SecretsUnreadable",
+                ),
+            ),
+        ]
     if refused:
         return keep([*refused, *left_out])
     gateway = parse(stored_gateway)
@@ -156,6 +195,7 @@ def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str,
         transit_cidrs=transit_cidrs,
         neighbours=snap.neighbours,
         exposure_targets=settings.allowance(snap.key.namespace).exposure_targets,
+        secrets=snap.secrets,
     )
     try:
         rendering = render_parts(gateway, peers, options)
@@ -429,17 +469,26 @@ def decide(
                 plan.nic, mac=cloud.nic.mac, address=cloud.nic.address, gateway=cloud.nic.gateway
             )
             plan = with_nic(plan, nic)
-        inputs = Inputs(snap.key, snap.uid, plan, settings, cloud.nic, where.node)
+        inputs = Inputs(snap.key, snap.uid, plan, settings, cloud.nic, where.node, snap.secrets)
         plan_desired = desired(inputs)
+        held: set[str] = set()
         if cloud.nic is None:
             # Without NIC2 nothing can run: keep what exists (a running pod keeps its plan) and add only
             # what does not depend on it.
-            kept = {"ConfigMap", "NetworkAttachmentDefinition", "Deployment"}
+            held = {"ConfigMap", "NetworkAttachmentDefinition", "Deployment"}
+        elif "Deployment" not in snap.owned and moving(snap, settings):
+            # The pod an earlier release ran in the tenant's namespace still holds NIC2 (host-device moved
+            # it into its netns): the new one starts once it is gone.
+            held = {"Deployment"}
+        if held:
             plan_desired = Desired(
-                tuple(o for o in plan_desired.objects if o["kind"] not in kept), plan_desired.held | kept
+                tuple((slot, o) for slot, o in plan_desired.objects if slot not in held),
+                plan_desired.held | held,
             )
         acts, foreign = diff.plan_actions(plan_desired.objects, snap.owned, snap.uid)
         actions = list(acts)
+    if settings.migrate:
+        actions += diff.deletions(snap.leftovers, snap.uid, "moved to the gateway namespace")
     routing = links_condition(snap.links, snap.key.namespace)
     parts = [
         config_condition(rendered),
@@ -479,6 +528,19 @@ def decide(
         not snap.has_finalizer and not snap.deleting,
         plan_desired,
     )
+
+
+def moving(snap: Snapshot, settings: Settings) -> bool:
+    """A pod of this gateway still runs outside the gateway namespace (an earlier release's)."""
+    return any((p.get("metadata") or {}).get("namespace") != settings.gateway_namespace for p in snap.pods)
+
+
+def cleanup(snap: Snapshot) -> list[diff.Delete]:
+    """What the gateway's finalizer deletes: its objects in the gateway namespace (nothing there can
+    carry an ownerReference to it) and what an earlier release left in its namespace. Its Role and
+    RoleBinding in its own namespace go with it (garbage collector)."""
+    home = [o for slot, o in snap.owned.items() if slot in HOME_KINDS]
+    return diff.deletions([*home, *snap.leftovers], snap.uid, "the gateway is deleted")
 
 
 def pod_selector(key: GatewayKey) -> str:

@@ -31,13 +31,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 import gwplan
 from controller import execute
 from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
-from controller.desired import OWNED_KINDS, Nic2, plan_of
-from controller.informer import Informer
+from controller.desired import HOME_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, plan_of
+from controller.informer import Informer, metadata_only
 from controller.names import (
     GATEWAY_KINDS,
     LABEL_GATEWAY,
+    LABEL_GATEWAY_SECRET,
     LABEL_INSTANCE,
     LABEL_KIND,
+    LABEL_NAMESPACE,
+    LABEL_TENANT,
+    TENANT_ENABLED,
     GatewayKey,
     key_of,
     owner_of,
@@ -48,6 +52,7 @@ from controller.reconcile import (
     Rendered,
     Snapshot,
     claim_of,
+    cleanup,
     cluster_links,
     decide,
     my_claim,
@@ -62,7 +67,7 @@ from controller.status import Condition
 from controller.workqueue import WorkQueue
 from gwkit import httpd
 from gwkit.kube import ApiError, KubeClient, KubeError, Obj, Resource, Unreachable
-from gwkit.kube.client import BY_KIND, CLUSTERLINKS, NODES, PODS, VPNPEERS
+from gwkit.kube.client import BY_KIND, CLUSTERLINKS, NAMESPACES, NODES, PODS, SECRETS, VPNPEERS
 
 log = logging.getLogger(__name__)
 
@@ -145,28 +150,44 @@ class Operator:
         self._place_lock = anyio.Lock()
         ns = settings.namespace
         owned_selector = f"{LABEL_INSTANCE}={settings.instance}"
+        # The gateway namespace holds the gateways' own objects; an earlier release's leftovers in tenant
+        # namespaces are seen only while migrating (that needs the chart's cluster-wide migration rights).
+        home = None if settings.migrate else settings.gateway_namespace
 
-        def inf(res: Resource, *, namespaced: bool = True, selector: str | None = None) -> Informer:
+        def inf(
+            res: Resource, *, namespace: str | None = ns, selector: str | None = None, **kw: Any
+        ) -> Informer:
             return Informer(
                 kube,
                 res,
-                namespace=ns if namespaced else None,
+                namespace=namespace,
                 label_selector=selector,
                 on_change=lambda old, new: self._changed(res.kind, old, new),
                 on_error=self.metrics.api_error,
+                **kw,
             )
 
         self.informers: dict[str, Informer] = {k: inf(BY_KIND[k]) for k in GATEWAY_KINDS}
         self.informers["VPNPeer"] = inf(VPNPEERS)
         self.informers["ClusterLink"] = inf(CLUSTERLINKS)
-        for kind in OWNED_KINDS:
-            self.informers[kind] = inf(BY_KIND[kind], selector=owned_selector)
-        self.informers["Pod"] = inf(PODS, selector=owned_selector)
-        self.informers["Node"] = inf(NODES, namespaced=False)
+        for kind in HOME_KINDS:
+            # Roles and RoleBindings live in both places (the tenant's are the pod's rights there).
+            where = None if kind in ("Role", "RoleBinding") else home
+            self.informers[kind] = inf(BY_KIND[kind], namespace=where, selector=owned_selector)
+        self.informers["Pod"] = inf(PODS, namespace=home, selector=owned_selector)
+        self.informers["Node"] = inf(NODES, namespace=None)
+        self.informers["Namespace"] = inf(
+            NAMESPACES, namespace=None, selector=f"{LABEL_TENANT}={TENANT_ENABLED}"
+        )
+        self.secrets: dict[str, tuple[Informer, anyio.CancelScope, float]] = {}
+        """Per enabled namespace: the Secrets opted in for gateways (metadata only)."""
+        self._tg: anyio.abc.TaskGroup | None = None
 
     # --- events -> keys ----------------------------------------------------------------------------
 
     def _changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
+        if kind == "Namespace":
+            self._namespace_changed(old, new)
         for key in self._keys(kind, old, new):
             self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
@@ -191,9 +212,14 @@ class Operator:
                 md = o.get("metadata") or {}
                 labels = md.get("labels") or {}
                 if labels.get(LABEL_KIND) in GATEWAY_KINDS and labels.get(LABEL_GATEWAY):
-                    keys.add(
-                        GatewayKey(labels[LABEL_KIND], str(md.get("namespace")), str(labels[LABEL_GATEWAY]))
-                    )
+                    ns = labels.get(LABEL_NAMESPACE) or md.get("namespace")  # an earlier release's: none
+                    keys.add(GatewayKey(labels[LABEL_KIND], str(ns), str(labels[LABEL_GATEWAY])))
+        elif kind in ("Namespace", "Secret"):
+            names = {
+                str((o.get("metadata") or {}).get("name" if kind == "Namespace" else "namespace"))
+                for o in objs
+            }
+            keys |= {self._key(g) for g in self._gateways() if g["metadata"].get("namespace") in names}
         elif kind == "Node":
             if old is not None and new is not None and not _placement_relevant(old, new):
                 return keys
@@ -214,22 +240,80 @@ class Operator:
 
     # --- one reconcile -------------------------------------------------------------------------------
 
-    def snapshot(self, key: GatewayKey, gateway: Obj) -> Snapshot:
-        owned = {}
-        for kind in OWNED_KINDS:
-            obj = self.informers[kind].get(key.namespace, key.object_name)
+    def _namespace_changed(self, old: Obj | None, new: Obj | None) -> None:
+        """Start a namespace's Secret cache when it is enabled, stop it when it no longer is."""
+        name = str(((new or old) or {}).get("metadata", {}).get("name"))
+        if new is not None and name not in self.secrets and self._tg is not None:
+            informer = Informer(
+                self.kube,
+                SECRETS,
+                namespace=name,
+                label_selector=f"{LABEL_GATEWAY_SECRET}=true",
+                on_change=lambda o, n: self._changed("Secret", o, n),
+                on_error=self.metrics.api_error,
+                transform=metadata_only,
+            )
+            scope = anyio.CancelScope()
+            self.secrets[name] = (informer, scope, time.monotonic())
+
+            async def run() -> None:
+                with scope:
+                    await informer.run()
+
+            self._tg.start_soon(run)
+        elif new is None and name in self.secrets:
+            self.secrets.pop(name)[1].cancel()
+
+    async def opted_in_secrets(self, namespace: str) -> frozenset[str] | str:
+        """The names of the Secrets of ``namespace`` opted in for gateways, or why they cannot be read: the
+        namespace's cache has not synced (waited for up to 5 s after it started; a cache that never syncs
+        means the controller may not list Secrets there)."""
+        entry = self.secrets.get(namespace)
+        if entry is None:
+            return f"namespace {namespace} is not enabled"
+        informer, _, started = entry
+        with anyio.move_on_after(max(0.0, started + 5.0 - time.monotonic())):
+            await informer.synced.wait()
+        if not informer.synced.is_set():
+            why = f": {informer.last_error}" if informer.last_error else ""
+            return (
+                f"the controller cannot list the Secrets of namespace {namespace}{why} (it needs the chart's "
+                "tenant RoleBinding there: docs/install.md)"
+            )
+        return frozenset(str(o["metadata"]["name"]) for o in informer.items())
+
+    def snapshot(
+        self, key: GatewayKey, gateway: Obj, secrets: frozenset[str] | str | None = None
+    ) -> Snapshot:
+        home = self.settings.gateway_namespace
+        owned: dict[str, Obj] = {}
+        for kind in HOME_KINDS:
+            obj = self.informers[kind].get(home, key.home_name)
             if obj is not None:
                 owned[kind] = obj
-        pods = tuple(
-            p
-            for p in self.informers["Pod"].items()
-            if p["metadata"].get("namespace") == key.namespace
-            and (p["metadata"].get("labels") or {}).get(LABEL_GATEWAY) == key.name
-            and (p["metadata"].get("labels") or {}).get(LABEL_KIND) == key.kind
-        )
+        for slot, kind in TENANT_SLOTS.items():
+            obj = self.informers[kind].get(key.namespace, key.object_name)
+            if obj is not None:
+                owned[slot] = obj
+        leftovers: list[Obj] = []
+        if self.settings.migrate and key.namespace != home:
+            for kind in LEFTOVER_KINDS:
+                obj = self.informers[kind].get(key.namespace, key.object_name)
+                if obj is not None:
+                    leftovers.append({**obj, "kind": kind})
+
+        def mine(p: Mapping[str, Any]) -> bool:
+            md = p.get("metadata") or {}
+            lbl = md.get("labels") or {}
+            ns = lbl.get(LABEL_NAMESPACE) or md.get("namespace")
+            return (
+                lbl.get(LABEL_GATEWAY) == key.name and lbl.get(LABEL_KIND) == key.kind and ns == key.namespace
+            )
+
+        pods = tuple(p for p in self.informers["Pod"].items() if mine(p))
         peers = peers_of(key, list(self.informers["VPNPeer"].items())) if key.kind == "VPNGateway" else ()
         pinned = Tally(node for k, node in self.pins.items() if k != key)
-        mine = my_claim(key, gateway, self._deployed_cidr(key))
+        claim = my_claim(key, gateway, self._deployed_cidr(key))
         others: list[Claim] = []
         for g in self._gateways():
             k = self._key(g)
@@ -247,13 +331,17 @@ class Operator:
             pods=pods,
             nodes=tuple(self.informers["Node"].items()),
             pinned=dict(pinned),
-            neighbours=neighbours(mine, others) if mine is not None else (),
+            neighbours=neighbours(claim, others) if claim is not None else (),
             links=links,
+            leftovers=tuple(leftovers),
+            namespace_enabled=self.informers["Namespace"].get("", key.namespace) is not None,
+            secrets=secrets if not isinstance(secrets, str) else frozenset(),
+            secrets_unreadable=secrets if isinstance(secrets, str) else None,
         )
 
     def _deployed_cidr(self, key: GatewayKey) -> str | None:
         """The serviceCIDR ``key``'s deployed plan serves (parsed once per ConfigMap version)."""
-        cm = self.informers["ConfigMap"].get(key.namespace, key.object_name)
+        cm = self.informers["ConfigMap"].get(self.settings.gateway_namespace, key.home_name)
         if cm is None:
             self._deployed.pop(key, None)
             return None
@@ -279,12 +367,15 @@ class Operator:
             self.pins.pop(key, None)
             if snap.has_finalizer:
                 await self.cloud.release(key)
+                deleted = await execute.delete_all(self.kube, cleanup(snap))
                 await execute.remove_finalizer(self.kube, key, gateway)
-                log.info("gateway.released gateway=%s", key)
+                log.info("gateway.released gateway=%s deleted=%d", key, deleted)
             return "deleted"
+        secrets = await self.opted_in_secrets(key.namespace) if snap.namespace_enabled else None
+        snap = self.snapshot(key, gateway, secrets)
         rendered = render_gateway(snap, self.settings, await self.cloud.transit_cidrs())
         async with self._place_lock:
-            snap = self.snapshot(key, gateway)  # the pins of reconciles that placed meanwhile
+            snap = self.snapshot(key, gateway, secrets)  # the pins of reconciles that placed meanwhile
             where = place(snap, self.settings)
             if where.node is not None:
                 self.pins[key] = where.node
@@ -430,6 +521,7 @@ class Operator:
             if listen is not None:
                 port = await tg.start(httpd.serve, listen, self.http)
                 log.info("operator.listening address=%s port=%d", listen.rpartition(":")[0], port)
+            self._tg = tg
             for i in self.informers.values():
                 tg.start_soon(i.run)
             tg.start_soon(self.elector.run)

@@ -139,6 +139,19 @@ def add_run_parser(sub: Any) -> None:
         default=env(ENV["instance"], "vpngw"),
         help=f"this installation's name (${ENV['instance']})",
     )
+    r.add_argument(
+        "--gateway-namespace",
+        default=env("VPNGW_GATEWAY_NAMESPACE", "vpngw-gateways"),
+        help="where the gateway pods and their objects live, never a tenant's namespace "
+        "($VPNGW_GATEWAY_NAMESPACE; Pod Security privileged)",
+    )
+    r.add_argument(
+        "--migrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="delete gateway objects an earlier release made in tenant namespaces (needs the chart's "
+        "migration rights)",
+    )
     r.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     r.add_argument(
         "--leader-election-namespace",
@@ -172,6 +185,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
         ),
         cloud=args.cloud,
         operator_namespace=args.leader_election_namespace,
+        gateway_namespace=args.gateway_namespace,
+        migrate=args.migrate,
         instance=args.instance,
     )
     if args.config is not None:

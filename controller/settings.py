@@ -127,6 +127,12 @@ class Settings:
     static_nics: Mapping[str, StaticNic] = field(default_factory=dict)
     """``namespace/name`` -> NIC2 of that gateway (the static cloud backend)."""
     operator_namespace: str = "vpngw-system"
+    gateway_namespace: str = "vpngw-gateways"
+    """Where the gateway pods and their objects live: the operator's, never a tenant's (the pods hold
+    NET_ADMIN, NET_RAW and unsafe sysctls; the chart makes it with Pod Security ``privileged``)."""
+    migrate: bool = True
+    """Delete what an earlier release made in tenant namespaces (the pod's Deployment, ConfigMap, ...)
+    once the gateway's objects live in the gateway namespace (needs the chart's migration rights)."""
     instance: str = "vpngw"
     """This operator installation's name: labels and (OpenStack) tags carry it, so two installations in one
     cluster or cloud never touch each other's objects."""
@@ -362,6 +368,8 @@ def check(s: Settings) -> Settings:
         raise SettingsError(f"--namespace: {s.namespace!r} is not a namespace name")
     if not _DNS_LABEL.fullmatch(s.instance):
         raise SettingsError(f"--instance: {s.instance!r} is not a DNS label")
+    if not _DNS_LABEL.fullmatch(s.gateway_namespace):
+        raise SettingsError(f"--gateway-namespace: {s.gateway_namespace!r} is not a namespace name")
     if s.pod.max_gateways_per_node < 0:
         raise SettingsError("--max-gateways-per-node: must be 0 (no cap) or more")
     check_nad_template(s.pod.nad_template)

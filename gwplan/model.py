@@ -75,6 +75,12 @@ def ike_id_wildcard(ike_id: str) -> str | None:
     return None
 
 
+SECRET_OPT_IN_LABEL = "vpn.bnerd.net/gateway-secret"  # noqa: S105 (a label key)
+"""A Secret carrying this label with the value ``"true"`` was meant for gateways by its owner: the
+controller grants a gateway pod only such Secrets, and the pod reads only such Secrets, whatever a CR
+references (docs/security.md)."""
+
+
 GatewayType: TypeAlias = Literal["ipsec", "wireguard"]
 Protocol_: TypeAlias = Literal["TCP", "UDP"]
 GrantKind: TypeAlias = Literal["exposure", "reverse"]

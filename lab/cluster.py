@@ -22,11 +22,16 @@ from typing import Any, TypeVar
 
 import yaml
 
+from controller.names import LABEL_TENANT, TENANT_ENABLED, GatewayKey
+from controller.settings import Settings
+from gwplan import SECRET_OPT_IN_LABEL
 from lab.kubeapi import KubeAPIThread
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 T = TypeVar("T")
+GATEWAY_NAMESPACE = Settings.gateway_namespace
+"""The operator's gateway namespace, as the chart makes it (the controller's default)."""
 
 
 def wait_for(cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
@@ -120,10 +125,13 @@ class Cluster:
         bookmark_interval: float = 1.0,
         history: int = 10000,
         sans: Sequence[str] = (),
+        gateway_namespace: bool = True,
     ) -> None:
         """``sans``: extra names/addresses for the emulator's certificate (e.g. the API's in-cluster
-        address 10.96.0.1, which the lab kubelet's pods use)."""
+        address 10.96.0.1, which the lab kubelet's pods use). ``gateway_namespace``: make the operator's
+        gateway namespace, as the chart does (off: a test installs the chart itself)."""
         self.workdir = workdir
+        self.gateway_namespace = gateway_namespace
         self.kube = KubeAPIThread(bookmark_interval=bookmark_interval, history=history, sans=tuple(sans))
         self.controllers: list[Controller] = []
 
@@ -133,8 +141,12 @@ class Cluster:
         try:
             for doc in crd_documents():
                 self.kube.create(doc)
-            for ns in ("vpngw-system", "monitoring"):
-                self.namespace(ns)
+            for ns in (
+                "vpngw-system",
+                "monitoring",
+                *([GATEWAY_NAMESPACE] if self.gateway_namespace else []),
+            ):
+                self.namespace(ns, tenant=False)
         except BaseException:
             self.kube.__exit__(None, None, None)
             raise
@@ -152,9 +164,14 @@ class Cluster:
     def kubeconfig(self) -> Path:
         return self.kube.kubeconfig
 
-    def namespace(self, name: str) -> None:
+    def namespace(self, name: str, *, tenant: bool = True) -> None:
+        """Create namespace ``name`` if it is missing; ``tenant``: enabled for gateways, as the platform
+        does for a tenant (``vpn.bnerd.net/tenant=enabled``)."""
         if self.kube.get("v1", "Namespace", name) is None:
-            self.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            md: dict[str, Any] = {"name": name}
+            if tenant:
+                md["labels"] = {LABEL_TENANT: TENANT_ENABLED}
+            self.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": md})
 
     def apply(self, docs: Sequence[Mapping[str, Any]]) -> None:
         """Create each document (its namespace first), as an admin client would."""
@@ -191,6 +208,12 @@ class Cluster:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
         return self.kube.get(api_version, kind, name, namespace)
 
+    def owned(
+        self, api_version: str, kind: str, gateway: str, namespace: str, gateway_kind: str = "VPNGateway"
+    ) -> dict[str, Any] | None:
+        """The gateway's object of ``kind`` in the gateway namespace (where its pod and plan live)."""
+        return self.kube.get(api_version, kind, *home_of(gateway, namespace, gateway_kind))
+
     def start_controller(
         self,
         config: Mapping[str, Any] | None = None,
@@ -222,6 +245,56 @@ class Cluster:
         ctl = Controller(proc, port, log_path)
         self.controllers.append(ctl)
         return ctl
+
+
+def home_of(gateway: str, namespace: str, gateway_kind: str = "VPNGateway") -> tuple[str, str]:
+    """(name, namespace) of a gateway's objects in the gateway namespace (``GatewayKey.home_name``)."""
+    return GatewayKey(gateway_kind, namespace, gateway).home_name, GATEWAY_NAMESPACE  # type: ignore[arg-type]
+
+
+def gateway_secret(namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]:
+    """A Secret its owner opted in for gateways (the label the controller and the pod require)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace, "labels": {SECRET_OPT_IN_LABEL: "true"}},
+        "stringData": dict(data),
+    }
+
+
+def secret_refs(docs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """(namespace, Secret name) -> keys, of every ``...SecretRef`` in ``docs`` (a certificateSecretRef
+    names a kubernetes.io/tls Secret: tls.crt, tls.key, ca.crt)."""
+    out: dict[tuple[str, str], set[str]] = {}
+
+    def walk(node: Any, ns: str) -> None:
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if k.endswith("SecretRef") and isinstance(v, Mapping) and isinstance(v.get("name"), str):
+                    keys = (
+                        {"tls.crt", "tls.key", "ca.crt"}
+                        if k == "certificateSecretRef"
+                        else {str(v.get("key"))}
+                    )
+                    out.setdefault((ns, v["name"]), set()).update(keys)
+                else:
+                    walk(v, ns)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, ns)
+
+    for d in docs:
+        walk(d.get("spec"), str((d.get("metadata") or {}).get("namespace")))
+    return out
+
+
+def secrets_for(docs: Sequence[Mapping[str, Any]], value: str = "lab-only-secret") -> list[dict[str, Any]]:
+    """Opted-in Secrets for every Secret ``docs`` reference, each key holding ``value`` (for the
+    controller's tests: it checks names and labels, never values)."""
+    return [
+        gateway_secret(ns, name, dict.fromkeys(sorted(keys), value))
+        for (ns, name), keys in sorted(secret_refs(docs).items())
+    ]
 
 
 def clouds_yaml(path: Path, network_url: str, compute_url: str, name: str = "lab") -> Path:

@@ -174,8 +174,14 @@ class Surroundings:
     """The gateways that keep their serviceCIDR before this one (they come first in the operator's order)."""
     exposure_targets: tuple[str, ...] | None = None
     """The CIDRs this gateway's namespace may expose (the operator's allowance); None: no restriction."""
+    secrets: frozenset[str] | None = None
+    """The Secrets of the gateway's namespace whose owners opted them in (``names.LABEL_GATEWAY_SECRET``
+    in the controller); a reference to any other is refused. None: no check (the offline render)."""
     deployed: frozenset[str] = frozenset()
     """Names of the peers (legacy: tunnels) the deployed plan holds: they win conflicts with newcomers."""
+
+    def opted_in(self, name: str) -> bool:
+        return self.secrets is None or name in self.secrets
 
 
 @dataclass(frozen=True)
@@ -289,7 +295,7 @@ def admit_gateway(gateway: Gateway, peers: Sequence[VPNPeer], around: Surroundin
     exposures, found = _exposures(gateway, service, around)
     problems += found
     if isinstance(gateway, VPNGateway):
-        admitted, found = _admit_peers(gateway, peers, service, internal, around.deployed)
+        admitted, found = _admit_peers(gateway, peers, service, internal, around)
         problems += found
         granted = []
         for peer in admitted:
@@ -330,10 +336,28 @@ def admit_gateway(gateway: Gateway, peers: Sequence[VPNPeer], around: Surroundin
     return Admission(kept_legacy, (), tuple(problems))
 
 
+SECRET_NOT_OPTED_IN = "SecretNotOptedIn"  # noqa: S105 (a reason)
+
+
+def not_opted_in(name: str) -> str:
+    return (
+        f"names Secret {name}, which does not exist or is not opted in for gateways (its owner labels it "
+        "vpn.bnerd.net/gateway-secret=true): a gateway is never given a Secret its owner did not mean for one"
+    )
+
+
 def _gateway_itself(gateway: Gateway, service: _Net, around: Surroundings) -> list[Problem]:
     """Rules of the gateway's own fields: one broken, and nothing of it can be rendered."""
     gw = str(gateway.meta)
     problems = []
+    own: list[tuple[str, str]] = []
+    if isinstance(gateway, IPsecGateway):
+        own.append(("spec.auth.pskSecretRef.name", gateway.psk_secret_ref.name))
+    elif gateway.wireguard is not None:
+        own.append(("spec.wireguard.privateKeySecretRef.name", gateway.wireguard.private_key_secret_ref.name))
+    for path, name in own:
+        if not around.opted_in(name):
+            problems.append(_problem(gw, path, name, not_opted_in(name), SECRET_NOT_OPTED_IN))
     if isinstance(gateway, VPNGateway) and gateway.wireguard is not None:
         tunnel = _net(gateway.wireguard.address, gw, "spec.wireguard.address")
         if _meets(tunnel, service):
@@ -450,7 +474,7 @@ def _admit_peers(
     peers: Sequence[VPNPeer],
     service: _Net,
     internal: Sequence[_Net],
-    deployed: frozenset[str],
+    around: Surroundings,
 ) -> tuple[list[VPNPeer], list[Problem]]:
     """The peers that can be rendered, in the operator's order (deployed first, then by name)."""
     gw = str(gateway.meta)
@@ -459,7 +483,7 @@ def _admit_peers(
     ike_ids: dict[str, Meta] = {}
     keys: dict[str, Meta] = {}
     nets = _Disjoint()
-    for peer in sorted(peers, key=lambda p: (p.meta.name not in deployed, p.meta.name)):
+    for peer in sorted(peers, key=lambda p: (p.meta.name not in around.deployed, p.meta.name)):
         p = str(peer.meta)
         item = Item("peer", peer.meta.name)
         found: list[Problem] = []
@@ -487,6 +511,23 @@ def _admit_peers(
                     f"is required: {gw} has no default spec.ipsec.pskSecretRef",
                     "FieldValueRequired",
                 )
+            ref = pi.psk_secret_ref or gi.psk_secret_ref
+            if pi.auth == "psk" and ref is not None and not around.opted_in(ref.name):
+                path = "spec.ipsec.pskSecretRef.name" if pi.psk_secret_ref else "spec.ipsec.pskSecretRef"
+                refuse(
+                    path,
+                    ref.name,
+                    not_opted_in(ref.name) + ("" if pi.psk_secret_ref else f" (the default of {gw})"),
+                    SECRET_NOT_OPTED_IN,
+                )
+            cert = gi.certificate_secret
+            if pi.auth == "pubkey" and cert is not None and not around.opted_in(cert):
+                refuse(
+                    "spec.ipsec.auth",
+                    "pubkey",
+                    f"needs {gw}'s certificate: it " + not_opted_in(cert),
+                    SECRET_NOT_OPTED_IN,
+                )
             if pi.auth == "pubkey" and gi.certificate_secret is None:
                 refuse(
                     "spec.ipsec.auth",
@@ -506,6 +547,14 @@ def _admit_peers(
             if first is not None:
                 refuse("spec.ipsec.id", pi.id, f"is already the IKE id of {first}", "FieldValueDuplicate")
         if gateway.type == "wireguard" and peer.wireguard is not None:
+            pk = peer.wireguard.preshared_key_secret_ref
+            if pk is not None and not around.opted_in(pk.name):
+                refuse(
+                    "spec.wireguard.presharedKeySecretRef.name",
+                    pk.name,
+                    not_opted_in(pk.name),
+                    SECRET_NOT_OPTED_IN,
+                )
             first = keys.get(peer.wireguard.public_key)
             if first is not None:
                 refuse(

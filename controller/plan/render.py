@@ -88,6 +88,8 @@ class RenderOptions:
     """The gateways whose serviceCIDRs come first (``controller.api.validate.Surroundings``)."""
     exposure_targets: tuple[str, ...] | None = None
     """The CIDRs the gateway's namespace may expose; None: no restriction (the offline render)."""
+    secrets: frozenset[str] | None = None
+    """The Secrets of the gateway's namespace opted in for gateways; None: no check (the offline render)."""
 
 
 def normalise(cidr: str) -> str:
@@ -235,6 +237,7 @@ def render_parts(
         transit_cidrs=options.transit_cidrs,
         neighbours=options.neighbours,
         exposure_targets=options.exposure_targets,
+        secrets=options.secrets,
         deployed=_deployed(previous),
     )
     written = gateway, peers  # the input as the user wrote it: problems point at its fields

@@ -34,7 +34,7 @@ import yaml
 
 from gwkit.vici import ViciSession
 from lab import netns
-from lab.cluster import Cluster, Controller, wait_for
+from lab.cluster import Cluster, Controller, gateway_secret, wait_for
 from lab.kubelet.kubelet import LabKubeletThread
 from lab.kubelet.pod import PodWorker
 from lab.kubelet.settings import KubeletSettings
@@ -95,12 +95,7 @@ sys.exit(0 if ok else 1)
 
 
 def secret_doc(namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
-        "stringData": dict(data),
-    }
+    return gateway_secret(namespace, name, data)
 
 
 class LongClient:

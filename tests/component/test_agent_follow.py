@@ -10,17 +10,20 @@ a Secret no longer referenced leaves the directory; the mounted copy is the plan
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import gwplan
-from lab.cluster import Cluster, Controller, wait_for
+from lab.cluster import Cluster, Controller, gateway_secret, home_of, wait_for
 from tests.component.test_controller_operator import CONFIG, converged
 from tests.examples import example_docs
 
@@ -32,12 +35,7 @@ SECRETS = {"acme-psk": {"psk": PSK}, "s1-psk": {"psk": PSK + "-s1"}, "s2-psk": {
 
 
 def secret(name: str, data: dict[str, str]) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": NS},
-        "stringData": data,
-    }
+    return gateway_secret(NS, name, data)
 
 
 @pytest.fixture
@@ -46,15 +44,19 @@ def world(tmp_path: Path) -> Iterator[tuple[Cluster, Controller]]:
         c.add_node("node-a")
         ctl = c.start_controller(CONFIG)
         wait_for(ctl.ready, 30, "the controller")
-        c.apply(example_docs("ipsec.yaml"))
         c.apply([secret(n, d) for n, d in SECRETS.items()])
+        c.apply(example_docs("ipsec.yaml"))
         wait_for(lambda: converged(c), 20, "the gateway's objects")
         yield c, ctl
 
 
+HOME, HOME_NS = home_of("acme", NS)
+"""The pod's ServiceAccount and plan ConfigMap, in the gateway namespace (made by the controller)."""
+
+
 def start_agent(c: Cluster, tmp: Path, *extra: str) -> subprocess.Popen[bytes]:
-    token = c.kube.mint_token(NS, "vpngw-acme")  # the gateway pod's ServiceAccount, made by the controller
-    kubeconfig = c.kube.write_kubeconfig(tmp / "pod.kubeconfig", token, NS, "vpngw-acme")
+    token = c.kube.mint_token(HOME_NS, HOME)  # the gateway pod's ServiceAccount, made by the controller
+    kubeconfig = c.kube.write_kubeconfig(tmp / "pod.kubeconfig", token, HOME_NS, HOME)
     live = tmp / "live"
     argv = [
         sys.executable,
@@ -67,7 +69,7 @@ def start_agent(c: Cluster, tmp: Path, *extra: str) -> subprocess.Popen[bytes]:
         "--vici-socket",
         str(tmp / "no-charon.vici"),
         "--follow-configmap",
-        "vpngw-acme",
+        HOME,
         "--live-dir",
         str(live),
         "--kubeconfig",
@@ -77,7 +79,7 @@ def start_agent(c: Cluster, tmp: Path, *extra: str) -> subprocess.Popen[bytes]:
         "0.05",
         *extra,
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAMESPACE": NS}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "POD_NAMESPACE": HOME_NS}
     out = (tmp / "agent.log").open("wb")
     return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
@@ -130,7 +132,7 @@ def test_the_agent_follows_plan_and_secrets_with_only_its_roles_rights(
         wait_for(lambda: not (secrets / "s1-psk").exists(), 15, "the unreferenced Secret gone")
         assert agent.poll() is None, "never restarted"
         forbidden = [
-            r for r in c.kube.requests(user=f"system:serviceaccount:{NS}:vpngw-acme") if r.code == 403
+            r for r in c.kube.requests(user=f"system:serviceaccount:{HOME_NS}:{HOME}") if r.code == 403
         ]
         assert forbidden == [], [(r.verb, r.path) for r in forbidden]
         gw = c.get(VPN, "VPNGateway", "acme", NS)
@@ -150,7 +152,7 @@ def test_the_mounted_plan_is_the_plan_at_boot_when_the_api_cannot_be_reached(
 
     def plan_granting_s2() -> str | None:
         # `converged` says the objects exist; the first plan may predate the peers (same apply)
-        cm = c.get("v1", "ConfigMap", "vpngw-acme", NS)
+        cm = c.owned("v1", "ConfigMap", "acme", NS)
         text = cm["data"]["plan.json"] if cm else None
         return text if text and any(g.peer == "s2" for g in gwplan.loads(text).nat.grants) else None
 
@@ -172,3 +174,75 @@ def test_the_mounted_plan_is_the_plan_at_boot_when_the_api_cannot_be_reached(
         agent.wait(10)
     log = (tmp_path / "agent.log").read_text()
     assert "follow.plan_written source=mounted" in log and "follow.plan_written source=api" in log, log
+
+
+def test_a_secret_its_owner_did_not_opt_in_is_never_read_nor_granted(
+    world: tuple[Cluster, Controller], tmp_path: Path
+) -> None:
+    """A CR can name any Secret of its namespace: the controller grants, and the agent reads, only those
+    labelled for gateways. Taking the label off revokes it: the pod's copy goes."""
+    c, _ = world
+    secrets = tmp_path / "live" / "secrets"
+    agent = start_agent(c, tmp_path)
+    try:
+        wait_for(lambda: (secrets / "s1-psk" / "psk").exists(), 15, "s1's opted-in Secret")
+        c.kube.patch(
+            "v1", "Secret", "s1-psk", {"metadata": {"labels": {"vpn.bnerd.net/gateway-secret": None}}}, NS
+        )
+        wait_for(lambda: not (secrets / "s1-psk").exists(), 15, "s1's Secret gone once it is not opted in")
+
+        def role_names() -> list[str]:
+            role = c.get("rbac.authorization.k8s.io/v1", "Role", "vpngw-acme", NS) or {}
+            return [
+                n
+                for r in role.get("rules", [])
+                for n in r.get("resourceNames", [])
+                if r["resources"] == ["secrets"]
+            ]
+
+        wait_for(lambda: "s1-psk" not in role_names(), 15, "the grant withdrawn")
+        assert role_names() == ["acme-psk"]
+        wait_for(
+            lambda: (p := live_plan(tmp_path)) and p.ipsec and [t.name for t in p.ipsec.tunnels] == ["s2"],
+            10,
+            "s1 left out of the live plan: its key is no longer for gateways",
+        )
+
+        def said() -> bool:
+            gw = c.get(VPN, "VPNGateway", "acme", NS) or {}
+            conds = {x["type"]: x for x in gw.get("status", {}).get("conditions", [])}
+            message = conds.get("ConfigRendered", {}).get("message", "")
+            return "names Secret s1-psk, which does not exist or is not opted in" in message
+
+        wait_for(said, 10, "ConfigRendered naming the Secret")
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(10)
+
+
+def test_a_plan_planted_in_the_configmap_is_never_taken(
+    world: tuple[Cluster, Controller], tmp_path: Path
+) -> None:
+    """Someone adds a second plan in binaryData (which a reader preferring it would take): the agent
+    refuses a ConfigMap holding anything but one plan key, and the controller removes the extra key."""
+    c, ctl = world
+    agent = start_agent(c, tmp_path)
+    try:
+        good = wait_for(lambda: live_plan(tmp_path), 15, "the live plan")
+        planted = gwplan.dumps(dataclasses.replace(good, nat=dataclasses.replace(good.nat, grants=())))
+        ctl.proc.send_signal(signal.SIGSTOP)  # the agent alone, for a while, with the planted ConfigMap
+        try:
+            extra = {"binaryData": {"plan.json": base64.b64encode(planted).decode()}}
+            c.kube.patch("v1", "ConfigMap", HOME, extra, HOME_NS)
+            wait_for(lambda: "follow.plan_refused" in (tmp_path / "agent.log").read_text(), 10, "the refusal")
+            assert live_plan(tmp_path) == good, "the planted plan reached the pod"
+        finally:
+            ctl.proc.send_signal(signal.SIGCONT)
+        wait_for(
+            lambda: "binaryData" not in (c.owned("v1", "ConfigMap", "acme", NS) or {}), 15, "the key removed"
+        )
+        time.sleep(0.5)
+        assert live_plan(tmp_path) == good
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(10)

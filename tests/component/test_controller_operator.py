@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from controller.desired import plan_of
-from lab.cluster import Cluster, Controller, wait_for
+from controller.names import GatewayKey
+from lab.cluster import GATEWAY_NAMESPACE, Cluster, Controller, home_of, secrets_for, wait_for
 from tests.examples import example_docs
 
 VPN = "vpn.bnerd.net/v1alpha1"
@@ -42,6 +43,7 @@ CONFIG = {
         "tenant-old/legacy": {**NIC, "mac": "fa:16:3e:00:00:03"},
     },
 }
+RBAC = "rbac.authorization.k8s.io/v1"
 OWNED = [
     ("v1", "ConfigMap"),
     ("v1", "ServiceAccount"),
@@ -81,12 +83,15 @@ def condition(gw: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in (gw.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 
 
-def converged(cluster: Cluster, name: str = "acme", ns: str = NS, prefix: str = "vpngw") -> bool:
+def converged(cluster: Cluster, name: str = "acme", ns: str = NS, kind: str = "VPNGateway") -> bool:
     """Every owned object exists, and the plan has every VPNPeer naming the gateway: the first plan can
     predate peers applied with the gateway (they reach the controller's caches a moment later)."""
-    if not all(cluster.get(a, k, f"{prefix}-{name}", ns) is not None for a, k in OWNED):
+    if not all(cluster.owned(a, k, name, ns, kind) is not None for a, k in OWNED):
         return False
-    cm = cluster.get("v1", "ConfigMap", f"{prefix}-{name}", ns)
+    tenant = GatewayKey(kind, ns, name).object_name  # type: ignore[arg-type]
+    if not all(cluster.get(RBAC, k, tenant, ns) is not None for k in ("Role", "RoleBinding")):
+        return False
+    cm = cluster.owned("v1", "ConfigMap", name, ns, kind)
     peers = {
         p["metadata"]["name"]
         for p in cluster.kube.list(VPN, "VPNPeer", ns)
@@ -99,8 +104,14 @@ def converged(cluster: Cluster, name: str = "acme", ns: str = NS, prefix: str = 
     return names == peers
 
 
+def apply_with_secrets(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
+    """``docs`` and, first, the opted-in Secrets they reference (as a tenant sets up a gateway)."""
+    cluster.apply(secrets_for(docs))
+    cluster.apply(docs)
+
+
 def apply_ipsec(cluster: Cluster) -> None:
-    cluster.apply(example_docs("ipsec.yaml"))
+    apply_with_secrets(cluster, example_docs("ipsec.yaml"))
 
 
 def wireguard_docs() -> list[dict[str, Any]]:
@@ -138,9 +149,9 @@ def test_a_gateway_is_reconciled_into_its_objects_status_and_finalizer(cluster: 
     assert gw["status"]["nodeName"] in ("node-a", "node-b") and gw["status"]["publicIP"] == "203.0.113.10"
     assert condition(gw, "ConfigRendered")["status"] == "True"  # type: ignore[index]
     assert condition(gw, "PodReady")["reason"] == "NoPod", "the emulator has no kubelet: no pod yet"  # type: ignore[index]
-    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)
+    dep = cluster.owned("apps/v1", "Deployment", "acme", NS)
     assert dep is not None and dep["spec"]["template"]["spec"]["nodeName"] == gw["status"]["nodeName"]
-    plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+    plan = plan_of(cluster.owned("v1", "ConfigMap", "acme", NS))  # type: ignore[arg-type]
     assert plan.nic.mac == NIC["mac"] and [t.name for t in plan.ipsec.tunnels] == ["s1", "s2"]  # type: ignore[union-attr]
     _, metrics = ctl.get("/metrics")
     assert 'vpngw_controller_reconcile_total{result="ok"}' in metrics
@@ -151,15 +162,15 @@ def test_a_grant_revoked_rewrites_the_plan_and_leaves_the_deployment_alone(clust
     start(cluster)
     apply_ipsec(cluster)
     wait_for(lambda: converged(cluster), 20, "every owned object")
-    dep_rv = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)["metadata"]["resourceVersion"]  # type: ignore[index]
+    dep_rv = cluster.owned("apps/v1", "Deployment", "acme", NS)["metadata"]["resourceVersion"]  # type: ignore[index]
     cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
 
     def revoked() -> bool:
-        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        plan = plan_of(cluster.owned("v1", "ConfigMap", "acme", NS))  # type: ignore[arg-type]
         return not any(g.peer == "s2" for g in plan.nat.grants)
 
     wait_for(revoked, 10, "the plan without s2's grant")
-    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)
+    dep = cluster.owned("apps/v1", "Deployment", "acme", NS)
     assert dep["metadata"]["resourceVersion"] == dep_rv, "the pod template was not touched"  # type: ignore[index]
 
 
@@ -168,12 +179,12 @@ def test_an_owned_object_deleted_or_edited_is_restored(cluster: Cluster, api_ver
     start(cluster)
     apply_ipsec(cluster)
     wait_for(lambda: converged(cluster), 20, "every owned object")
-    before = cluster.get(api_version, kind, "vpngw-acme", NS)
+    before = cluster.owned(api_version, kind, "acme", NS)
     assert before is not None
-    cluster.kube.delete(api_version, kind, "vpngw-acme", NS)
+    cluster.kube.delete(api_version, kind, *home_of("acme", NS))
     wait_for(
         lambda: (
-            (o := cluster.get(api_version, kind, "vpngw-acme", NS)) is not None
+            (o := cluster.owned(api_version, kind, "acme", NS)) is not None
             and o["metadata"]["uid"] != before["metadata"]["uid"]
         ),
         10,
@@ -188,12 +199,12 @@ def test_an_owned_object_deleted_or_edited_is_restored(cluster: Cluster, api_ver
         "NetworkAttachmentDefinition": {"spec": {"config": "{}"}},
         "Deployment": {"spec": {"template": {"spec": {"hostNetwork": True, "nodeName": "elsewhere"}}}},
     }
-    good = cluster.get(api_version, kind, "vpngw-acme", NS)
+    good = cluster.owned(api_version, kind, "acme", NS)
     assert good is not None
-    cluster.kube.patch(api_version, kind, "vpngw-acme", edits[kind], NS)
+    cluster.kube.patch(api_version, kind, home_of("acme", NS)[0], edits[kind], GATEWAY_NAMESPACE)
 
     def restored() -> bool:
-        o = cluster.get(api_version, kind, "vpngw-acme", NS)
+        o = cluster.owned(api_version, kind, "acme", NS)
         assert o is not None
         skip = ("metadata", "status")
         return all(o.get(k) == v for k, v in good.items() if k not in skip)
@@ -213,10 +224,14 @@ def test_a_node_that_goes_not_ready_repins_its_gateway_promptly(cluster: Cluster
     wait_for(
         lambda: gateway(cluster)["status"].get("nodeName") == other, 10, f"the gateway re-pinned to {other}"
     )
-    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme", NS)
+    dep = cluster.owned("apps/v1", "Deployment", "acme", NS)
     assert dep["spec"]["template"]["spec"]["nodeName"] == other  # type: ignore[index]
-    events = [e for e in cluster.kube.list("v1", "Event", NS) if e["reason"] == "Repinned"]
-    assert events and f"node {first} is not Ready" in events[0]["message"]
+    events = wait_for(
+        lambda: [e for e in cluster.kube.list("v1", "Event", NS) if e["reason"] == "Repinned"],
+        5,
+        "the Event (written after the status)",
+    )
+    assert f"node {first} is not Ready" in events[0]["message"]
 
 
 def test_an_invalid_grant_is_left_out_and_a_revocation_in_the_same_edit_applied(cluster: Cluster) -> None:
@@ -234,10 +249,14 @@ def test_an_invalid_grant_is_left_out_and_a_revocation_in_the_same_edit_applied(
     assert (
         'VPNPeer/tenant-acme/s1: spec.authorization.exposures[1]: "nope" names no exposure' in cond["message"]
     )
-    plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+    plan = plan_of(cluster.owned("v1", "ConfigMap", "acme", NS))  # type: ignore[arg-type]
     grants = {(g.peer, g.exposure) for g in plan.nat.grants if g.kind == "exposure"}
     assert grants == {("s1", "web"), ("s2", "web")}, "db revoked, nope left out, the rest in force"
-    events = [e for e in cluster.kube.list("v1", "Event", NS) if e["reason"] == "PartlyRendered"]
+    events = wait_for(
+        lambda: [e for e in cluster.kube.list("v1", "Event", NS) if e["reason"] == "PartlyRendered"],
+        5,
+        "the Event (written after the status)",
+    )
     assert len(events) == 1 and events[0]["type"] == "Warning"
     assert events[0]["involvedObject"]["kind"] == "VPNGateway"
 
@@ -254,7 +273,7 @@ def test_injected_conflicts_and_a_410_are_survived(cluster: Cluster) -> None:
     cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
 
     def revoked() -> bool:
-        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        plan = plan_of(cluster.owned("v1", "ConfigMap", "acme", NS))  # type: ignore[arg-type]
         return not any(g.peer == "s2" for g in plan.nat.grants)
 
     wait_for(revoked, 15, "the change made across the 410")
@@ -272,7 +291,7 @@ def test_the_api_server_away_for_30_s_is_survived_without_a_lost_change(cluster:
     cluster.kube.wait_reachable()
 
     def revoked() -> bool:
-        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        plan = plan_of(cluster.owned("v1", "ConfigMap", "acme", NS))  # type: ignore[arg-type]
         return not any(g.peer == "s2" for g in plan.nat.grants)
 
     wait_for(revoked, 30, "the change made while the API was away")
@@ -284,7 +303,7 @@ def test_a_no_op_resync_writes_nothing(cluster: Cluster) -> None:
     ctl = cluster.start_controller(CONFIG, "--resync-seconds", "10")
     wait_for(ctl.ready, 30, "ready")
     apply_ipsec(cluster)
-    cluster.apply(wireguard_docs())
+    apply_with_secrets(cluster, wireguard_docs())
     wait_for(lambda: converged(cluster) and converged(cluster, "acme-wg", "tenant-wg"), 20, "both gateways")
     wait_for(lambda: condition(gateway(cluster, "acme-wg", "tenant-wg"), "Ready"), 10, "a status")
     time.sleep(1)
@@ -293,7 +312,17 @@ def test_a_no_op_resync_writes_nothing(cluster: Cluster) -> None:
     time.sleep(12)
     assert "reconcile_total" in ctl.get("/metrics")[1]
     assert writes(cluster, mark) == []
-    assert cluster.kube.requests(resource="secrets") == [], "the controller never reads a Secret"
+    # The controller never gets a Secret: it lists and watches only those opted in for gateways, and keeps
+    # their metadata (controller.informer.metadata_only).
+    reads = [
+        (r.verb, r.path)
+        for r in cluster.kube.requests(resource="secrets")
+        if r.user_agent == "vpngw-controller"
+    ]
+    assert reads and all(
+        verb in ("list", "watch") and "labelSelector=vpn.bnerd.net%2Fgateway-secret%3Dtrue" in path
+        for verb, path in reads
+    ), reads
 
 
 def test_deleting_the_gateway_releases_the_finalizer_and_the_objects_go_with_it(cluster: Cluster) -> None:
@@ -303,7 +332,7 @@ def test_deleting_the_gateway_releases_the_finalizer_and_the_objects_go_with_it(
     cluster.kube.delete(VPN, "VPNGateway", "acme", NS)
     wait_for(lambda: cluster.get(VPN, "VPNGateway", "acme", NS) is None, 10, "the gateway gone")
     wait_for(
-        lambda: not any(cluster.get(a, k, "vpngw-acme", NS) for a, k in OWNED), 10, "owned objects collected"
+        lambda: not any(cluster.owned(a, k, "acme", NS) for a, k in OWNED), 10, "owned objects collected"
     )
 
 
@@ -347,15 +376,15 @@ def test_the_controllers_and_the_agents_status_writes_do_not_clobber_each_other(
 
 def test_legacy_and_wireguard_gateways_are_served_by_the_same_machinery(cluster: Cluster) -> None:
     start(cluster)
-    cluster.apply(wireguard_docs())
-    cluster.apply(legacy_docs())
+    apply_with_secrets(cluster, wireguard_docs())
+    apply_with_secrets(cluster, legacy_docs())
     wait_for(lambda: converged(cluster, "acme-wg", "tenant-wg"), 20, "the WireGuard gateway's objects")
     wait_for(
-        lambda: converged(cluster, "legacy", "tenant-old", "ipsecgw"), 20, "the legacy gateway's objects"
+        lambda: converged(cluster, "legacy", "tenant-old", "IPsecGateway"), 20, "the legacy gateway's objects"
     )
     legacy = gateway(cluster, "legacy", "tenant-old", "IPsecGateway")
     assert condition(legacy, "ConfigRendered")["status"] == "True"  # type: ignore[index]
-    dep = cluster.get("apps/v1", "Deployment", "vpngw-acme-wg", "tenant-wg")
+    dep = cluster.owned("apps/v1", "Deployment", "acme-wg", "tenant-wg")
     names = [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]]  # type: ignore[index]
     assert names == ["init-nat-watch", "status-agent", "exporter"]
 
@@ -375,7 +404,7 @@ def test_two_replicas_elect_one_leader_and_the_other_takes_over(cluster: Cluster
     cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
 
     def revoked() -> bool:
-        plan = plan_of(cluster.get("v1", "ConfigMap", "vpngw-acme", NS))  # type: ignore[arg-type]
+        plan = plan_of(cluster.owned("v1", "ConfigMap", "acme", NS))  # type: ignore[arg-type]
         return not any(g.peer == "s2" for g in plan.nat.grants)
 
     wait_for(revoked, 40, "the standby to take over (lease 15 s) and reconcile the change")

@@ -18,8 +18,16 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.chartgen import CLUSTER_ROLE_RULES, COPIES, LEADER_ELECTION_RULES, generated_files
-from controller.rbac import cluster_role_rules, leader_election_rules
+from controller.chartgen import COPIES, generated_files, rules_file
+from controller.rbac import (
+    CLUSTER,
+    GATEWAY_NAMESPACE,
+    LEADER_ELECTION,
+    MIGRATION,
+    SCOPES,
+    TENANT_NAMESPACE,
+    rules,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "vpngw"
@@ -39,6 +47,7 @@ CONTROLLER_KINDS = [
     "ClusterRoleBinding",
     "ConfigMap",
     "Deployment",
+    "Namespace",
     "NetworkPolicy",
     "Role",
     "RoleBinding",
@@ -110,36 +119,63 @@ def test_chart_monitoring_files_are_copies_of_monitoring(name: str) -> None:
 
 
 def test_the_rendered_rbac_is_exactly_the_declared_rights(helm: str) -> None:
-    """The ClusterRole and the leader-election Role carry controller/rbac.py's rules and nothing else, bound
-    to the controller's ServiceAccount; no other RBAC object is rendered (the gateway pods' Roles are the
-    controller's to create, per gateway: the former status-agent ClusterRole is gone)."""
-    docs = render(helm, *PROMETHEUS_OPERATOR)
+    """Each scope of controller/rbac.py becomes one Role or ClusterRole with exactly its rules, bound where
+    the scope says: cluster-wide, in the gateway namespace, in each listed tenant namespace (and nowhere
+    else: no cluster-wide Secret read), while migrating, in the release's namespace. No other RBAC object is
+    rendered (the gateway pods' Roles are the controller's to create, per gateway)."""
+    docs = render(helm, *PROMETHEUS_OPERATOR, "--set", "tenants.namespaces={tenant-a,tenant-b}")
     rbac = [d for d in docs if d["apiVersion"].startswith("rbac.authorization.k8s.io/")]
-    assert sorted((d["kind"], d["metadata"]["name"]) for d in rbac) == [
-        ("ClusterRole", "vpngw-controller"),
-        ("ClusterRoleBinding", "vpngw-controller"),
-        ("Role", "vpngw-controller-leader-election"),
-        ("RoleBinding", "vpngw-controller-leader-election"),
-    ]
-    assert one(docs, "ClusterRole")["rules"] == cluster_role_rules()
-    role = one(docs, "Role")
-    assert role["rules"] == leader_election_rules() and role["metadata"]["namespace"] == NAMESPACE
-    sa = {"kind": "ServiceAccount", "name": "vpngw-controller", "namespace": NAMESPACE}
-    for binding, role_kind, role_name in (
-        (one(docs, "ClusterRoleBinding"), "ClusterRole", "vpngw-controller"),
-        (one(docs, "RoleBinding"), "Role", "vpngw-controller-leader-election"),
+    got = sorted((d["kind"], d["metadata"]["name"], d["metadata"].get("namespace", "")) for d in rbac)
+    gw = "vpngw-gateways"
+    assert got == sorted(
+        [
+            ("ClusterRole", "vpngw-controller", ""),
+            ("ClusterRoleBinding", "vpngw-controller", ""),
+            ("Role", "vpngw-controller", gw),
+            ("RoleBinding", "vpngw-controller", gw),
+            ("ClusterRole", "vpngw-controller-tenant", ""),
+            ("RoleBinding", "vpngw-controller-tenant", "tenant-a"),
+            ("RoleBinding", "vpngw-controller-tenant", "tenant-b"),
+            ("ClusterRole", "vpngw-controller-migration", ""),
+            ("ClusterRoleBinding", "vpngw-controller-migration", ""),
+            ("Role", "vpngw-controller-leader-election", NAMESPACE),
+            ("RoleBinding", "vpngw-controller-leader-election", NAMESPACE),
+        ]
+    )
+    by = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace", "")): d for d in rbac}
+    for scope, key in (
+        (CLUSTER, ("ClusterRole", "vpngw-controller", "")),
+        (GATEWAY_NAMESPACE, ("Role", "vpngw-controller", gw)),
+        (TENANT_NAMESPACE, ("ClusterRole", "vpngw-controller-tenant", "")),
+        (MIGRATION, ("ClusterRole", "vpngw-controller-migration", "")),
+        (LEADER_ELECTION, ("Role", "vpngw-controller-leader-election", NAMESPACE)),
     ):
-        assert binding["subjects"] == [sa]
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": role_kind,
-            "name": role_name,
-        }
+        assert by[key]["rules"] == rules(scope), scope.name
+    sa = [{"kind": "ServiceAccount", "name": "vpngw-controller", "namespace": NAMESPACE}]
+    for d in rbac:
+        if d["kind"].endswith("Binding"):
+            assert d["subjects"] == sa and d["roleRef"]["name"] == d["metadata"]["name"], d["metadata"]
+    secrets = [
+        (k, n) for (k, n, _), d in by.items() if any("secrets" in r["resources"] for r in d.get("rules", []))
+    ]
+    assert secrets == [("ClusterRole", "vpngw-controller-tenant")], "Secrets only through the tenant bindings"
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "vpngw-controller"
     # Each rule's reason travels with it into the rendered manifest.
     rendered = run_helm(helm, "template", "vpngw", str(CHART), "-s", "templates/controller-rbac.yaml").stdout
     assert "# controller.desired: the gateway pod" in rendered
-    assert (CHART / CLUSTER_ROLE_RULES).exists() and (CHART / LEADER_ELECTION_RULES).exists()
+    assert all((CHART / rules_file(s)).exists() for s in SCOPES)
+    off = render(helm, "--set", "migration.enabled=false")
+    assert not [d for d in off if d["metadata"]["name"].endswith("-migration")]
+    args = one(off, "Deployment", "vpngw-controller")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-migrate" in args and f"--gateway-namespace={gw}" in args
+
+
+def test_the_gateway_namespace_is_made_privileged_and_kept(helm: str) -> None:
+    ns = one(render(helm), "Namespace")
+    assert ns["metadata"]["name"] == "vpngw-gateways"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert ns["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert not [d for d in render(helm, "--set", "gateway.createNamespace=false") if d["kind"] == "Namespace"]
 
 
 def test_rendered_chart_carries_crds_rules_and_dashboard_verbatim(helm: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.cluster import ROOT, Cluster, Controller, free_port, wait_for
+from lab.cluster import ROOT, Cluster, Controller, free_port, home_of, secrets_for, wait_for
 from tests.component.test_controller_operator import OWNED
 from tests.component.test_helm_chart import CHART, NAMESPACE, helm, one, run_helm
 
@@ -38,6 +38,7 @@ __all__ = ["helm"]  # the fixture
 KUBECTL = str(ROOT / ".tools" / "bin" / "kubectl")
 VPN = "vpn.bnerd.net/v1alpha1"
 SA_USER = f"system:serviceaccount:{NAMESPACE}:vpngw-controller"
+GATEWAYS = "vpngw-gateways"
 STATIC_VALUES = CHART / "ci" / "static-values.yaml"
 OPENSTACK_VALUES = CHART / "ci" / "openstack-values.yaml"
 
@@ -162,7 +163,11 @@ def test_helm_template_applied_with_kubectl_then_the_controller_runs_as_the_char
     with Cluster(tmp_path / "k8s") as c:
         c.add_node("vpn-a", labels={"node-role.kubernetes.io/vpn": ""})
         c.add_node("worker-b")  # not a VPN node: the chart's gateway.nodeSelector keeps gateways off it
-        docs = helm_template_apply(helm, c, "-f", str(STATIC_VALUES))
+        # The platform opts the tenant's namespace in (its label; the chart's tenant RoleBinding there).
+        c.namespace("tenant-acme")
+        docs = helm_template_apply(
+            helm, c, "-f", str(STATIC_VALUES), "--set", "tenants.namespaces={tenant-acme}"
+        )
 
         for d in docs:  # every rendered object landed as rendered
             md = d["metadata"]
@@ -183,12 +188,16 @@ def test_helm_template_applied_with_kubectl_then_the_controller_runs_as_the_char
         # What the chart grants, as the API server answers the ServiceAccount itself.
         for verb, what, ns, allowed in (
             ("create", "roles.rbac.authorization.k8s.io", "tenant-x", "yes"),
-            ("update", "deployments.apps", "tenant-x", "yes"),
+            ("update", "deployments.apps", GATEWAYS, "yes"),
+            ("update", "deployments.apps", "tenant-x", "no"),
+            ("create", "configmaps", "tenant-x", "no"),
             ("update", "leases.coordination.k8s.io", NAMESPACE, "yes"),
             ("update", "leases.coordination.k8s.io", "tenant-x", "no"),
-            ("delete", "deployments.apps", "tenant-x", "no"),
+            ("delete", "deployments.apps", "tenant-x", "yes"),  # migration.enabled (the default)
             ("create", "clusterroles.rbac.authorization.k8s.io", "", "no"),
-            ("patch", "secrets", "tenant-x", "no"),
+            ("list", "secrets", "tenant-acme", "yes"),
+            ("list", "secrets", "tenant-x", "no"),  # not opted in: no Secret read at all
+            ("patch", "secrets", "tenant-acme", "no"),
         ):
             res = kubectl(kubeconfig, "auth", "can-i", verb, what, *(["-n", ns] if ns else []))
             assert res.stdout.strip() == allowed, (verb, what, ns, res.stdout, res.stderr)
@@ -202,20 +211,21 @@ def test_helm_template_applied_with_kubectl_then_the_controller_runs_as_the_char
         for probe in ("livenessProbe", "readinessProbe"):  # the Deployment's probes, as a kubelet asks them
             assert ctl.get(container[probe]["httpGet"]["path"])[0] == 200, probe
 
-        # The user's path: a namespace and the example gateway, then kubectl get vpngateways.
-        assert kubectl(c.kubeconfig, "create", "namespace", "tenant-acme").returncode == 0
-        example = kubectl(c.kubeconfig, "apply", "-f", str(ROOT / "docs" / "examples" / "ipsec.yaml"))
+        # The user's path: the Secrets (opted in) and the example gateway, then kubectl get vpngateways.
+        example_path = ROOT / "docs" / "examples" / "ipsec.yaml"
+        c.apply(secrets_for([d for d in yaml.safe_load_all(example_path.read_text()) if d]))
+        example = kubectl(c.kubeconfig, "apply", "-f", str(example_path))
         assert example.returncode == 0, example.stderr
 
         def reconciled() -> dict[str, Any] | None:
             gw = c.get(VPN, "VPNGateway", "acme", "tenant-acme") or {}
             ok = all(condition(gw, t).get("status") == "True" for t in ("ConfigRendered", "CloudReady"))
-            return gw if ok and all(c.get(a, k, "vpngw-acme", "tenant-acme") for a, k in OWNED) else None
+            return gw if ok and all(c.owned(a, k, "acme", "tenant-acme") for a, k in OWNED) else None
 
         gw = wait_for(reconciled, 30, "the gateway reconciled")
         # The chart's --config, followed: the static NIC, the gateway nodeSelector, image, resources, ...
         assert gw["status"]["publicIP"] == "203.0.113.10" and gw["status"]["nodeName"] == "vpn-a"
-        gw_deploy = c.get("apps/v1", "Deployment", "vpngw-acme", "tenant-acme")
+        gw_deploy = c.owned("apps/v1", "Deployment", "acme", "tenant-acme")
         assert gw_deploy is not None
         pod = gw_deploy["spec"]["template"]["spec"]
         values = yaml.safe_load(STATIC_VALUES.read_text())
@@ -228,22 +238,23 @@ def test_helm_template_applied_with_kubectl_then_the_controller_runs_as_the_char
             "net.ipv4.ip_forward",
             "net.ipv4.conf.all.rp_filter",
         }  # gateway.sysctls=pod
-        nad = c.get("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition", "vpngw-acme", "tenant-acme")
+        nad = c.owned("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition", "acme", "tenant-acme")
         assert nad is not None
         assert json.loads(nad["spec"]["config"]) == {
             "cniVersion": "0.3.1",
-            "name": "vpngw-acme",
+            "name": home_of("acme", "tenant-acme")[0],
             "type": "host-device",
             "hwaddr": "fa:16:3e:00:00:01",
         }
-        gw_netpol = c.get("networking.k8s.io/v1", "NetworkPolicy", "vpngw-acme", "tenant-acme")
+        gw_netpol = c.owned("networking.k8s.io/v1", "NetworkPolicy", "acme", "tenant-acme")
         assert gw_netpol is not None
         assert {"ipBlock": {"cidr": "198.18.0.10/32"}} in [
             t for r in gw_netpol["spec"]["egress"] for t in r.get("to", [])
         ]
-        # The gateway pod's Role was created by the ServiceAccount (RBAC's escalation rule passed).
+        # The gateway pod's Roles (in the gateway namespace, in the tenant's) were created by the
+        # ServiceAccount: RBAC's escalation rule passed, with the Secret read of the tenant RoleBinding.
         created = c.kube.requests(user=SA_USER, verb="create", resource="roles")
-        assert [r.code for r in created] == [201]
+        assert sorted((r.namespace, r.code) for r in created) == [("tenant-acme", 201), (GATEWAYS, 201)]
         # Leader election in the release namespace (POD_NAMESPACE, the downward API), the chart's Lease id.
         lease = c.get("coordination.k8s.io/v1", "Lease", "vpngw-controller", NAMESPACE)
         assert lease is not None and lease["spec"]["holderIdentity"]
@@ -299,7 +310,7 @@ def _stand_in_crd(kind: str) -> dict[str, Any]:
 
 
 def test_helm_install_and_upgrade_follow_what_the_cluster_serves(helm: str, tmp_path: Path) -> None:
-    with Cluster(tmp_path / "k8s") as c:
+    with Cluster(tmp_path / "k8s", gateway_namespace=False) as c:
 
         def install(verb: str, *args: str) -> str:
             res = run_helm(
@@ -368,7 +379,7 @@ def test_the_openstack_credentials_secret_reaches_the_controller(helm: str, tmp_
     """The chart mounts the named Secret and points OS_CLIENT_CONFIG_FILE at it, OS_CLOUD at the entry:
     with a clouds.yaml lacking that entry the controller refuses to start (exit 2, naming --os-cloud);
     with it, it starts and is ready. (A real Neutron: tests/integration/test_controller_openstack.py.)"""
-    with Cluster(tmp_path / "k8s") as c:
+    with Cluster(tmp_path / "k8s", gateway_namespace=False) as c:
         helm_template_apply(helm, c, "-f", str(OPENSTACK_VALUES))
         deployment = c.get("apps/v1", "Deployment", "vpngw-controller", NAMESPACE)
         assert deployment is not None
@@ -402,7 +413,7 @@ def test_the_network_policies_allow_the_api_servers_endpoints_the_cluster_report
     """Without networkPolicy.apiServer the chart reads default/kubernetes' Endpoints at install time (a
     CNI applies egress policy after kube-proxy's DNAT: the endpoints are what must be allowed), for the
     controller's own policy and, through its config, for every gateway pod's."""
-    with Cluster(tmp_path / "k8s") as c:
+    with Cluster(tmp_path / "k8s", gateway_namespace=False) as c:
         c.kube.create(
             {
                 "apiVersion": "v1",

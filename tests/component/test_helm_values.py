@@ -80,6 +80,7 @@ def test_object_names_read_well(helm: str, release: str, extra: tuple[str, ...],
     docs = render(helm, *extra, *PROMETHEUS_OPERATOR, "--set", "controller.replicas=2", release=release)
     names = {d["metadata"]["name"] for d in docs}
     assert all(n == fullname or n.startswith(f"{fullname}-") for n in names), names
+    assert f"{fullname}-gateways" in names, "the gateway namespace: one per installation"
     assert not any("vpngw-vpngw" in n for n in names), names
     assert {f"{fullname}-controller", f"{fullname}-controller-leader-election"} <= names
     deployment = one(docs, "Deployment")

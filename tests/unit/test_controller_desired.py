@@ -16,7 +16,7 @@ import pytest
 import gwplan
 from controller import diff
 from controller.cloud import CloudState
-from controller.desired import Nic2, plan_of
+from controller.desired import HOME_KINDS, Nic2, plan_of, slot_of
 from controller.names import (
     ANNOTATION_HASH,
     ANNOTATION_NIC_MAC,
@@ -27,12 +27,13 @@ from controller.names import (
 )
 from controller.placement import Placement
 from controller.podspec import INITNAT_CAPS, IPSEC_CAPS
-from controller.reconcile import Decision, Snapshot, decide, peers_of, render_gateway
+from controller.reconcile import Decision, Snapshot, cleanup, decide, peers_of, render_gateway
 from controller.settings import Allowance, GatewayPod, Settings, StaticNic
 from controller.status import Condition
 from tests.examples import edit, example_docs
 
 NIC = Nic2("fa:16:3e:00:00:01", "192.0.2.2/26", "192.0.2.1")
+GW_NS = "vpngw-gateways"
 NOW = "2026-12-01T10:00:00Z"
 LATER = "2026-12-01T11:00:00Z"
 SETTINGS = Settings(
@@ -70,7 +71,13 @@ def run(
 
 
 def by_kind(d: Decision) -> dict[str, dict[str, Any]]:
-    return {a.obj["kind"]: a.obj for a in d.actions if isinstance(a, diff.Create)}
+    """Slot -> object of every create (``controller.desired.slot_of``)."""
+    return {slot_of(a.obj, GW_NS): a.obj for a in d.actions if isinstance(a, diff.Create)}
+
+
+def written(d: Decision) -> dict[str, dict[str, Any]]:
+    """Slot -> object of every create or replace."""
+    return {slot_of(a.obj, GW_NS): a.obj for a in d.actions if isinstance(a, diff.Create | diff.Replace)}
 
 
 def as_api_holds(objects: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -91,7 +98,17 @@ WIREGUARD = example_docs("wireguard.yaml")
 LEGACY = [d for d in example_docs("legacy-ipsecgateway.yaml") if d["kind"] == "IPsecGateway"]
 
 
+HOME = GatewayKey("VPNGateway", "tenant-acme", "acme").home_name
+SELECTOR = {
+    "vpn.bnerd.net/gateway": "acme",
+    "vpn.bnerd.net/gateway-kind": "VPNGateway",
+    "vpn.bnerd.net/gateway-namespace": "tenant-acme",
+}
+
+
 def test_an_ipsec_gateway_gets_every_object_named_labelled_and_owned() -> None:
+    """The pod and its objects in the operator's gateway namespace, labelled with whose they are (no
+    ownerReference can cross namespaces); only the pod's rights in the tenant's namespace, owned."""
     d = run(snapshot(IPSEC))
     objs = by_kind(d)
     assert sorted(objs) == sorted(
@@ -103,28 +120,43 @@ def test_an_ipsec_gateway_gets_every_object_named_labelled_and_owned() -> None:
             "NetworkPolicy",
             "NetworkAttachmentDefinition",
             "Deployment",
+            "TenantRole",
+            "TenantRoleBinding",
         ]
     )
-    for kind, o in objs.items():
+    assert HOME.startswith("vpngw-acme-") and len(HOME) <= 63
+    for slot, o in objs.items():
         md = o["metadata"]
-        assert (md["name"], md["namespace"]) == ("vpngw-acme", "tenant-acme"), kind
-        assert md["ownerReferences"] == [
-            {
-                "apiVersion": "vpn.bnerd.net/v1alpha1",
-                "kind": "VPNGateway",
-                "name": "acme",
-                "uid": "uid-gw",
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
-        assert (
-            md["labels"]["vpn.bnerd.net/gateway"] == "acme"
-            and md["labels"]["vpn.bnerd.net/operator"] == "vpngw"
-        )
+        labels = md["labels"]
+        assert labels["vpn.bnerd.net/gateway"] == "acme" and labels["vpn.bnerd.net/operator"] == "vpngw"
+        assert labels["vpn.bnerd.net/gateway-namespace"] == "tenant-acme"
         assert len(md["annotations"][ANNOTATION_HASH]) == 20
+        if slot.startswith("Tenant"):
+            assert (md["name"], md["namespace"]) == ("vpngw-acme", "tenant-acme"), slot
+            assert md["ownerReferences"] == [
+                {
+                    "apiVersion": "vpn.bnerd.net/v1alpha1",
+                    "kind": "VPNGateway",
+                    "name": "acme",
+                    "uid": "uid-gw",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+        else:
+            assert (md["name"], md["namespace"]) == (HOME, GW_NS), slot
+            assert "ownerReferences" not in md and labels["vpn.bnerd.net/owner-uid"] == "uid-gw", slot
     assert d.add_finalizer and d.status is not None
     assert d.events == (), "a gateway on its way into being (no pod yet) is no news"
+
+
+def test_home_names_never_meet_across_tenants() -> None:
+    """``a-b``/``c`` and ``a``/``b-c`` would both be ``vpngw-a-b-c`` by concatenation."""
+    one = GatewayKey("VPNGateway", "a-b", "c").home_name
+    two = GatewayKey("VPNGateway", "a", "b-c").home_name
+    assert one != two and one.startswith("vpngw-c-") and two.startswith("vpngw-b-c-")
+    long = GatewayKey("IPsecGateway", "n" * 63, "g" * 63).home_name
+    assert len(long) <= 63 and long.startswith("ipsecgw-ggg")
 
 
 def test_the_plan_configmap_holds_the_rendered_plan_with_the_clouds_nic2() -> None:
@@ -151,9 +183,17 @@ def test_a_large_plan_is_stored_gzipped_under_the_same_key() -> None:
     assert plan_of(big) == plan_of(small)
 
 
-def test_the_gateway_pods_role_allows_exactly_what_its_pod_does() -> None:
-    role = by_kind(run(snapshot(IPSEC)))["Role"]
-    assert role["rules"] == [
+def test_the_gateway_pods_roles_allow_exactly_what_its_pod_does() -> None:
+    objs = by_kind(run(snapshot(IPSEC)))
+    assert objs["Role"]["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [HOME],
+            "verbs": ["get", "list", "watch"],
+        },
+    ], "in the gateway namespace: its plan, nothing else"
+    assert objs["TenantRole"]["rules"] == [
         {
             "apiGroups": ["vpn.bnerd.net"],
             "resources": ["vpngateways/status"],
@@ -162,28 +202,37 @@ def test_the_gateway_pods_role_allows_exactly_what_its_pod_does() -> None:
         },
         {
             "apiGroups": [""],
-            "resources": ["configmaps"],
-            "resourceNames": ["vpngw-acme"],
-            "verbs": ["get", "list", "watch"],
-        },
-        {
-            "apiGroups": [""],
             "resources": ["secrets"],
             "resourceNames": ["acme-psk", "s1-psk"],
             "verbs": ["get", "list", "watch"],
         },
-    ]
-    rb = by_kind(run(snapshot(IPSEC)))["RoleBinding"]
-    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "vpngw-acme"}
-    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "vpngw-acme", "namespace": "tenant-acme"}]
+    ], "in the tenant's namespace: its CR's status and its Secrets"
+    sa = [{"kind": "ServiceAccount", "name": HOME, "namespace": GW_NS}]
+    for slot, role in (("RoleBinding", HOME), ("TenantRoleBinding", "vpngw-acme")):
+        rb = objs[slot]
+        assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role}
+        assert rb["subjects"] == sa
+    assert objs["ServiceAccount"]["automountServiceAccountToken"] is False
+
+
+def test_only_secrets_their_owners_opted_in_are_granted() -> None:
+    """A CR can name any Secret of its namespace; the pod is granted only those labelled for gateways."""
+    only_s1 = run(snapshot(IPSEC, secrets=frozenset({"s1-psk"})))
+    role = written(only_s1)["TenantRole"]
+    assert role["rules"][1]["resourceNames"] == ["s1-psk"]
+    plan = plan_of(written(only_s1)["ConfigMap"])
+    assert [t.name for t in plan.ipsec.tunnels] == ["s1"], "s2 (on the default, not opted in) is left out"  # type: ignore[union-attr]
+    cond = {c["type"]: c for c in only_s1.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert (
+        "SecretNotOptedIn" not in cond["message"]
+        and "acme-psk, which does not exist or is not opted in" in cond["message"]
+    )
 
 
 def test_the_network_policy_admits_monitoring_in_and_only_dns_and_the_api_server_out() -> None:
     np = by_kind(run(snapshot(IPSEC)))["NetworkPolicy"]["spec"]
     assert np["policyTypes"] == ["Ingress", "Egress"]
-    assert np["podSelector"] == {
-        "matchLabels": {"vpn.bnerd.net/gateway": "acme", "vpn.bnerd.net/gateway-kind": "VPNGateway"}
-    }
+    assert np["podSelector"] == {"matchLabels": SELECTOR}
     assert np["ingress"] == [
         {
             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
@@ -215,7 +264,7 @@ def test_the_nad_is_the_operators_template_with_nic2s_mac() -> None:
     nad = by_kind(run(snapshot(IPSEC)))["NetworkAttachmentDefinition"]
     assert json.loads(nad["spec"]["config"]) == {
         "cniVersion": "0.3.1",
-        "name": "vpngw-acme",
+        "name": HOME,
         "type": "host-device",
         "hwaddr": NIC.mac,
     }
@@ -223,7 +272,7 @@ def test_the_nad_is_the_operators_template_with_nic2s_mac() -> None:
     s = dataclasses.replace(SETTINGS, pod=dataclasses.replace(SETTINGS.pod, nad_template=custom))
     nad2 = by_kind(run(snapshot(IPSEC), s))["NetworkAttachmentDefinition"]
     assert json.loads(nad2["spec"]["config"]) == json.loads(
-        string.Template(custom).substitute(mac=NIC.mac, namespace="tenant-acme")
+        string.Template(custom).substitute(mac=NIC.mac, namespace=GW_NS)
     )
 
 
@@ -236,16 +285,22 @@ def test_the_ipsec_pod_is_pinned_multus_attached_and_each_container_has_its_priv
     dep = by_kind(run(snapshot(IPSEC)))["Deployment"]
     spec = dep["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
-    assert spec["selector"] == {
-        "matchLabels": {"vpn.bnerd.net/gateway": "acme", "vpn.bnerd.net/gateway-kind": "VPNGateway"}
-    }
+    assert spec["selector"] == {"matchLabels": SELECTOR}
     tmpl = spec["template"]
     assert json.loads(tmpl["metadata"]["annotations"][MULTUS_NETWORKS]) == [
-        {"name": "vpngw-acme", "namespace": "tenant-acme"}
+        {"name": HOME, "namespace": GW_NS}
     ]
     assert tmpl["metadata"]["annotations"][ANNOTATION_NIC_MAC] == NIC.mac
     pod = tmpl["spec"]
-    assert pod["nodeName"] == "node-a" and pod["serviceAccountName"] == "vpngw-acme"
+    assert pod["nodeName"] == "node-a" and pod["serviceAccountName"] == HOME
+    # Only the status-agent has API credentials: none in the pod, one projected volume in that container.
+    assert pod["automountServiceAccountToken"] is False
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"  # noqa: S105 (a path)
+    mounts = {
+        c["name"]: {m["mountPath"] for m in c.get("volumeMounts", [])}
+        for c in pod["initContainers"] + pod["containers"]
+    }
+    assert [n for n, m in mounts.items() if token in m] == ["status-agent"]
     assert {(t["key"], t["tolerationSeconds"]) for t in pod["tolerations"]} == {
         ("node.kubernetes.io/not-ready", 30),
         ("node.kubernetes.io/unreachable", 30),
@@ -274,7 +329,7 @@ def test_the_ipsec_pod_is_pinned_multus_attached_and_each_container_has_its_priv
     assert c["status-agent"]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8081}
     assert c["exporter"]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9100}
     agent = c["status-agent"]["command"]
-    assert agent[agent.index("--follow-configmap") + 1] == "vpngw-acme" and "--kube-status" in agent
+    assert agent[agent.index("--follow-configmap") + 1] == HOME and "--kube-status" in agent
     assert "--vici-socket" in c["exporter"]["command"]
 
 
@@ -286,8 +341,8 @@ def test_a_wireguard_pod_has_no_charon_and_its_agent_and_exporter_run_as_root() 
     assert c["status-agent"]["securityContext"]["runAsUser"] == 0
     assert "--wireguard-uapi-dir" in c["status-agent"]["command"]
     assert "--wireguard-interface" in c["exporter"]["command"]
-    role = by_kind(d)["Role"]
-    assert role["rules"][2]["resourceNames"] == ["acme-wg", "s1-wg"]
+    role = by_kind(d)["TenantRole"]
+    assert role["rules"][1]["resourceNames"] == ["acme-wg", "s1-wg"]
     go = dataclasses.replace(SETTINGS, pod=dataclasses.replace(SETTINGS.pod, wireguard="wireguard-go"))
     d2 = run(snapshot(WIREGUARD), go)
     c2 = containers(d2)
@@ -300,10 +355,12 @@ def test_a_wireguard_pod_has_no_charon_and_its_agent_and_exporter_run_as_root() 
 def test_a_legacy_gateway_gets_its_own_names_and_its_kinds_status_right() -> None:
     d = run(snapshot(LEGACY))
     objs = by_kind(d)
-    assert {o["metadata"]["name"] for o in objs.values()} == {"ipsecgw-legacy"}
-    assert objs["Role"]["rules"][0]["resources"] == ["ipsecgateways/status"]
-    assert objs["Role"]["rules"][0]["apiGroups"] == ["ipsec.bnerd.net"]
-    assert objs["ConfigMap"]["metadata"]["ownerReferences"][0]["kind"] == "IPsecGateway"
+    home = GatewayKey("IPsecGateway", "tenant-old", "legacy").home_name
+    assert {o["metadata"]["name"] for o in objs.values()} == {"ipsecgw-legacy", home}
+    assert objs["TenantRole"]["rules"][0]["resources"] == ["ipsecgateways/status"]
+    assert objs["TenantRole"]["rules"][0]["apiGroups"] == ["ipsec.bnerd.net"]
+    assert objs["TenantRole"]["metadata"]["ownerReferences"][0]["kind"] == "IPsecGateway"
+    assert objs["ConfigMap"]["metadata"]["labels"]["vpn.bnerd.net/gateway-kind"] == "IPsecGateway"
     assert "charon" in containers(d)
 
 
@@ -351,7 +408,7 @@ def test_a_plan_change_rewrites_the_plan_and_role_but_never_the_pod_template(cha
     first = run(snapshot(IPSEC))
     owned = applied(first)
     d = run(snapshot(change(IPSEC), owned=owned))
-    changed = {a.obj["kind"] for a in d.actions if isinstance(a, diff.Replace)}
+    changed = {slot_of(a.obj, GW_NS) for a in d.actions if isinstance(a, diff.Replace)}
     assert "ConfigMap" in changed
     assert "Deployment" not in changed
     assert template(d, owned) == owned["Deployment"]["spec"]["template"]
@@ -402,7 +459,7 @@ def test_an_edited_or_deleted_owned_object_is_restored_and_others_fields_are_kep
     edited["Role"]["metadata"]["labels"]["team"] = "theirs"
     del edited["NetworkPolicy"]
     d = run(snapshot(IPSEC, owned=edited))
-    kinds = {(type(a).__name__, a.obj["kind"]) for a in d.actions}
+    kinds = {(type(a).__name__, slot_of(a.obj, GW_NS)) for a in d.actions if not isinstance(a, diff.Delete)}
     assert kinds == {("Replace", "Role"), ("Create", "NetworkPolicy")}
     role = next(a.obj for a in d.actions if isinstance(a, diff.Replace))
     assert role["rules"] == owned["Role"]["rules"], "our rules are back"
@@ -413,11 +470,15 @@ def test_an_edited_or_deleted_owned_object_is_restored_and_others_fields_are_kep
 def test_an_object_of_our_name_that_we_do_not_own_is_never_touched() -> None:
     owned = applied(run(snapshot(IPSEC)))
     theirs = copy.deepcopy(owned)
-    theirs["ConfigMap"]["metadata"]["ownerReferences"] = []
+    del theirs["ConfigMap"]["metadata"]["labels"]["vpn.bnerd.net/owner-uid"]  # no owner-uid label
     theirs["ConfigMap"]["data"] = {"x": "y"}
+    theirs["TenantRole"]["metadata"]["ownerReferences"] = []  # no ownerReference
     d = run(snapshot(IPSEC, owned=theirs))
-    assert not [a for a in d.actions if a.obj["kind"] == "ConfigMap"]
-    assert d.foreign == (diff.Foreign("ConfigMap", "vpngw-acme"),)
+    assert "ConfigMap" not in written(d) and "TenantRole" not in written(d)
+    assert d.foreign == (
+        diff.Foreign("Role", "tenant-acme/vpngw-acme"),
+        diff.Foreign("ConfigMap", f"{GW_NS}/{HOME}"),
+    )
     conds = {c["type"]: c for c in d.status["conditions"]}  # type: ignore[index]
     assert conds["OwnedObjects"]["reason"] == "ObjectNameTaken" and conds["Ready"]["status"] == "False"
 
@@ -483,7 +544,7 @@ def test_an_invalid_gateway_keeps_the_deployed_plan_but_nothing_removed_or_revok
     assert "keeps running, without what was removed or revoked since" in cond["message"]
     # Nothing removed: the deployed plan stays as it is, and nothing is written.
     unchanged = run(snapshot(edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/33"), owned=owned))
-    assert not any(a.obj["kind"] == "ConfigMap" for a in unchanged.actions)
+    assert "ConfigMap" not in written(unchanged)
 
 
 def test_a_schema_invalid_gateway_is_reported_without_touching_anything() -> None:
@@ -517,19 +578,24 @@ def test_conditions_keep_their_transition_time_and_events_come_only_with_changes
 def test_without_nic2_nothing_that_needs_it_is_made_and_a_running_pod_is_left_alone() -> None:
     none = CloudState(None, None, (Condition("CloudReady", False, "NoStaticNIC", "no entry"),))
     d = run(snapshot(IPSEC), cloud=none)
-    assert set(by_kind(d)) == {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy"}
+    assert set(by_kind(d)) == {
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "TenantRole",
+        "TenantRoleBinding",
+        "NetworkPolicy",
+    }
     owned = applied(run(snapshot(IPSEC)))
     d2 = run(snapshot(IPSEC, owned=owned), cloud=none)
-    assert all(
-        a.obj["kind"] not in ("ConfigMap", "Deployment", "NetworkAttachmentDefinition") for a in d2.actions
-    )
+    assert not set(written(d2)) & {"ConfigMap", "Deployment", "NetworkAttachmentDefinition"}
 
 
 def test_without_a_node_the_deployment_is_held_and_the_status_says_why() -> None:
     owned = applied(run(snapshot(IPSEC)))
     nowhere = Placement(None, "NoSchedulableNode", "no Ready node can take the gateway (2 node(s))")
     d = run(snapshot(IPSEC, owned=owned), where=nowhere)
-    assert not any(a.obj["kind"] == "Deployment" for a in d.actions)
+    assert "Deployment" not in written(d)
     conds = {c["type"]: c for c in d.status["conditions"]}  # type: ignore[index]
     assert conds["PodReady"]["reason"] == "NoSchedulableNode"
     assert d.status["nodeName"] == "node-a", "the status keeps the node the Deployment still names"  # type: ignore[index]
@@ -575,3 +641,70 @@ def test_static_nic_settings_are_validated_naming_the_entry() -> None:
         from_config({"gatewayPod": {"nadTemplate": '{"type": "host-device"}'}})
     with pytest.raises(SettingsError, match=r"config: unknown key\(s\) gatewayPods"):
         from_config({"gatewayPods": {}})
+
+
+def test_a_key_someone_adds_to_the_plan_configmap_is_removed() -> None:
+    """The plan ConfigMap is the controller's whole: a second plan planted in binaryData (which a reader
+    might prefer) goes at once."""
+    owned = applied(run(snapshot(IPSEC)))
+    planted = copy.deepcopy(owned)
+    planted["ConfigMap"]["binaryData"] = {"plan.json": "H4sIAAAAAAAA"}
+    planted["ConfigMap"]["data"]["extra"] = "x"
+    d = run(snapshot(IPSEC, owned=planted))
+    cm = written(d)["ConfigMap"]
+    assert "binaryData" not in cm and cm["data"] == owned["ConfigMap"]["data"]
+    assert run(snapshot(IPSEC, owned=owned)).actions == (), "in order: nothing written"
+
+
+def leftover(kind: str, uid: str = "uid-gw") -> dict[str, Any]:
+    """What the previous release made in the tenant's namespace."""
+    ref = {
+        "apiVersion": "vpn.bnerd.net/v1alpha1",
+        "kind": "VPNGateway",
+        "name": "acme",
+        "uid": uid,
+        "controller": True,
+    }
+    md = {"name": "vpngw-acme", "namespace": "tenant-acme", "uid": f"old-{kind}", "ownerReferences": [ref]}
+    return {"kind": kind, "metadata": md}
+
+
+def test_an_earlier_releases_objects_in_the_tenant_namespace_are_deleted_and_its_pod_awaited() -> None:
+    old_pod = {"metadata": {"name": "vpngw-acme-x", "namespace": "tenant-acme", "labels": {}}, "spec": {}}
+    snap = snapshot(
+        IPSEC,
+        leftovers=(leftover("Deployment"), leftover("ConfigMap"), leftover("Service", "other")),
+        pods=(old_pod,),
+    )
+    d = run(snap)
+    deletes = [(a.kind, a.namespace, a.name, a.uid) for a in d.actions if isinstance(a, diff.Delete)]
+    assert deletes == [
+        ("Deployment", "tenant-acme", "vpngw-acme", "old-Deployment"),
+        ("ConfigMap", "tenant-acme", "vpngw-acme", "old-ConfigMap"),
+    ], "ours only, each with its uid as the precondition"
+    assert "Deployment" not in written(d), "the new pod waits until the old one let go of NIC2"
+    assert "ConfigMap" in written(d)
+    moved = run(snapshot(IPSEC))
+    assert "Deployment" in written(moved)
+    off = dataclasses.replace(SETTINGS, migrate=False)
+    assert not [a for a in run(snap, off).actions if isinstance(a, diff.Delete)]
+
+
+def test_the_finalizer_deletes_the_objects_in_the_gateway_namespace() -> None:
+    owned = applied(run(snapshot(IPSEC)))
+    gone = cleanup(snapshot(IPSEC, owned=owned, leftovers=(leftover("NetworkPolicy"),)))
+    assert sorted((d.kind, d.namespace) for d in gone) == sorted(
+        [(k, GW_NS) for k in HOME_KINDS] + [("NetworkPolicy", "tenant-acme")]
+    ), "the tenant-side Role and RoleBinding go with their ownerReference"
+
+
+def test_a_namespace_not_enabled_or_whose_secrets_cannot_be_read_renders_nothing() -> None:
+    off = run(snapshot(IPSEC, namespace_enabled=False))
+    cond = {c["type"]: c for c in off.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert cond["reason"] == "NamespaceNotEnabled" and "vpn.bnerd.net/tenant=enabled" in cond["message"]
+    assert "ConfigMap" not in written(off)
+    blind = run(
+        snapshot(IPSEC, secrets_unreadable="the controller cannot list the Secrets of namespace tenant-acme")
+    )
+    cond = {c["type"]: c for c in blind.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert cond["reason"] == "SecretsUnreadable"

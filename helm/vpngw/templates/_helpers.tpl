@@ -20,6 +20,11 @@ chart's name (release "vpngw": vpngw-controller, never vpngw-vpngw-controller); 
 {{- end -}}
 {{- end -}}
 
+{{/* The gateway pods' namespace: gateway.namespace, else <fullname>-gateways. */}}
+{{- define "vpngw.gatewayNamespace" -}}
+{{- .Values.gateway.namespace | default (printf "%s-gateways" (include "vpngw.fullname" .)) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/* The controller's objects: Deployment, ServiceAccount, ClusterRole, Role, Service, ... */}}
 {{- define "vpngw.controller.name" -}}
 {{- printf "%s-controller" (include "vpngw.fullname" .) | trunc 63 | trimSuffix "-" -}}
