@@ -34,6 +34,8 @@ This module is pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import ipaddress
 import json
 import re
@@ -84,9 +86,17 @@ class NatConfigError(ValueError):
     """A plan value that would reach iptables or netlink is invalid; the message names the field."""
 
 
-class ResolvedTargetError(NatConfigError):
-    """A targetHost resolved to an address that cannot be a target. Unlike the plan's own values this
-    depends on DNS, not on the plan's bytes: the same plan may pass once DNS answers otherwise."""
+@dataclass(frozen=True)
+class Unresolved:
+    """A targetHost DNS gave no address for: ``reason`` says why; ``temporary`` when another try may
+    answer (no answer in time, SERVFAIL), not when DNS said the name has no address (NXDOMAIN, NODATA)."""
+
+    reason: str
+    temporary: bool
+
+
+Answer = IPv4Address | Unresolved
+"""What a lookup of a targetHost gave."""
 
 
 # --- validation helpers -----------------------------------------------------------------------------
@@ -107,12 +117,15 @@ def address(value: object, field: str) -> IPv4Address:
         raise NatConfigError(f"{field}: {_show(text)} is not an IPv4 address") from None
 
 
-def target(value: object, field: str) -> IPv4Address:
-    """A DNAT target: a unicast host address. A resolved targetHost is checked here too, since the
-    controller only sees the name: DNS must not point an exposure at the metadata service (169.254/16),
-    loopback, this-network, multicast or reserved space."""
-    addr = address(value, field)
-    if (
+METADATA = IPv4Address("169.254.169.254")
+"""The cloud's metadata service (OpenStack's and the others'): never a target, never reached through NIC2
+or forwarded to (:func:`guard_rules`)."""
+
+
+def special_purpose(addr: IPv4Address) -> bool:
+    """Not a unicast host: this-network, loopback, link-local (the metadata service, 169.254/16),
+    multicast, reserved space, broadcast."""
+    return (
         addr.is_unspecified
         or addr.is_loopback
         or addr.is_link_local
@@ -120,7 +133,15 @@ def target(value: object, field: str) -> IPv4Address:
         or addr.is_reserved
         or addr == IPv4Address("255.255.255.255")
         or addr in IPv4Network("0.0.0.0/8")
-    ):
+    )
+
+
+def target(value: object, field: str) -> IPv4Address:
+    """A DNAT target: a unicast host address. A resolved targetHost is checked here too, since the
+    controller only sees the name: DNS must not point an exposure at the metadata service (169.254/16),
+    loopback, this-network, multicast or reserved space."""
+    addr = address(value, field)
+    if special_purpose(addr):
         raise NatConfigError(f"{field}: {addr} is a special-purpose address, not a unicast host")
     return addr
 
@@ -315,6 +336,23 @@ class Reply:
     mark: int
 
 
+@dataclass(frozen=True, order=True)
+class LeftOut:
+    """An exposure that is not in the rules, with its grants, because its target depends on something
+    outside the plan that refused it: DNS (``targetHost`` unresolvable, or resolved to an address a
+    literal ``targetAddress`` could not be either) or the pod (the target is one of its own addresses).
+    Everything else of the plan is applied; the exposure's virtual IP is dropped like a virtual IP no
+    grant admits, and its grants' flows are revoked like any withdrawn grant's."""
+
+    field: str
+    """The plan field that was refused, e.g. ``nat.exposures[2].targetHost``."""
+    exposure: str
+    vip: IPv4Address
+    reason: str
+    host: str | None = None
+    grants: tuple[Grant, ...] = ()
+
+
 @dataclass(frozen=True)
 class Policy:
     """The NAT section, validated and flattened. Input of rendering and of :func:`revoked`."""
@@ -332,6 +370,8 @@ class Policy:
     one of them is forwarded only if we DNATed it (an exposure's virtual IP)."""
     reply: Reply | None = None
     """NIC2 and the reply bit; None renders no mangle chain (what callers that know no NIC2 name get)."""
+    left_out: tuple[LeftOut, ...] = ()
+    """Exposures not in the rules (and their grants, not in :attr:`grants`), each with its reason."""
 
     @property
     def marks(self) -> frozenset[int]:
@@ -343,18 +383,38 @@ class Policy:
         return frozenset(s.target for s in self.services if s.kind == "exposure")
 
 
+def target_hosts(nat: Nat) -> tuple[str, ...]:
+    """The exposures' ``targetHost`` names (normalised, once each) that need DNS; a name that is no
+    hostname is refused here, before anything asks DNS about it."""
+    out: dict[str, None] = {}
+    for i, e in enumerate(nat.exposures):
+        if e.target_address is None and e.target_host is not None:
+            out[hostname(e.target_host, f"nat.exposures[{i}].targetHost")] = None
+    return tuple(out)
+
+
 def validate(
     nat: Nat,
     *,
     nic2_address: IPv4Address,
-    resolved: Mapping[str, IPv4Address] | None = None,
+    resolved: Mapping[str, Answer] | None = None,
     tunnel_interfaces: Sequence[tuple[str, str]] = (),
     reply: Reply | None = None,
+    own_addresses: Iterable[IPv4Address] = (),
 ) -> Policy:
-    """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to addresses;
-    ``tunnel_interfaces`` are (field, device name) of tunnels whose peers pick their destinations;
-    ``reply`` is NIC2's name and ``nic.replyMark`` (validated: a device name, one bit outside markMask)."""
+    """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to what DNS
+    answered (an address, or :class:`Unresolved`); ``tunnel_interfaces`` are (field, device name) of
+    tunnels whose peers pick their destinations; ``reply`` is NIC2's name and ``nic.replyMark``
+    (validated: a device name, one bit outside markMask); ``own_addresses`` are the pod's addresses
+    (NIC2's is one whatever is given).
+
+    A value of the plan itself that is invalid raises :class:`NatConfigError` (nothing is applied: the
+    controller renders valid plans, so this is a bug or a hand-made plan). A target refused for what DNS
+    or the pod says (:class:`LeftOut`) leaves that exposure and its grants out of the policy, and the
+    rest is applied: one unresolvable name must not keep a revocation elsewhere in the plan from taking
+    effect. A resolved address is refused exactly where a literal ``targetAddress`` would be."""
     resolved = resolved or {}
+    own = frozenset(own_addresses) | {nic2_address}
     for field_name, dev in tunnel_interfaces:
         if not is_device_name(dev):
             raise NatConfigError(
@@ -396,14 +456,30 @@ def validate(
     seen: dict[tuple[IPv4Address, str, int], str] = {}
     vip_of: dict[IPv4Address, str] = {}  # one virtual IP, one (reverse) exposure: SNAT is chosen per VIP
     target_of: list[tuple[str, IPv4Address]] = []  # (field, target), checked against every virtual IP
+    refused: dict[str, LeftOut] = {}  # exposure name -> why it is left out (its grants are added below)
+    # Every virtual IP of the plan, before any is validated (a reverse exposure's comes after the
+    # exposures): a resolved address that is one is refused for that exposure alone. Bad values are
+    # skipped here and named by add() below.
+    all_vips: dict[IPv4Address, str] = {}
+    every: list[tuple[str, Exposure | ReverseExposure]] = [
+        *((f"nat.exposures[{i}]", x) for i, x in enumerate(nat.exposures)),
+        *((f"nat.reverseExposures[{i}]", x) for i, x in enumerate(nat.reverse_exposures)),
+    ]
+    for where, x in every:
+        with contextlib.suppress(ValueError, TypeError):
+            all_vips.setdefault(IPv4Address(x.virtual_ip), where)
 
     def add(
         kind: Literal["exposure", "reverse"],
         e: Exposure | ReverseExposure,
         path: str,
-        target: IPv4Address,
+        target: IPv4Address | None,
         target_field: str,
+        why: str | None = None,
+        host: str | None = None,
     ) -> None:
+        """Validate a (reverse) exposure; ``target`` None: it is left out (``why``), its name and virtual
+        IP still taken (a grant naming it is left out too; its virtual IP is dropped)."""
         name = _str(e.name, f"{path}.name")
         if not name:
             raise NatConfigError(f"{path}.name: must not be empty")
@@ -417,7 +493,8 @@ def validate(
         if vip in vip_of:
             raise NatConfigError(f"{path}.virtualIp: {vip} is already the virtual IP of {vip_of[vip]}")
         vip_of[vip] = path
-        target_of.append((target_field, target))
+        if target is not None:
+            target_of.append((target_field, target))
         if not e.ports:
             raise NatConfigError(f"{path}.ports: at least one port is required")
         mine: list[Service] = []
@@ -430,27 +507,45 @@ def validate(
                     f"{path}.ports[{j}]: {vip} {proto}/{number} is already used by {seen[key]}"
                 )
             seen[key] = path
-            mine.append(Service(vip, proto, number, target, name, kind))
+            if target is not None:
+                mine.append(Service(vip, proto, number, target, name, kind))
         by_name[(kind, name)] = mine
         services.extend(mine)
+        if target is None:
+            refused[name] = LeftOut(target_field, name, vip, why or "refused", host)
 
     for i, e in enumerate(nat.exposures):
         path = f"nat.exposures[{i}]"
+        dest: IPv4Address | None = None
+        why: str | None = None
+        host: str | None = None
         if e.target_address is not None:
             target_field = f"{path}.targetAddress"
             dest = target(e.target_address, target_field)
         elif e.target_host is not None:
             target_field = f"{path}.targetHost"
             host = hostname(e.target_host, target_field)
-            if host not in resolved:
+            answer = resolved.get(host)
+            if answer is None:
                 raise NatConfigError(f"{target_field}: {host} has not been resolved")
-            try:
-                dest = target(str(resolved[host]), target_field)
-            except NatConfigError as exc:
-                raise ResolvedTargetError(f"{exc} (resolved from {host})") from None
+            if isinstance(answer, Unresolved):
+                why = f"{host} does not resolve: {answer.reason}"
+            elif special_purpose(answer):
+                why = f"{host} resolved to {answer}, a special-purpose address, not a unicast host"
+            elif answer in all_vips:
+                why = (
+                    f"{host} resolved to {answer}, the virtual IP of {all_vips[answer]}; "
+                    "a target must be a real address"
+                )
+            else:
+                dest = answer
         else:
             raise NatConfigError(f"{path}: targetAddress or targetHost is required")
-        add("exposure", e, path, dest, target_field)
+        if dest is not None and dest in own:
+            # DNAT to the pod itself would hand a peer the pod's own ports (probes, metrics, IKE).
+            why = f"{dest} is the pod's own address" + (f" (resolved from {host})" if host else "")
+            dest = None
+        add("exposure", e, path, dest, target_field, why, host)
     for i, r in enumerate(nat.reverse_exposures):
         path = f"nat.reverseExposures[{i}]"
         if source is None:
@@ -460,12 +555,13 @@ def validate(
         add("reverse", r, path, target(r.target_address, f"{path}.targetAddress"), f"{path}.targetAddress")
     for target_field, dest in target_of:
         if dest in vip_of:  # DNAT to a virtual IP: to its own, our filter drops it; to another, a loop
-            error = ResolvedTargetError if target_field.endswith("targetHost") else NatConfigError
-            raise error(
+            raise NatConfigError(
                 f"{target_field}: {dest} is the virtual IP of {vip_of[dest]}; a target must be a real address"
             )
 
     admissions: list[Admission] = []
+    kept: list[Grant] = []
+    left_grants: dict[str, list[Grant]] = {name: [] for name in refused}
     marks: dict[int, str] = {}
     for i, g in enumerate(nat.grants):
         path = f"nat.grants[{i}]"
@@ -484,22 +580,64 @@ def validate(
         if targets is None:
             what = "nat.exposures" if g.kind == "exposure" else "nat.reverseExposures"
             raise NatConfigError(f"{path}.exposure: {_show(g.exposure)} is not in {what}")
+        sources = []
         for j, s in enumerate(g.sources):
             src = source_network(s, f"{path}.sources[{j}]")
             if g.kind == "reverse" and not any(src.subnet_of(c) for c in internal):
                 raise NatConfigError(f"{path}.sources[{j}]: {src} is not inside nat.internalSourceCidrs")
-            admissions.extend(Admission(mark, src, svc) for svc in targets)
+            sources.append(src)
+        if g.kind == "exposure" and g.exposure in refused:
+            left_grants[g.exposure].append(g)  # validated like the others, admitted nowhere
+            continue
+        kept.append(g)
+        admissions.extend(Admission(mark, src, svc) for src in sources for svc in targets)
     return Policy(
         services=tuple(services),
         admissions=tuple(admissions),
-        grants=tuple(nat.grants),
+        grants=tuple(kept),
         mask=mask,
         exposure_snat=nic2_address,
         reverse_snat=source,
         service_cidr=cidr,
         tunnel_interfaces=tuple(dev for _, dev in tunnel_interfaces),
         reply=reply,
+        left_out=tuple(
+            dataclasses.replace(x, grants=tuple(left_grants[name])) for name, x in refused.items()
+        ),
     )
+
+
+@dataclass(frozen=True, order=True)
+class Kept:
+    """A targetHost DNS could not answer this time (temporarily) that keeps the address it had."""
+
+    host: str
+    address: IPv4Address
+    reason: str
+
+
+def keep_last(
+    answers: Mapping[str, Answer], last: Mapping[str, IPv4Address]
+) -> tuple[dict[str, Answer], tuple[Kept, ...]]:
+    """``answers`` where a name that could not be resolved THIS time (no answer in time, SERVFAIL: a
+    DNS outage) keeps the address it had (``last``, what :func:`remember` kept): a moment of DNS trouble
+    must not revoke an exposure's flows. A name DNS says has no address (NXDOMAIN) or one never resolved
+    is not kept: that exposure is left out. The kept address goes through :func:`validate` again."""
+    out: dict[str, Answer] = {}
+    kept: list[Kept] = []
+    for host, a in answers.items():
+        if isinstance(a, Unresolved) and a.temporary and host in last:
+            out[host] = last[host]
+            kept.append(Kept(host, last[host], a.reason))
+        else:
+            out[host] = a
+    return out, tuple(kept)
+
+
+def remember(answers: Mapping[str, Answer], policy: Policy) -> dict[str, IPv4Address]:
+    """The addresses :func:`keep_last` may fall back on next time: those in force (not left out)."""
+    refused = {x.host for x in policy.left_out}
+    return {h: a for h, a in answers.items() if isinstance(a, IPv4Address) and h not in refused}
 
 
 def _free_bit(mask: int) -> int:
@@ -628,7 +766,9 @@ def _render(policy: Policy) -> Ruleset:
     filter_rules.append(
         f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m connmark ! --mark 0x0/{m} -j ACCEPT"
     )
-    vips = sorted({s.vip for s in policy.services})
+    # A left-out exposure's virtual IP is dropped too: no grant admits it, and without the rule its
+    # packets would leave our chain and be forwarded wherever the routes say.
+    vips = sorted({s.vip for s in policy.services} | {x.vip for x in policy.left_out})
     filter_rules.extend(
         f"-A {FILTER_CHAIN} -m conntrack --ctorigdst {vip} {_c('vpngw not granted')} -j DROP" for vip in vips
     )
