@@ -123,6 +123,7 @@ class Gateway:
         tunnels = (("wireguard.interface", plan.wireguard.interface),) if plan.wireguard else ()
         answers = self.lookups.resolve(hosts, self.resolver, self.resolve_timeout) if hosts else {}
         answers, kept = rules.keep_last(answers, self.addresses)
+        wg = plan.wireguard if plan.type == "wireguard" else None
         policy = rules.validate(
             plan.nat,
             nic2_address=nic.address.ip,
@@ -130,6 +131,11 @@ class Gateway:
             tunnel_interfaces=tunnels,
             reply=rules.Reply(nic.name, nic_cfg.reply_mark),
             own_addresses=local_addresses(self.netlink),
+            guard=rules.Guard(
+                nic=nic.name,
+                ipsec=plan.type == "ipsec",
+                wireguard=None if wg is None else (wg.interface, wg.listen_port),
+            ),
         )
         # What to revoke, each mark with the mask it was SET under: what the previous plan admitted and
         # this one does not, and, whatever memory says, what the kernel's admission rules admit and this

@@ -18,6 +18,11 @@ Model (one gateway pod, one network namespace)::
                                                         REPLY packets get it as their packet mark, and
                                                         policy routing (routing.py) sends them out
                                                         through NIC2 whatever the main table says
+    the pod itself:      INPUT       VPNGW-INPUT        from a tunnel (ipsec+, IPsec policy, the WireGuard
+                                                        device) or NIC2, only replies and, on NIC2, what
+                                                        the tunnels need (IKE, ESP / the WireGuard port)
+                         OUTPUT      VPNGW-OUTPUT       never the metadata service through NIC2
+                         FORWARD     VPNGW-TARGETS      never forwarded to the metadata service
 
 Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
 filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
@@ -52,17 +57,22 @@ TARGET_CHAIN = "VPNGW-TARGETS"
 DNAT_CHAIN = "VPNGW-PREROUTING"
 SNAT_CHAIN = "VPNGW-POSTROUTING"
 MANGLE_CHAIN = "VPNGW-MANGLE"
+INPUT_CHAIN = "VPNGW-INPUT"
+OUTPUT_CHAIN = "VPNGW-OUTPUT"
 OWN_PREFIX = "VPNGW-"
 Table = Literal["filter", "nat", "mangle"]
 
 JUMPS: tuple[tuple[Table, str, str], ...] = (
     ("filter", "FORWARD", FILTER_CHAIN),
+    ("filter", "INPUT", INPUT_CHAIN),
+    ("filter", "OUTPUT", OUTPUT_CHAIN),
     ("nat", "PREROUTING", DNAT_CHAIN),
     ("nat", "POSTROUTING", SNAT_CHAIN),
     ("mangle", "PREROUTING", MANGLE_CHAIN),
 )
 """(table, built-in chain, our chain): each jump is kept exactly once, as the built-in chain's FIRST
-rule, so a foreign ACCEPT cannot bypass our authorisation."""
+rule, so a foreign ACCEPT cannot bypass our authorisation. Only the jumps to chains a ruleset has are
+written (a ruleset without the pod guard, :class:`Guard`, has no INPUT/OUTPUT chains)."""
 
 _MAX_NAME = 100  # per name inside a comment
 _MAX_COMMENT = 250  # xt_comment holds 255 characters (256 bytes with the NUL)
@@ -353,6 +363,26 @@ class LeftOut:
     grants: tuple[Grant, ...] = ()
 
 
+IKE_PORTS = (500, 4500)
+"""IKE, and NAT-T (IKE and ESP-in-UDP: charon's kernel-libipsec always encapsulates) on 4500."""
+LIBIPSEC_DEVICES = "ipsec+"
+"""charon's kernel-libipsec TUN devices (``ipsec0``, ...): decapsulated packets come in on them."""
+
+
+@dataclass(frozen=True, order=True)
+class Guard:
+    """What may reach the pod itself from NIC2 and the tunnels (the pod guard, :func:`guard_rules`)."""
+
+    nic: str
+    """NIC2's name (found by MAC)."""
+    ipsec: bool = False
+    """An IPsec gateway: IKE (UDP 500, 4500) and ESP come in on NIC2; decapsulated traffic comes in on
+    ``ipsec+`` (kernel-libipsec) or on NIC2 with an IPsec policy (kernel XFRM)."""
+    wireguard: tuple[str, int] | None = None
+    """A WireGuard gateway: (device, listen port). The port comes in on NIC2, decapsulated traffic on the
+    device."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """The NAT section, validated and flattened. Input of rendering and of :func:`revoked`."""
@@ -372,6 +402,8 @@ class Policy:
     """NIC2 and the reply bit; None renders no mangle chain (what callers that know no NIC2 name get)."""
     left_out: tuple[LeftOut, ...] = ()
     """Exposures not in the rules (and their grants, not in :attr:`grants`), each with its reason."""
+    guard: Guard | None = None
+    """What may reach the pod itself; None renders no INPUT/OUTPUT chains (callers that know no NIC2)."""
 
     @property
     def marks(self) -> frozenset[int]:
@@ -401,12 +433,14 @@ def validate(
     tunnel_interfaces: Sequence[tuple[str, str]] = (),
     reply: Reply | None = None,
     own_addresses: Iterable[IPv4Address] = (),
+    guard: Guard | None = None,
 ) -> Policy:
     """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to what DNS
     answered (an address, or :class:`Unresolved`); ``tunnel_interfaces`` are (field, device name) of
     tunnels whose peers pick their destinations; ``reply`` is NIC2's name and ``nic.replyMark``
     (validated: a device name, one bit outside markMask); ``own_addresses`` are the pod's addresses
-    (NIC2's is one whatever is given).
+    (NIC2's is one whatever is given); ``guard`` what may reach the pod itself (device names and the
+    WireGuard port validated).
 
     A value of the plan itself that is invalid raises :class:`NatConfigError` (nothing is applied: the
     controller renders valid plans, so this is a bug or a hand-made plan). A target refused for what DNS
@@ -415,6 +449,8 @@ def validate(
     effect. A resolved address is refused exactly where a literal ``targetAddress`` would be."""
     resolved = resolved or {}
     own = frozenset(own_addresses) | {nic2_address}
+    if guard is not None:
+        _check_guard(guard)
     for field_name, dev in tunnel_interfaces:
         if not is_device_name(dev):
             raise NatConfigError(
@@ -604,7 +640,22 @@ def validate(
         left_out=tuple(
             dataclasses.replace(x, grants=tuple(left_grants[name])) for name, x in refused.items()
         ),
+        guard=guard,
     )
+
+
+def _check_guard(guard: Guard) -> None:
+    if not is_device_name(guard.nic):
+        raise NatConfigError(
+            f"nic: NIC2's name {_show(guard.nic)} cannot be used in an iptables rule ({DEVICE_NAME_RULE})"
+        )
+    if guard.wireguard is not None:
+        dev, listen = guard.wireguard
+        if not is_device_name(dev):
+            raise NatConfigError(
+                f"wireguard.interface: {_show(dev)} is not a network device name ({DEVICE_NAME_RULE})"
+            )
+        port(listen, "wireguard.listenPort")
 
 
 @dataclass(frozen=True, order=True)
@@ -727,7 +778,7 @@ def _render(policy: Policy) -> Ruleset:
             f"{_c('vpngw tunnel ingress only to virtual IPs')} -j DROP"
         )
     targets = sorted(policy.exposure_targets)
-    if targets:
+    if targets or policy.guard is not None:
         # An exposure target is reachable through its virtual IP only. A NEW forwarded connection that
         # was not DNATed by us asked for some real address: if that is a target, drop it (IPsec's
         # selectors already refuse it; a WireGuard peer's allowed IPs only constrain its SOURCE). DNATed
@@ -737,7 +788,13 @@ def _render(policy: Policy) -> Ruleset:
             f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
             f"{_c('vpngw new and not DNATed')} -j {TARGET_CHAIN}"
         )
-    target_rules = [
+    target_rules = []
+    if policy.guard is not None:
+        # Nothing is ever forwarded to the cloud's metadata service (it would answer with the node's
+        # instance data): not DNATed (validate refuses it as a target), so NEW connections to it walk
+        # this list, whichever device they came in on.
+        target_rules.append(f"-A {TARGET_CHAIN} -d {METADATA}/32 {_c(_NOT_METADATA)} -j DROP")
+    target_rules += [
         f"-A {TARGET_CHAIN} -d {t}/32 {_c('vpngw exposure target only via its virtual IP')} -j DROP"
         for t in targets
     ]
@@ -788,13 +845,64 @@ def _render(policy: Policy) -> Ruleset:
             snat.append(
                 f"-A {SNAT_CHAIN} -m conntrack --ctorigdst {s.vip} {_c(label)} -j SNAT --to-source {to}"
             )
+    chains: tuple[str, ...] = (FILTER_CHAIN, TARGET_CHAIN)
+    own: tuple[str, ...] = ()
+    if policy.guard is not None:
+        chains, own = (*chains, INPUT_CHAIN, OUTPUT_CHAIN), guard_rules(policy.guard)
     out = [
-        TableRules("filter", (FILTER_CHAIN, TARGET_CHAIN), tuple(filter_rules + target_rules)),
+        TableRules("filter", chains, (*filter_rules, *target_rules, *own)),
         TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
     ]
     if policy.reply is not None:
         out.append(TableRules("mangle", (MANGLE_CHAIN,), reply_rules(policy.reply)))
     return Ruleset(tables=tuple(out), marks=policy.marks, mask=policy.mask)
+
+
+_NOT_METADATA = "vpngw never the metadata service"
+_TUNNEL_NOT_FOR_POD = "vpngw tunnel traffic is not for the pod"
+
+
+def guard_rules(guard: Guard) -> tuple[str, ...]:
+    """The pod's own INPUT and OUTPUT (filter). Our chains never ACCEPT: what they allow RETURNs to the
+    built-in chain and its other rules, what they refuse is dropped.
+
+    INPUT, in order:
+
+    * replies (RELATED, ESTABLISHED): to what the pod itself started (DNS, the API, charon's or
+      WireGuard's own initiations, a diagnostic ping into a tunnel) and ICMP errors about it;
+    * from a tunnel, nothing else: IPsec's decapsulated packets (kernel-libipsec: the ``ipsec+`` TUN
+      devices; kernel XFRM: any device, with an inbound IPsec policy), the WireGuard device's. A peer
+      reaches its exposures (FORWARD), never the pod's own ports (the probe and metrics ports, IKE on
+      an inner address);
+    * on NIC2, only what the tunnels need: IKE (UDP 500, 4500: NAT-T and kernel-libipsec's ESP-in-UDP)
+      and ESP for an IPsec gateway, the listen port for a WireGuard one; everything else NEW from NIC2
+      is dropped (the probe and metrics ports, anything listening on 0.0.0.0).
+
+    Traffic from elsewhere (eth0: the kubelet's probes, Prometheus) is left to the cluster's
+    NetworkPolicy. OUTPUT: nothing to the metadata service through NIC2 (the node's port is NIC2: the
+    cloud's metadata service would answer with the node's instance data)."""
+    nic = guard.nic
+    replies = "-m conntrack --ctstate RELATED,ESTABLISHED"
+    out = [f"-A {INPUT_CHAIN} {replies} {_c('vpngw replies to the pod')} -j RETURN"]
+    if guard.ipsec:
+        out.append(f"-A {INPUT_CHAIN} -m policy --dir in --pol ipsec {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
+        out.append(f"-A {INPUT_CHAIN} -i {LIBIPSEC_DEVICES} {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
+    if guard.wireguard is not None:
+        out.append(f"-A {INPUT_CHAIN} -i {guard.wireguard[0]} {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
+    if guard.ipsec:
+        out.extend(
+            f"-A {INPUT_CHAIN} -i {nic} -p udp -m udp --dport {p} {_c('vpngw IKE')} -j RETURN"
+            for p in IKE_PORTS
+        )
+        out.append(f"-A {INPUT_CHAIN} -i {nic} -p esp {_c('vpngw ESP')} -j RETURN")
+    if guard.wireguard is not None:
+        listen = guard.wireguard[1]
+        out.append(
+            f"-A {INPUT_CHAIN} -i {nic} -p udp -m udp --dport {listen} {_c('vpngw WireGuard')} -j RETURN"
+        )
+    out.append(f"-A {INPUT_CHAIN} -i {nic} {_c('vpngw NIC2 is for the tunnels only')} -j DROP")
+    out.append(f"-A {OUTPUT_CHAIN} -d {METADATA}/32 -o {nic} {_c(_NOT_METADATA)} -j DROP")
+    return tuple(out)
 
 
 def reply_rules(reply: Reply) -> tuple[str, ...]:

@@ -745,3 +745,93 @@ def test_only_addresses_in_force_are_remembered() -> None:
     assert rules.remember({"api.fabric.example": IPv4Address("169.254.169.254")}, p) == {}, "refused"
     assert rules.remember(RESOLVED, policy()) == RESOLVED
     assert rules.remember({"api.fabric.example": NXDOMAIN}, policy()) == {}
+
+
+# --- the pod guard: what reaches the pod itself ----------------------------------------------------------
+
+
+def guarded(guard: rules.Guard, n: Nat | None = None) -> list[str]:
+    p = rules.validate(n or nat(), nic2_address=NIC2, resolved=RESOLVED, guard=guard)
+    return [r for t in rules.render(p).tables for r in t.rules]
+
+
+def test_an_ipsec_pod_takes_ike_and_esp_on_nic2_and_nothing_new_from_its_tunnels() -> None:
+    lines = guarded(rules.Guard("ens7", ipsec=True))
+    assert [r for r in lines if r.startswith("-A VPNGW-INPUT ")] == [
+        "-A VPNGW-INPUT -m conntrack --ctstate RELATED,ESTABLISHED "
+        '-m comment --comment "vpngw replies to the pod" -j RETURN',
+        '-A VPNGW-INPUT -m policy --dir in --pol ipsec -m comment --comment "vpngw tunnel traffic is not for '
+        'the pod" -j DROP',
+        '-A VPNGW-INPUT -i ipsec+ -m comment --comment "vpngw tunnel traffic is not for the pod" -j DROP',
+        '-A VPNGW-INPUT -i ens7 -p udp -m udp --dport 500 -m comment --comment "vpngw IKE" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -p udp -m udp --dport 4500 -m comment --comment "vpngw IKE" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -p esp -m comment --comment "vpngw ESP" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -m comment --comment "vpngw NIC2 is for the tunnels only" -j DROP',
+    ]
+    assert [r for r in lines if r.startswith("-A VPNGW-OUTPUT ")] == [
+        "-A VPNGW-OUTPUT -d 169.254.169.254/32 -o ens7 "
+        '-m comment --comment "vpngw never the metadata service" -j DROP'
+    ]
+    first_target = next(r for r in lines if r.startswith("-A VPNGW-TARGETS "))
+    assert first_target == (
+        "-A VPNGW-TARGETS -d 169.254.169.254/32 "
+        '-m comment --comment "vpngw never the metadata service" -j DROP'
+    ), "first: nothing forwarded to it, whatever the exposures"
+    assert not any("ACCEPT" in r for r in lines if r.startswith(("-A VPNGW-INPUT", "-A VPNGW-OUTPUT"))), (
+        "our pod chains never accept on behalf of the rest of INPUT/OUTPUT: RETURN or DROP"
+    )
+
+
+def test_a_wireguard_pod_takes_its_listen_port_on_nic2_and_nothing_new_from_its_device() -> None:
+    lines = [
+        r for r in guarded(rules.Guard("ens7", wireguard=("wg0", 51821))) if r.startswith("-A VPNGW-INPUT ")
+    ]
+    assert lines[1:] == [
+        '-A VPNGW-INPUT -i wg0 -m comment --comment "vpngw tunnel traffic is not for the pod" -j DROP',
+        '-A VPNGW-INPUT -i ens7 -p udp -m udp --dport 51821 -m comment --comment "vpngw WireGuard" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -m comment --comment "vpngw NIC2 is for the tunnels only" -j DROP',
+    ]
+
+
+def test_tunnel_traffic_is_dropped_before_nic2s_allowances_are_looked_at() -> None:
+    """Under kernel XFRM a decapsulated packet comes in on NIC2 too: UDP 500 to an inner address must not
+    pass as IKE. The tunnel rules (policy, devices) come first; only replies pass before them."""
+    lines = [r for r in guarded(rules.Guard("ens7", ipsec=True)) if r.startswith("-A VPNGW-INPUT ")]
+    tunnel = [i for i, r in enumerate(lines) if "tunnel traffic is not for the pod" in r]
+    allowed = [i for i, r in enumerate(lines) if r.endswith("-j RETURN") and "-i ens7" in r]
+    assert max(tunnel) < min(allowed) and "RELATED,ESTABLISHED" in lines[0]
+
+
+def test_the_guard_adds_the_input_and_output_chains_and_the_target_list_even_without_targets() -> None:
+    reverse_only = nat(exposures=(), grants=(Grant("s1", "db", "reverse", ("10.1.0.0/16",), C),))
+    p = rules.validate(reverse_only, nic2_address=NIC2, guard=rules.Guard("ens7", ipsec=True))
+    (flt, _) = rules.render(p).tables
+    assert flt.chains == ("VPNGW-FORWARD", "VPNGW-TARGETS", "VPNGW-INPUT", "VPNGW-OUTPUT")
+    assert any(r.endswith("-j VPNGW-TARGETS") for r in flt.rules), "the metadata rule needs the jump"
+    assert [c for t in rules.render(policy(reverse_only)).tables for c in t.chains] == [
+        "VPNGW-FORWARD",
+        "VPNGW-TARGETS",
+        "VPNGW-PREROUTING",
+        "VPNGW-POSTROUTING",
+    ], "without a guard (no NIC2 known), no pod chains"
+
+
+def test_the_guard_leaves_grants_and_revocation_alone() -> None:
+    before = policy()
+    after = rules.validate(nat(), nic2_address=NIC2, resolved=RESOLVED, guard=rules.Guard("ens7", ipsec=True))
+    assert rules.revoked(before, after) == () and after.admissions == before.admissions
+    kernel = tables.admissions(r for t in rules.render(before).tables for r in t.rules)
+    assert tables.revoked_in_kernel(kernel, rules.render(after)) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("guard", "message"),
+    [
+        pytest.param(rules.Guard("-j ACCEPT", ipsec=True), r"nic: NIC2's name", id="nic"),
+        pytest.param(rules.Guard("ens7", wireguard=("wg 0", 51820)), r"wireguard.interface: ", id="dev"),
+        pytest.param(rules.Guard("ens7", wireguard=("wg0", 0)), r"wireguard.listenPort: 0 ", id="port"),
+    ],
+)
+def test_the_guards_values_are_checked(guard: rules.Guard, message: str) -> None:
+    with pytest.raises(NatConfigError, match=message):
+        rules.validate(nat(), nic2_address=NIC2, resolved=RESOLVED, guard=guard)
