@@ -1,11 +1,14 @@
 """Writes init-nat's status document (report.py) to a file: temp file + rename, only on change (I/O).
 
 A status that cannot be written (the init container's plan directory is a read-only ConfigMap mount, a
-full volume) never fails an apply: it is logged once per distinct error and tried again next time.
+full volume) never fails an apply: it is logged once per distinct error and tried again next time. A
+read-only directory is what the init container has by default (its plan is the mounted ConfigMap; the
+sidecar's is in the live directory): that is an info line, not a warning on every pod start.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import tempfile
@@ -18,6 +21,7 @@ from typing import Any
 from initnat import report
 
 log = logging.getLogger("initnat")
+_HINT = "--status-file names a writable place (in the pod: the live directory)"
 
 
 def _utc(t: float) -> str:
@@ -42,7 +46,8 @@ class StatusFile:
         except OSError as exc:
             error = exc.strerror or str(exc)
             if error != self.error:
-                log.warning("initnat.status_unwritten path=%s error=%r", self.path, error)
+                level = logging.INFO if exc.errno == errno.EROFS else logging.WARNING
+                log.log(level, "initnat.status_unwritten path=%s error=%r hint=%r", self.path, error, _HINT)
             self.error = error
             return
         self.error = None
