@@ -2,8 +2,9 @@
 
 1. Applying 1,000 exposures x 2 grants: the ``iptables-restore --noflush`` transaction itself, the whole
    apply (save + --test + restore + read-back save) and a no-op re-apply, for the legacy and the nft
-   variant; for the current ruleset (with the reply chain VPNGW-MANGLE), the one before the reply chain,
-   the one before VPNGW-TARGETS (no drop of connections to a target's real address), and the rejected
+   variant; for the current ruleset (with the pod guard VPNGW-INPUT / VPNGW-OUTPUT and the metadata rule,
+   and the reply chain VPNGW-MANGLE), the one before the pod guard, the one before the reply chain, the
+   one before VPNGW-TARGETS (no drop of connections to a target's real address), and the rejected
    alternative of admitting established flows per grant and source.
 2. Revoking one grant of that ruleset: withdrawing its admission alone (before) against withdrawing it
    with a tombstone, flushing its conntrack mark and lifting the tombstone (now).
@@ -43,6 +44,7 @@ from initnat.iptables import Iptables  # noqa: E402
 
 MASK = 0x0FFF0000
 REPLY = rules.Reply("ens7", rules.DEFAULT_REPLY_MARK)
+GUARD = rules.Guard("ens7", ipsec=True)
 
 
 def big_nat(exposures: int = 1000, grants_each: int = 2) -> Nat:
@@ -109,7 +111,7 @@ def without_targets(ruleset: rules.Ruleset) -> rules.Ruleset:
 
 def bench_restore(rounds: int) -> None:
     t0 = time.perf_counter()
-    policy = rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"), reply=REPLY)
+    policy = rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"), reply=REPLY, guard=GUARD)
     ruleset = rules.render(policy)
     render_s = time.perf_counter() - t0
     print(f"1,000 exposures x 2 grants: validate+render {render_s * 1000:.1f} ms")
@@ -127,11 +129,13 @@ def bench_restore(rounds: int) -> None:
         kernel.append(time.perf_counter() - t)
     print(f"  revocation check, previous policy   {_stats(memory)}")
     print(f"  revocation check, kernel's rules    {_stats(kernel)}")
+    unguarded = rules.render(rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"), reply=REPLY))
     variants = [
-        ("current (with the reply chain)", ruleset),
-        ("before the reply chain", without_reply(ruleset)),
-        ("before VPNGW-TARGETS", without_targets(without_reply(ruleset))),
-        ("per-grant established", per_grant_established(without_reply(ruleset))),
+        ("current (with the pod guard)", ruleset),
+        ("before the pod guard (with the reply chain)", unguarded),
+        ("before the reply chain", without_reply(unguarded)),
+        ("before VPNGW-TARGETS", without_targets(without_reply(unguarded))),
+        ("per-grant established", per_grant_established(without_reply(unguarded))),
     ]
     times: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = {
         (label, v): ([], [], []) for label, _ in variants for v in ("legacy", "nft")
@@ -165,14 +169,14 @@ def bench_revocation(rounds: int) -> None:
     the current one (withdraw + tombstone, flush, delete the tombstone). Each round starts from the full
     ruleset."""
     nat = big_nat()
-    full = rules.validate(nat, nic2_address=IPv4Address("192.0.2.2"), reply=REPLY)
+    full = rules.validate(nat, nic2_address=IPv4Address("192.0.2.2"), reply=REPLY, guard=GUARD)
     revoked_nat = Nat(
         service_cidr=nat.service_cidr,
         exposures=nat.exposures,
         grants=tuple(g for g in nat.grants if g.mark != 0x10000),
         mark_mask=nat.mark_mask,
     )
-    after = rules.validate(revoked_nat, nic2_address=IPv4Address("192.0.2.2"), reply=REPLY)
+    after = rules.validate(revoked_nat, nic2_address=IPv4Address("192.0.2.2"), reply=REPLY, guard=GUARD)
     gone = rules.flushes(full, after)
     assert gone == {rules.Flush(0x10000, MASK)}, gone
     flusher = NetlinkFlusher()

@@ -1,15 +1,19 @@
 """``python -m initnat --plan PLAN [--nic-mac MAC] [--watch]``: the gateway pod's data plane.
 
-Wires the pieces together, nothing else: read the plan -> validate NIC and NAT sections (rules.py, pure)
--> find NIC2 by MAC and ensure its policy routing (routing.py) -> apply our chains in one
-``iptables-restore`` transaction that also drops the revoked marks' packets (iptables.py) -> delete the
-conntrack entries of revoked grants (conntrack.py) -> lift those drops again, strictly in that order.
-Everything is validated before anything is changed.
+Wires the pieces together, nothing else: read the plan -> resolve the exposures' target hosts with a
+deadline (dns.py) -> validate NIC and NAT sections (rules.py, pure) -> find NIC2 by MAC and ensure its
+policy routing (routing.py) -> apply our chains in one ``iptables-restore`` transaction that also drops
+the revoked marks' packets (iptables.py) -> delete the conntrack entries of revoked grants
+(conntrack.py) -> lift those drops again, strictly in that order. Everything is validated before
+anything is changed. An exposure whose target DNS or the pod refuses is left out with its grants
+(rules.LeftOut), the rest is applied; what is in force and what was left out is written to the status
+file (report.py, statusfile.py) for the status-agent.
 
 Exit codes: 0 applied (or, with --watch, stopped by SIGTERM/SIGINT); 1 a kernel step failed, and the
 ``initnat.failed`` line says what the kernel holds (see :func:`outcome`); 2 bad input (unreadable or
 invalid plan, NIC2 absent, bad --nic-mac). With --watch a bad plan is logged and the last good ruleset
-stays; a failed step is retried; the loop keeps going.
+stays; a failed step is retried; the loop keeps going. An exposure left out is not a failure (exit 0):
+it is logged (``initnat.left_out``) and reported in the status file.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import hashlib
 import logging
 import math
 import signal
-import socket
 import sys
 import threading
 import time
@@ -30,12 +33,13 @@ from pathlib import Path
 from types import FrameType
 
 from gwkit.logs import LEVELS, setup_logging
-from gwplan import Plan, PlanError, loads
-from initnat import rules, sysctl, tables
+from gwplan import Plan, PlanError, loads, plan_hash
+from initnat import dns, report, rules, sysctl, tables
 from initnat.conntrack import ConntrackError, Flusher, NetlinkFlusher, flush_marks
 from initnat.iptables import Iptables, IptablesError, detect_variant
-from initnat.routing import Netlink, NicError, RoutingError, ensure, find_nic, open_netlink
-from initnat.rules import NatConfigError, Policy, ResolvedTargetError
+from initnat.routing import Netlink, NicError, RoutingError, ensure, find_nic, local_addresses, open_netlink
+from initnat.rules import NatConfigError, Policy
+from initnat.statusfile import StatusFile
 from initnat.sysctl import SysctlError
 
 log = logging.getLogger("initnat")
@@ -44,7 +48,9 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 BAD_INPUT = (PlanError, NatConfigError, NicError)
 FAILED = (IptablesError, RoutingError, ConntrackError, SysctlError, OSError)
 
-Resolver = Callable[[str], IPv4Address]
+Resolver = dns.Lookup
+STATUS_FILE = "initnat-status.json"
+"""The status file's name next to the plan, when --status-file is not given (report.py)."""
 
 
 class LiftFailed(IptablesError):
@@ -68,23 +74,13 @@ def outcome(exc: BaseException) -> str:
     return "kept=last-good"
 
 
-def resolve(host: str) -> IPv4Address:
-    """The lowest IPv4 address of ``host`` (deterministic when a name has several)."""
-    infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
-    return min(IPv4Address(i[4][0]) for i in infos)
+@dataclass(frozen=True)
+class InForce:
+    """What the kernel holds since the last transaction that went in: for the status file."""
 
-
-def resolve_targets(plan: Plan, resolver: Resolver) -> dict[str, IPv4Address]:
-    out: dict[str, IPv4Address] = {}
-    for i, e in enumerate(plan.nat.exposures):
-        if e.target_address is None and e.target_host is not None:
-            host = rules.hostname(e.target_host, f"nat.exposures[{i}].targetHost")
-            if host not in out:
-                try:
-                    out[host] = resolver(host)
-                except (OSError, ValueError) as exc:
-                    raise OSError(f"nat.exposures[{i}].targetHost: cannot resolve {host}: {exc}") from exc
-    return out
+    plan_hash: str
+    left_out: tuple[rules.LeftOut, ...] = ()
+    kept: tuple[rules.Kept, ...] = ()
 
 
 @dataclass
@@ -96,7 +92,10 @@ class Gateway:
     flusher: Flusher
     nic_mac: str | None = None
     """--nic-mac, or the MAC from Multus' network-status; the plan's ``nic.mac`` is the fallback."""
-    resolver: Resolver = resolve
+    resolver: Resolver = dns.lookup
+    """Looks up one targetHost (dns.lookup: getaddrinfo); called in threads, with a deadline."""
+    resolve_timeout: float = 2.0
+    """Seconds an apply waits for all targetHost lookups together (dns.py)."""
     sysctls: sysctl.Sysctls = field(default_factory=sysctl.ProcSys)
     """The namespace's sysctls (this process's /proc/sys; tests that drive a namespace from outside
     pass one that reads and writes inside it)."""
@@ -104,10 +103,17 @@ class Gateway:
     pending_flush: set[rules.Flush] = field(default_factory=set)
     """Marks (with the mask they were set under) whose conntrack flush failed: retried by every apply
     until it succeeds, whatever the kernel shows by then (the rules that set them are already gone)."""
+    lookups: dns.Lookups = field(default_factory=dns.Lookups)
+    addresses: dict[str, IPv4Address] = field(default_factory=dict)
+    """targetHost -> the address in force, kept when DNS cannot answer for a moment (rules.keep_last)."""
+    in_force: InForce | None = None
+    reported: frozenset[tuple[str, str]] = frozenset()
+    """(field, reason) of the exposures left out that were logged already (logged once, not per resync)."""
 
     def apply(self, plan: Plan) -> None:
         started = time.monotonic()
         nic_cfg = rules.validate_nic(plan.nic)
+        hosts = rules.target_hosts(plan.nat)  # a bad name is refused before DNS is asked about it
         mac = self.nic_mac or nic_cfg.mac
         if mac is None:
             raise NatConfigError(
@@ -115,12 +121,21 @@ class Gateway:
             )
         nic = find_nic(self.netlink, nic_cfg, mac)
         tunnels = (("wireguard.interface", plan.wireguard.interface),) if plan.wireguard else ()
+        answers = self.lookups.resolve(hosts, self.resolver, self.resolve_timeout) if hosts else {}
+        answers, kept = rules.keep_last(answers, self.addresses)
+        wg = plan.wireguard if plan.type == "wireguard" else None
         policy = rules.validate(
             plan.nat,
             nic2_address=nic.address.ip,
-            resolved=resolve_targets(plan, self.resolver),
+            resolved=answers,
             tunnel_interfaces=tunnels,
             reply=rules.Reply(nic.name, nic_cfg.reply_mark),
+            own_addresses=local_addresses(self.netlink),
+            guard=rules.Guard(
+                nic=nic.name,
+                ipsec=plan.type == "ipsec",
+                wireguard=None if wg is None else (wg.interface, wg.listen_port),
+            ),
         )
         # What to revoke, each mark with the mask it was SET under: what the previous plan admitted and
         # this one does not, and, whatever memory says, what the kernel's admission rules admit and this
@@ -156,6 +171,9 @@ class Gateway:
         # against it (its admissions may already have marked flows), and the flushes are owed until done.
         self.last = policy
         self.pending_flush = gone
+        self.addresses = rules.remember(answers, policy)
+        self.in_force = InForce(plan_hash(plan), policy.left_out, kept)
+        self._report_left_out(policy.left_out, kept)
         # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
         flushed = flush_marks(self.flusher, gone)
         self.pending_flush = set()
@@ -164,7 +182,7 @@ class Gateway:
             seconds, changed, count = seconds + self._lift(policy, gone), True, count - len(gone)
         log.info(
             "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
-            "revoked_marks=%s restore_s=%.3f total_s=%.3f",
+            "revoked_marks=%s left_out=%s restore_s=%.3f total_s=%.3f",
             nic.name,
             mac,
             nic.address,
@@ -172,9 +190,38 @@ class Gateway:
             changed,
             routed.changed,
             ",".join(str(f) for f in flushed) or "-",
+            ",".join(x.exposure for x in policy.left_out) or "-",
             seconds,
             time.monotonic() - started,
         )
+
+    def _report_left_out(self, left_out: Sequence[rules.LeftOut], kept: Sequence[rules.Kept]) -> None:
+        """One line per exposure left out (and per name kept at its last address) when it is new, not at
+        every resync: the status file carries the state; the log says when it changed."""
+        now = frozenset((x.field, x.reason) for x in left_out) | frozenset(
+            (k.host, f"kept {k.address}: {k.reason}") for k in kept
+        )
+        for x in left_out:
+            if (x.field, x.reason) not in self.reported:
+                log.warning(
+                    "initnat.left_out exposure=%s field=%s vip=%s grants=%s reason=%r",
+                    rules.comment(x.exposure),
+                    x.field,
+                    x.vip,
+                    ",".join(f"{rules.comment(g.peer)}/{g.mark:#x}" for g in x.grants) or "-",
+                    x.reason,
+                )
+        for k in kept:
+            if (k.host, f"kept {k.address}: {k.reason}") not in self.reported:
+                log.warning("initnat.target_kept host=%s address=%s reason=%r", k.host, k.address, k.reason)
+        self.reported = now
+
+    def status(self, last_error: str | None = None) -> dict[str, object]:
+        """The status file's document (report.py): what is in force, and the last failure if any."""
+        f = self.in_force
+        if f is None:
+            return report.document(plan_hash=None, last_error=last_error)
+        return report.document(plan_hash=f.plan_hash, left_out=f.left_out, kept=f.kept, last_error=last_error)
 
     def _lift(self, policy: Policy, gone: set[rules.Flush]) -> float:
         """Delete the tombstones just written; if that fails (someone changed our chain meanwhile), the
@@ -205,26 +252,45 @@ def _describe(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def run_once(gw: Gateway, path: Path) -> int:
+def _write(status: StatusFile | None, gw: Gateway, last_error: str | None = None) -> None:
+    if status is not None:
+        status.write(gw.status(last_error))
+
+
+def run_once(gw: Gateway, path: Path, status: StatusFile | None = None) -> int:
     try:
         _, plan = read_plan(path)
         gw.apply(plan)
     except BAD_INPUT as exc:
         log.error("initnat.rejected plan=%s error=%r", path, _describe(exc))
+        _write(status, gw, f"rejected: {_describe(exc)}")
         return EXIT_BAD_INPUT
     except FAILED as exc:
         log.error("initnat.failed plan=%s error=%r %s", path, _describe(exc), outcome(exc))
+        _write(status, gw, f"failed: {_describe(exc)} ({outcome(exc)})")
         return EXIT_FAILED
     except Exception as exc:  # a bug, not an input or kernel verdict: still one log line and exit 1
         log.exception("initnat.failed plan=%s error=unexpected %s: %s", path, type(exc).__name__, exc)
+        _write(status, gw, f"failed: unexpected {type(exc).__name__}")
         return EXIT_FAILED
+    _write(status, gw)
     return EXIT_OK
 
 
-def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25, resync: float = 30.0) -> int:
+def watch(
+    gw: Gateway,
+    path: Path,
+    stop: threading.Event,
+    *,
+    poll: float = 0.25,
+    resync: float = 30.0,
+    status: StatusFile | None = None,
+) -> int:
     """Apply now, then whenever the plan's bytes change (atomic rename and kubelet's ``..data`` symlink
-    swap alike: the path is re-read each poll), and every ``resync`` seconds to repair drift. A bad plan
-    is reported once per distinct content and the last good ruleset stays; a failed apply is retried."""
+    swap alike: the path is re-read each poll), and every ``resync`` seconds to repair drift and to ask
+    DNS again about target hosts (a name that did not resolve is applied once it does). A bad plan is
+    reported once per distinct content and the last good ruleset stays; a failed apply is retried. After
+    each attempt the status file says what is in force (``status``)."""
     seen: str | None = None
     next_sync = 0.0
     while not stop.is_set():
@@ -235,6 +301,7 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
         except OSError as exc:
             if seen != "unreadable":
                 log.error("initnat.rejected plan=%s error=cannot read: %s", path, exc.strerror or exc)
+                _write(status, gw, f"rejected: plan: cannot read {path}: {exc.strerror or exc}")
             seen, next_sync = "unreadable", 0.0
             stop.wait(poll)
             continue
@@ -248,14 +315,7 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
                 next_sync = now + min(resync, 2.0)
                 if first_look:
                     log.error("initnat.rejected plan=%s digest=%s error=%r", path, digest, _describe(exc))
-            except ResolvedTargetError as exc:  # DNS may answer otherwise: look again at the resync
-                if first_look:
-                    log.error(
-                        "initnat.rejected plan=%s digest=%s error=%r kept=last-good retry=resync",
-                        path,
-                        digest,
-                        _describe(exc),
-                    )
+                _write(status, gw, f"rejected: {_describe(exc)}")
             except BAD_INPUT as exc:
                 next_sync = float("inf")  # same bytes, same verdict: wait for a change
                 if first_look:
@@ -265,14 +325,19 @@ def watch(gw: Gateway, path: Path, stop: threading.Event, *, poll: float = 0.25,
                         digest,
                         _describe(exc),
                     )
+                _write(status, gw, f"rejected: {_describe(exc)}")
             except FAILED as exc:
                 next_sync = now + min(resync, 2.0)
                 log.error(
                     "initnat.failed plan=%s digest=%s error=%r %s", path, digest, _describe(exc), outcome(exc)
                 )
+                _write(status, gw, f"failed: {_describe(exc)} ({outcome(exc)})")
             except Exception as exc:  # a bug: keep the last good ruleset and the loop alive, say so loudly
                 next_sync = now + min(resync, 2.0)
                 log.exception("initnat.failed plan=%s digest=%s error=unexpected %s", path, digest, exc)
+                _write(status, gw, f"failed: unexpected {type(exc).__name__}")
+            else:
+                _write(status, gw)
         stop.wait(poll)
     log.info("initnat.stopped plan=%s", path)
     return EXIT_OK
@@ -325,6 +390,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--watch", action="store_true", help="keep running; re-apply within 2 s of a plan change")
     p.add_argument(
+        "--status-file",
+        type=Path,
+        help=f"where to write init-nat's status (JSON: the plan in force, exposures left out and why, the "
+        f"last error); default: {STATUS_FILE} next to --plan",
+    )
+    p.add_argument(
+        "--resolve-timeout",
+        type=_seconds(0.1, 30),
+        default=2.0,
+        help="seconds an apply waits for all targetHost lookups together; a name with no answer by then "
+        "is left out (or keeps its last address) for this apply (0.1-30)",
+    )
+    p.add_argument(
         "--poll-interval",
         type=_seconds(0.05, 10),
         default=0.25,
@@ -375,10 +453,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     variant = detect_variant() if args.iptables == "auto" else args.iptables
     flusher = NetlinkFlusher()
+    status = StatusFile(args.status_file or args.plan.parent / STATUS_FILE)
     with open_netlink() as ipr:
-        gw = Gateway(iptables=Iptables(variant), netlink=ipr, flusher=flusher, nic_mac=nic_mac)
+        gw = Gateway(
+            iptables=Iptables(variant),
+            netlink=ipr,
+            flusher=flusher,
+            nic_mac=nic_mac,
+            resolve_timeout=args.resolve_timeout,
+        )
         if not args.watch:
-            return run_once(gw, args.plan)
+            return run_once(gw, args.plan, status)
         stop = threading.Event()
 
         def _stop(signum: int, frame: FrameType | None) -> None:
@@ -388,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         try:
-            return watch(gw, args.plan, stop, poll=args.poll_interval, resync=args.resync)
+            return watch(gw, args.plan, stop, poll=args.poll_interval, resync=args.resync, status=status)
         finally:
             flusher.close()
 

@@ -128,6 +128,14 @@ def _find_nic(ipr: Netlink, cfg: NicConfig, mac: str) -> Nic2:
     return Nic2(index=index, name=name, mac=mac, address=addr, gateway=gateway)
 
 
+def local_addresses(ipr: Netlink) -> frozenset[IPv4Address]:
+    """Every IPv4 address of this namespace (any interface): an exposure must never be DNATed to one."""
+    try:
+        return frozenset(IPv4Address(a.get_attr("IFA_ADDRESS")) for a in ipr.get_addr(family=2))
+    except Exception as exc:  # pyroute2's NetlinkError is NOT an OSError; translate once here
+        raise RoutingError(f"netlink: reading addresses failed: {exc}") from exc
+
+
 def _gateway_via(ipr: Netlink, index: int) -> IPv4Address | None:
     for r in ipr.get_routes(family=2, table=254):
         gw = r.get_attr("RTA_GATEWAY")

@@ -18,6 +18,11 @@ Model (one gateway pod, one network namespace)::
                                                         REPLY packets get it as their packet mark, and
                                                         policy routing (routing.py) sends them out
                                                         through NIC2 whatever the main table says
+    the pod itself:      INPUT       VPNGW-INPUT        from a tunnel (ipsec+, IPsec policy, the WireGuard
+                                                        device) or NIC2, only replies and, on NIC2, what
+                                                        the tunnels need (IKE, ESP / the WireGuard port)
+                         OUTPUT      VPNGW-OUTPUT       never the metadata service through NIC2
+                         FORWARD     VPNGW-TARGETS      never forwarded to the metadata service
 
 Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
 filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
@@ -34,6 +39,8 @@ This module is pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import ipaddress
 import json
 import re
@@ -50,17 +57,22 @@ TARGET_CHAIN = "VPNGW-TARGETS"
 DNAT_CHAIN = "VPNGW-PREROUTING"
 SNAT_CHAIN = "VPNGW-POSTROUTING"
 MANGLE_CHAIN = "VPNGW-MANGLE"
+INPUT_CHAIN = "VPNGW-INPUT"
+OUTPUT_CHAIN = "VPNGW-OUTPUT"
 OWN_PREFIX = "VPNGW-"
 Table = Literal["filter", "nat", "mangle"]
 
 JUMPS: tuple[tuple[Table, str, str], ...] = (
     ("filter", "FORWARD", FILTER_CHAIN),
+    ("filter", "INPUT", INPUT_CHAIN),
+    ("filter", "OUTPUT", OUTPUT_CHAIN),
     ("nat", "PREROUTING", DNAT_CHAIN),
     ("nat", "POSTROUTING", SNAT_CHAIN),
     ("mangle", "PREROUTING", MANGLE_CHAIN),
 )
 """(table, built-in chain, our chain): each jump is kept exactly once, as the built-in chain's FIRST
-rule, so a foreign ACCEPT cannot bypass our authorisation."""
+rule, so a foreign ACCEPT cannot bypass our authorisation. Only the jumps to chains a ruleset has are
+written (a ruleset without the pod guard, :class:`Guard`, has no INPUT/OUTPUT chains)."""
 
 _MAX_NAME = 100  # per name inside a comment
 _MAX_COMMENT = 250  # xt_comment holds 255 characters (256 bytes with the NUL)
@@ -84,9 +96,17 @@ class NatConfigError(ValueError):
     """A plan value that would reach iptables or netlink is invalid; the message names the field."""
 
 
-class ResolvedTargetError(NatConfigError):
-    """A targetHost resolved to an address that cannot be a target. Unlike the plan's own values this
-    depends on DNS, not on the plan's bytes: the same plan may pass once DNS answers otherwise."""
+@dataclass(frozen=True)
+class Unresolved:
+    """A targetHost DNS gave no address for: ``reason`` says why; ``temporary`` when another try may
+    answer (no answer in time, SERVFAIL), not when DNS said the name has no address (NXDOMAIN, NODATA)."""
+
+    reason: str
+    temporary: bool
+
+
+Answer = IPv4Address | Unresolved
+"""What a lookup of a targetHost gave."""
 
 
 # --- validation helpers -----------------------------------------------------------------------------
@@ -107,12 +127,15 @@ def address(value: object, field: str) -> IPv4Address:
         raise NatConfigError(f"{field}: {_show(text)} is not an IPv4 address") from None
 
 
-def target(value: object, field: str) -> IPv4Address:
-    """A DNAT target: a unicast host address. A resolved targetHost is checked here too, since the
-    controller only sees the name: DNS must not point an exposure at the metadata service (169.254/16),
-    loopback, this-network, multicast or reserved space."""
-    addr = address(value, field)
-    if (
+METADATA = IPv4Address("169.254.169.254")
+"""The cloud's metadata service (OpenStack's and the others'): never a target, never reached through NIC2
+or forwarded to (:func:`guard_rules`)."""
+
+
+def special_purpose(addr: IPv4Address) -> bool:
+    """Not a unicast host: this-network, loopback, link-local (the metadata service, 169.254/16),
+    multicast, reserved space, broadcast."""
+    return (
         addr.is_unspecified
         or addr.is_loopback
         or addr.is_link_local
@@ -120,7 +143,15 @@ def target(value: object, field: str) -> IPv4Address:
         or addr.is_reserved
         or addr == IPv4Address("255.255.255.255")
         or addr in IPv4Network("0.0.0.0/8")
-    ):
+    )
+
+
+def target(value: object, field: str) -> IPv4Address:
+    """A DNAT target: a unicast host address. A resolved targetHost is checked here too, since the
+    controller only sees the name: DNS must not point an exposure at the metadata service (169.254/16),
+    loopback, this-network, multicast or reserved space."""
+    addr = address(value, field)
+    if special_purpose(addr):
         raise NatConfigError(f"{field}: {addr} is a special-purpose address, not a unicast host")
     return addr
 
@@ -315,6 +346,43 @@ class Reply:
     mark: int
 
 
+@dataclass(frozen=True, order=True)
+class LeftOut:
+    """An exposure that is not in the rules, with its grants, because its target depends on something
+    outside the plan that refused it: DNS (``targetHost`` unresolvable, or resolved to an address a
+    literal ``targetAddress`` could not be either) or the pod (the target is one of its own addresses).
+    Everything else of the plan is applied; the exposure's virtual IP is dropped like a virtual IP no
+    grant admits, and its grants' flows are revoked like any withdrawn grant's."""
+
+    field: str
+    """The plan field that was refused, e.g. ``nat.exposures[2].targetHost``."""
+    exposure: str
+    vip: IPv4Address
+    reason: str
+    host: str | None = None
+    grants: tuple[Grant, ...] = ()
+
+
+IKE_PORTS = (500, 4500)
+"""IKE, and NAT-T (IKE and ESP-in-UDP: charon's kernel-libipsec always encapsulates) on 4500."""
+LIBIPSEC_DEVICES = "ipsec+"
+"""charon's kernel-libipsec TUN devices (``ipsec0``, ...): decapsulated packets come in on them."""
+
+
+@dataclass(frozen=True, order=True)
+class Guard:
+    """What may reach the pod itself from NIC2 and the tunnels (the pod guard, :func:`guard_rules`)."""
+
+    nic: str
+    """NIC2's name (found by MAC)."""
+    ipsec: bool = False
+    """An IPsec gateway: IKE (UDP 500, 4500) and ESP come in on NIC2; decapsulated traffic comes in on
+    ``ipsec+`` (kernel-libipsec) or on NIC2 with an IPsec policy (kernel XFRM)."""
+    wireguard: tuple[str, int] | None = None
+    """A WireGuard gateway: (device, listen port). The port comes in on NIC2, decapsulated traffic on the
+    device."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """The NAT section, validated and flattened. Input of rendering and of :func:`revoked`."""
@@ -332,6 +400,10 @@ class Policy:
     one of them is forwarded only if we DNATed it (an exposure's virtual IP)."""
     reply: Reply | None = None
     """NIC2 and the reply bit; None renders no mangle chain (what callers that know no NIC2 name get)."""
+    left_out: tuple[LeftOut, ...] = ()
+    """Exposures not in the rules (and their grants, not in :attr:`grants`), each with its reason."""
+    guard: Guard | None = None
+    """What may reach the pod itself; None renders no INPUT/OUTPUT chains (callers that know no NIC2)."""
 
     @property
     def marks(self) -> frozenset[int]:
@@ -343,18 +415,42 @@ class Policy:
         return frozenset(s.target for s in self.services if s.kind == "exposure")
 
 
+def target_hosts(nat: Nat) -> tuple[str, ...]:
+    """The exposures' ``targetHost`` names (normalised, once each) that need DNS; a name that is no
+    hostname is refused here, before anything asks DNS about it."""
+    out: dict[str, None] = {}
+    for i, e in enumerate(nat.exposures):
+        if e.target_address is None and e.target_host is not None:
+            out[hostname(e.target_host, f"nat.exposures[{i}].targetHost")] = None
+    return tuple(out)
+
+
 def validate(
     nat: Nat,
     *,
     nic2_address: IPv4Address,
-    resolved: Mapping[str, IPv4Address] | None = None,
+    resolved: Mapping[str, Answer] | None = None,
     tunnel_interfaces: Sequence[tuple[str, str]] = (),
     reply: Reply | None = None,
+    own_addresses: Iterable[IPv4Address] = (),
+    guard: Guard | None = None,
 ) -> Policy:
-    """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to addresses;
-    ``tunnel_interfaces`` are (field, device name) of tunnels whose peers pick their destinations;
-    ``reply`` is NIC2's name and ``nic.replyMark`` (validated: a device name, one bit outside markMask)."""
+    """Check every value of ``nat`` that reaches iptables; ``resolved`` maps target hosts to what DNS
+    answered (an address, or :class:`Unresolved`); ``tunnel_interfaces`` are (field, device name) of
+    tunnels whose peers pick their destinations; ``reply`` is NIC2's name and ``nic.replyMark``
+    (validated: a device name, one bit outside markMask); ``own_addresses`` are the pod's addresses
+    (NIC2's is one whatever is given); ``guard`` what may reach the pod itself (device names and the
+    WireGuard port validated).
+
+    A value of the plan itself that is invalid raises :class:`NatConfigError` (nothing is applied: the
+    controller renders valid plans, so this is a bug or a hand-made plan). A target refused for what DNS
+    or the pod says (:class:`LeftOut`) leaves that exposure and its grants out of the policy, and the
+    rest is applied: one unresolvable name must not keep a revocation elsewhere in the plan from taking
+    effect. A resolved address is refused exactly where a literal ``targetAddress`` would be."""
     resolved = resolved or {}
+    own = frozenset(own_addresses) | {nic2_address}
+    if guard is not None:
+        _check_guard(guard)
     for field_name, dev in tunnel_interfaces:
         if not is_device_name(dev):
             raise NatConfigError(
@@ -396,14 +492,30 @@ def validate(
     seen: dict[tuple[IPv4Address, str, int], str] = {}
     vip_of: dict[IPv4Address, str] = {}  # one virtual IP, one (reverse) exposure: SNAT is chosen per VIP
     target_of: list[tuple[str, IPv4Address]] = []  # (field, target), checked against every virtual IP
+    refused: dict[str, LeftOut] = {}  # exposure name -> why it is left out (its grants are added below)
+    # Every virtual IP of the plan, before any is validated (a reverse exposure's comes after the
+    # exposures): a resolved address that is one is refused for that exposure alone. Bad values are
+    # skipped here and named by add() below.
+    all_vips: dict[IPv4Address, str] = {}
+    every: list[tuple[str, Exposure | ReverseExposure]] = [
+        *((f"nat.exposures[{i}]", x) for i, x in enumerate(nat.exposures)),
+        *((f"nat.reverseExposures[{i}]", x) for i, x in enumerate(nat.reverse_exposures)),
+    ]
+    for where, x in every:
+        with contextlib.suppress(ValueError, TypeError):
+            all_vips.setdefault(IPv4Address(x.virtual_ip), where)
 
     def add(
         kind: Literal["exposure", "reverse"],
         e: Exposure | ReverseExposure,
         path: str,
-        target: IPv4Address,
+        target: IPv4Address | None,
         target_field: str,
+        why: str | None = None,
+        host: str | None = None,
     ) -> None:
+        """Validate a (reverse) exposure; ``target`` None: it is left out (``why``), its name and virtual
+        IP still taken (a grant naming it is left out too; its virtual IP is dropped)."""
         name = _str(e.name, f"{path}.name")
         if not name:
             raise NatConfigError(f"{path}.name: must not be empty")
@@ -417,7 +529,8 @@ def validate(
         if vip in vip_of:
             raise NatConfigError(f"{path}.virtualIp: {vip} is already the virtual IP of {vip_of[vip]}")
         vip_of[vip] = path
-        target_of.append((target_field, target))
+        if target is not None:
+            target_of.append((target_field, target))
         if not e.ports:
             raise NatConfigError(f"{path}.ports: at least one port is required")
         mine: list[Service] = []
@@ -430,27 +543,45 @@ def validate(
                     f"{path}.ports[{j}]: {vip} {proto}/{number} is already used by {seen[key]}"
                 )
             seen[key] = path
-            mine.append(Service(vip, proto, number, target, name, kind))
+            if target is not None:
+                mine.append(Service(vip, proto, number, target, name, kind))
         by_name[(kind, name)] = mine
         services.extend(mine)
+        if target is None:
+            refused[name] = LeftOut(target_field, name, vip, why or "refused", host)
 
     for i, e in enumerate(nat.exposures):
         path = f"nat.exposures[{i}]"
+        dest: IPv4Address | None = None
+        why: str | None = None
+        host: str | None = None
         if e.target_address is not None:
             target_field = f"{path}.targetAddress"
             dest = target(e.target_address, target_field)
         elif e.target_host is not None:
             target_field = f"{path}.targetHost"
             host = hostname(e.target_host, target_field)
-            if host not in resolved:
+            answer = resolved.get(host)
+            if answer is None:
                 raise NatConfigError(f"{target_field}: {host} has not been resolved")
-            try:
-                dest = target(str(resolved[host]), target_field)
-            except NatConfigError as exc:
-                raise ResolvedTargetError(f"{exc} (resolved from {host})") from None
+            if isinstance(answer, Unresolved):
+                why = f"{host} does not resolve: {answer.reason}"
+            elif special_purpose(answer):
+                why = f"{host} resolved to {answer}, a special-purpose address, not a unicast host"
+            elif answer in all_vips:
+                why = (
+                    f"{host} resolved to {answer}, the virtual IP of {all_vips[answer]}; "
+                    "a target must be a real address"
+                )
+            else:
+                dest = answer
         else:
             raise NatConfigError(f"{path}: targetAddress or targetHost is required")
-        add("exposure", e, path, dest, target_field)
+        if dest is not None and dest in own:
+            # DNAT to the pod itself would hand a peer the pod's own ports (probes, metrics, IKE).
+            why = f"{dest} is the pod's own address" + (f" (resolved from {host})" if host else "")
+            dest = None
+        add("exposure", e, path, dest, target_field, why, host)
     for i, r in enumerate(nat.reverse_exposures):
         path = f"nat.reverseExposures[{i}]"
         if source is None:
@@ -460,12 +591,13 @@ def validate(
         add("reverse", r, path, target(r.target_address, f"{path}.targetAddress"), f"{path}.targetAddress")
     for target_field, dest in target_of:
         if dest in vip_of:  # DNAT to a virtual IP: to its own, our filter drops it; to another, a loop
-            error = ResolvedTargetError if target_field.endswith("targetHost") else NatConfigError
-            raise error(
+            raise NatConfigError(
                 f"{target_field}: {dest} is the virtual IP of {vip_of[dest]}; a target must be a real address"
             )
 
     admissions: list[Admission] = []
+    kept: list[Grant] = []
+    left_grants: dict[str, list[Grant]] = {name: [] for name in refused}
     marks: dict[int, str] = {}
     for i, g in enumerate(nat.grants):
         path = f"nat.grants[{i}]"
@@ -484,22 +616,79 @@ def validate(
         if targets is None:
             what = "nat.exposures" if g.kind == "exposure" else "nat.reverseExposures"
             raise NatConfigError(f"{path}.exposure: {_show(g.exposure)} is not in {what}")
+        sources = []
         for j, s in enumerate(g.sources):
             src = source_network(s, f"{path}.sources[{j}]")
             if g.kind == "reverse" and not any(src.subnet_of(c) for c in internal):
                 raise NatConfigError(f"{path}.sources[{j}]: {src} is not inside nat.internalSourceCidrs")
-            admissions.extend(Admission(mark, src, svc) for svc in targets)
+            sources.append(src)
+        if g.kind == "exposure" and g.exposure in refused:
+            left_grants[g.exposure].append(g)  # validated like the others, admitted nowhere
+            continue
+        kept.append(g)
+        admissions.extend(Admission(mark, src, svc) for src in sources for svc in targets)
     return Policy(
         services=tuple(services),
         admissions=tuple(admissions),
-        grants=tuple(nat.grants),
+        grants=tuple(kept),
         mask=mask,
         exposure_snat=nic2_address,
         reverse_snat=source,
         service_cidr=cidr,
         tunnel_interfaces=tuple(dev for _, dev in tunnel_interfaces),
         reply=reply,
+        left_out=tuple(
+            dataclasses.replace(x, grants=tuple(left_grants[name])) for name, x in refused.items()
+        ),
+        guard=guard,
     )
+
+
+def _check_guard(guard: Guard) -> None:
+    if not is_device_name(guard.nic):
+        raise NatConfigError(
+            f"nic: NIC2's name {_show(guard.nic)} cannot be used in an iptables rule ({DEVICE_NAME_RULE})"
+        )
+    if guard.wireguard is not None:
+        dev, listen = guard.wireguard
+        if not is_device_name(dev):
+            raise NatConfigError(
+                f"wireguard.interface: {_show(dev)} is not a network device name ({DEVICE_NAME_RULE})"
+            )
+        port(listen, "wireguard.listenPort")
+
+
+@dataclass(frozen=True, order=True)
+class Kept:
+    """A targetHost DNS could not answer this time (temporarily) that keeps the address it had."""
+
+    host: str
+    address: IPv4Address
+    reason: str
+
+
+def keep_last(
+    answers: Mapping[str, Answer], last: Mapping[str, IPv4Address]
+) -> tuple[dict[str, Answer], tuple[Kept, ...]]:
+    """``answers`` where a name that could not be resolved THIS time (no answer in time, SERVFAIL: a
+    DNS outage) keeps the address it had (``last``, what :func:`remember` kept): a moment of DNS trouble
+    must not revoke an exposure's flows. A name DNS says has no address (NXDOMAIN) or one never resolved
+    is not kept: that exposure is left out. The kept address goes through :func:`validate` again."""
+    out: dict[str, Answer] = {}
+    kept: list[Kept] = []
+    for host, a in answers.items():
+        if isinstance(a, Unresolved) and a.temporary and host in last:
+            out[host] = last[host]
+            kept.append(Kept(host, last[host], a.reason))
+        else:
+            out[host] = a
+    return out, tuple(kept)
+
+
+def remember(answers: Mapping[str, Answer], policy: Policy) -> dict[str, IPv4Address]:
+    """The addresses :func:`keep_last` may fall back on next time: those in force (not left out)."""
+    refused = {x.host for x in policy.left_out}
+    return {h: a for h, a in answers.items() if isinstance(a, IPv4Address) and h not in refused}
 
 
 def _free_bit(mask: int) -> int:
@@ -589,7 +778,7 @@ def _render(policy: Policy) -> Ruleset:
             f"{_c('vpngw tunnel ingress only to virtual IPs')} -j DROP"
         )
     targets = sorted(policy.exposure_targets)
-    if targets:
+    if targets or policy.guard is not None:
         # An exposure target is reachable through its virtual IP only. A NEW forwarded connection that
         # was not DNATed by us asked for some real address: if that is a target, drop it (IPsec's
         # selectors already refuse it; a WireGuard peer's allowed IPs only constrain its SOURCE). DNATed
@@ -599,7 +788,13 @@ def _render(policy: Policy) -> Ruleset:
             f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
             f"{_c('vpngw new and not DNATed')} -j {TARGET_CHAIN}"
         )
-    target_rules = [
+    target_rules = []
+    if policy.guard is not None:
+        # Nothing is ever forwarded to the cloud's metadata service (it would answer with the node's
+        # instance data): not DNATed (validate refuses it as a target), so NEW connections to it walk
+        # this list, whichever device they came in on.
+        target_rules.append(f"-A {TARGET_CHAIN} -d {METADATA}/32 {_c(_NOT_METADATA)} -j DROP")
+    target_rules += [
         f"-A {TARGET_CHAIN} -d {t}/32 {_c('vpngw exposure target only via its virtual IP')} -j DROP"
         for t in targets
     ]
@@ -628,7 +823,9 @@ def _render(policy: Policy) -> Ruleset:
     filter_rules.append(
         f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m connmark ! --mark 0x0/{m} -j ACCEPT"
     )
-    vips = sorted({s.vip for s in policy.services})
+    # A left-out exposure's virtual IP is dropped too: no grant admits it, and without the rule its
+    # packets would leave our chain and be forwarded wherever the routes say.
+    vips = sorted({s.vip for s in policy.services} | {x.vip for x in policy.left_out})
     filter_rules.extend(
         f"-A {FILTER_CHAIN} -m conntrack --ctorigdst {vip} {_c('vpngw not granted')} -j DROP" for vip in vips
     )
@@ -648,13 +845,64 @@ def _render(policy: Policy) -> Ruleset:
             snat.append(
                 f"-A {SNAT_CHAIN} -m conntrack --ctorigdst {s.vip} {_c(label)} -j SNAT --to-source {to}"
             )
+    chains: tuple[str, ...] = (FILTER_CHAIN, TARGET_CHAIN)
+    own: tuple[str, ...] = ()
+    if policy.guard is not None:
+        chains, own = (*chains, INPUT_CHAIN, OUTPUT_CHAIN), guard_rules(policy.guard)
     out = [
-        TableRules("filter", (FILTER_CHAIN, TARGET_CHAIN), tuple(filter_rules + target_rules)),
+        TableRules("filter", chains, (*filter_rules, *target_rules, *own)),
         TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
     ]
     if policy.reply is not None:
         out.append(TableRules("mangle", (MANGLE_CHAIN,), reply_rules(policy.reply)))
     return Ruleset(tables=tuple(out), marks=policy.marks, mask=policy.mask)
+
+
+_NOT_METADATA = "vpngw never the metadata service"
+_TUNNEL_NOT_FOR_POD = "vpngw tunnel traffic is not for the pod"
+
+
+def guard_rules(guard: Guard) -> tuple[str, ...]:
+    """The pod's own INPUT and OUTPUT (filter). Our chains never ACCEPT: what they allow RETURNs to the
+    built-in chain and its other rules, what they refuse is dropped.
+
+    INPUT, in order:
+
+    * replies (RELATED, ESTABLISHED): to what the pod itself started (DNS, the API, charon's or
+      WireGuard's own initiations, a diagnostic ping into a tunnel) and ICMP errors about it;
+    * from a tunnel, nothing else: IPsec's decapsulated packets (kernel-libipsec: the ``ipsec+`` TUN
+      devices; kernel XFRM: any device, with an inbound IPsec policy), the WireGuard device's. A peer
+      reaches its exposures (FORWARD), never the pod's own ports (the probe and metrics ports, IKE on
+      an inner address);
+    * on NIC2, only what the tunnels need: IKE (UDP 500, 4500: NAT-T and kernel-libipsec's ESP-in-UDP)
+      and ESP for an IPsec gateway, the listen port for a WireGuard one; everything else NEW from NIC2
+      is dropped (the probe and metrics ports, anything listening on 0.0.0.0).
+
+    Traffic from elsewhere (eth0: the kubelet's probes, Prometheus) is left to the cluster's
+    NetworkPolicy. OUTPUT: nothing to the metadata service through NIC2 (the node's port is NIC2: the
+    cloud's metadata service would answer with the node's instance data)."""
+    nic = guard.nic
+    replies = "-m conntrack --ctstate RELATED,ESTABLISHED"
+    out = [f"-A {INPUT_CHAIN} {replies} {_c('vpngw replies to the pod')} -j RETURN"]
+    if guard.ipsec:
+        out.append(f"-A {INPUT_CHAIN} -m policy --dir in --pol ipsec {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
+        out.append(f"-A {INPUT_CHAIN} -i {LIBIPSEC_DEVICES} {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
+    if guard.wireguard is not None:
+        out.append(f"-A {INPUT_CHAIN} -i {guard.wireguard[0]} {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
+    if guard.ipsec:
+        out.extend(
+            f"-A {INPUT_CHAIN} -i {nic} -p udp -m udp --dport {p} {_c('vpngw IKE')} -j RETURN"
+            for p in IKE_PORTS
+        )
+        out.append(f"-A {INPUT_CHAIN} -i {nic} -p esp {_c('vpngw ESP')} -j RETURN")
+    if guard.wireguard is not None:
+        listen = guard.wireguard[1]
+        out.append(
+            f"-A {INPUT_CHAIN} -i {nic} -p udp -m udp --dport {listen} {_c('vpngw WireGuard')} -j RETURN"
+        )
+    out.append(f"-A {INPUT_CHAIN} -i {nic} {_c('vpngw NIC2 is for the tunnels only')} -j DROP")
+    out.append(f"-A {OUTPUT_CHAIN} -d {METADATA}/32 -o {nic} {_c(_NOT_METADATA)} -j DROP")
+    return tuple(out)
 
 
 def reply_rules(reply: Reply) -> tuple[str, ...]:

@@ -64,16 +64,18 @@ def _jump(builtin: str, ours: str) -> str:
     return f"-A {builtin} -j {ours}"
 
 
-def jump_fixes(saved: dict[str, SavedTable], table: Table) -> list[str]:
+def jump_fixes(saved: dict[str, SavedTable], table: Table, chains: Iterable[str] | None = None) -> list[str]:
     """Restore lines that leave each of our jumps in ``table`` exactly once, as the chain's first rule.
 
     Nothing when that is already so; otherwise delete every copy of OUR jump (``-D`` deletes the first
     exact match, so one line per copy) and insert it at position 1. Foreign rules are never named.
+    ``chains``: only the jumps to these of our chains (those a ruleset has); None: every jump of JUMPS.
     """
     lines: list[str] = []
     t = saved.get(table, SavedTable())
+    wanted = None if chains is None else frozenset(chains)
     for tbl, builtin, ours in JUMPS:
-        if tbl != table:
+        if tbl != table or (wanted is not None and ours not in wanted):
             continue
         existing = t.rules.get(builtin, [])
         want = _jump(builtin, ours)
@@ -117,7 +119,7 @@ def kernel_rules(saved: dict[str, SavedTable], ruleset: Ruleset) -> OwnRules | N
 def in_sync(saved: dict[str, SavedTable], ruleset: Ruleset) -> bool:
     """The kernel already has exactly ``ruleset`` in our chains, and our jumps in place."""
     return kernel_rules(saved, ruleset) == rendered_rules(ruleset) and not any(
-        jump_fixes(saved, t.table) for t in ruleset.tables
+        jump_fixes(saved, t.table, t.chains) for t in ruleset.tables
     )
 
 
@@ -247,7 +249,7 @@ def payload(ruleset: Ruleset, saved: dict[str, SavedTable]) -> str:
     for t in ruleset.tables:
         out.append(f"*{t.table}")
         out.extend(f":{c} - [0:0]" for c in t.chains)
-        out.extend(jump_fixes(saved, t.table))
+        out.extend(jump_fixes(saved, t.table, t.chains))
         out.extend(t.rules)
         out.append("COMMIT")
     return "\n".join(out) + "\n"

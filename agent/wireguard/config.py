@@ -2,7 +2,10 @@
 
 Everything the plan and the secret files can get wrong is checked here, before anything touches the
 device, and reported as ``ConfigError`` naming the field (``wireguard.peers[2].publicKey``) or the Secret
-and key, and the rule, never a key's value. The caller keeps running the last good configuration.
+and key, and the rule, never a key's value. What fails for the whole gateway (a bad plan field, the
+gateway's own private key) makes the caller keep running the last good configuration. What fails for one
+peer (its preshared key's Secret missing or unusable) leaves that peer out (``Desired.left_out``) and the
+rest is applied: one tenant's missing Secret must not hold up another peer's removal.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ MAX_PEERS = 10_000
 
 class ConfigError(ValueError):
     """The plan or a secret is unusable; the message names the field or Secret/key and the rule."""
+
+
+@dataclass(frozen=True)
+class Desired:
+    """The device the plan asks for, less the peers that cannot be configured as it says."""
+
+    device: DesiredDevice
+    left_out: Mapping[str, str]
+    """Peer name -> why it is not on the device (its key material is missing or unusable)."""
 
 
 @dataclass(frozen=True)
@@ -127,14 +139,31 @@ def desired(
     read_key: Callable[[SecretRef], str],
     resolved: Mapping[str, str],
     fwmark: int = 0,
-) -> DesiredDevice:
+) -> Desired:
     """The device the plan asks for. ``read_key`` returns a secret's canonical base64 key (see
     ``secret_key``) or raises ConfigError; ``resolved`` maps hostnames to addresses; an unresolved
-    hostname leaves that peer's endpoint unset (the device keeps what it has)."""
+    hostname leaves that peer's endpoint unset (the device keeps what it has).
+
+    Raises ConfigError for the plan or the gateway's private key (gateway-level: nothing of it can be
+    applied). A peer whose preshared key cannot be read is left out of the device (``left_out``)."""
     validate(wg)
     private_key = read_key(wg.private_key_ref)
     peers = []
+    left_out: dict[str, str] = {}
     for p in wg.peers:
+        psk = None
+        if p.preshared_key_ref:
+            try:
+                psk = read_key(p.preshared_key_ref)
+            except ConfigError as exc:
+                # The plan says this peer authenticates with the key in that Secret; without it the peer
+                # cannot be configured as planned. Keeping it on the device would keep the key it had
+                # (a rotated or revoked one: the plan moved to a new Secret) or none at all (a weaker
+                # session than the plan asks for). So it is left out, which removes it from the device
+                # if it was there (diff removes peers not wanted), and reported; it comes back once its
+                # Secret is readable.
+                left_out[p.name] = f"preshared key: {exc}"
+                continue
         endpoint = None
         if p.endpoint is not None:
             ep = parse_endpoint(p.endpoint, p.name)
@@ -145,10 +174,11 @@ def desired(
                 public_key=base64.b64encode(key_from_b64(p.public_key)).decode(),
                 allowed_ips=p.allowed_ips,
                 endpoint=endpoint,
-                preshared_key=read_key(p.preshared_key_ref) if p.preshared_key_ref else None,
+                preshared_key=psk,
                 persistent_keepalive=p.persistent_keepalive or 0,
             )
         )
-    return DesiredDevice(
+    device = DesiredDevice(
         private_key=private_key, listen_port=wg.listen_port, peers=tuple(peers), fwmark=fwmark
     )
+    return Desired(device, left_out)

@@ -15,6 +15,11 @@ Hostname endpoints are resolved by a background task (``Endpoints.run``): a step
 resolved so far and never waits on DNS; a newly resolved address wakes the loop and is applied like any
 other change.
 
+A peer whose preshared key cannot be read is left off the device (removed if it was there) and reported
+``Failed`` in status.peers with the reason; the rest of the plan is applied. The gateway's own private key
+is gateway-level: without it the last good configuration keeps running, and ``status.agent.lastError``
+says why.
+
 Reconnect needs no special state: a dead daemon makes ``get`` raise DeviceUnavailable (not ready, peers
 not Connected); a restarted one reports an empty device, so the very same diff re-applies everything,
 and a changed private key (device reset or rotation) also re-runs the address/route configuration.
@@ -27,14 +32,14 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from agent.runtime import Backend, Health, PlanSource, SecretError, Secrets, Settings, StatusSink
-from agent.wireguard.config import ConfigError, desired, hostnames, secret_key
+from agent.wireguard.config import ConfigError, Desired, desired, hostnames, secret_key
 from agent.wireguard.diff import diff
 from agent.wireguard.status import peers_status, without_counters
 from gwkit.wireguard.backend import (
@@ -46,7 +51,7 @@ from gwkit.wireguard.backend import (
 )
 from gwkit.wireguard.model import DesiredDevice, DeviceState
 from gwkit.wireguard.netdev import IpRouteNetDev, NetDev, NetDevError, peer_routes
-from gwplan import Plan, SecretRef, WireGuard
+from gwplan import Plan, SecretRef, WireGuard, plan_hash
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +192,11 @@ class WireGuardAgent:
         self.monotonic = monotonic
         self.endpoints = Endpoints(resolver, monotonic, interval=resolve_interval)
         self.plan: Plan | None = None
-        self.good: tuple[WireGuard, DesiredDevice] | None = None
+        self.good: tuple[WireGuard, Desired] | None = None
         """The last configuration that passed validation: it keeps running while newer input is bad."""
+        self.good_plan: str | None = None
+        """The hash of the plan ``good`` came from (``status.agent.planHash``)."""
+        self._left_out_logged: dict[str, str] = {}
         self.config_error: str | None = None
         self.backend: WireGuardBackend | None = None
         self.state: DeviceState | None = None
@@ -203,7 +211,7 @@ class WireGuardAgent:
         self._published_at = 0.0
         self.wake = anyio.Event()
         self._hosts: tuple[Plan, frozenset[str]] | None = None
-        self._routes: tuple[WireGuard, tuple[str, ...]] | None = None
+        self._routes: tuple[WireGuard, frozenset[str], tuple[str, ...]] | None = None
         self._inputs: tuple[Plan, tuple[object, ...]] | None = None
 
     # --- the loop -----------------------------------------------------------------------------------
@@ -248,8 +256,8 @@ class WireGuardAgent:
             )
             return
         wg, want = self.good
-        await self._sync(wg, want)
-        await self._publish(wg)
+        await self._sync(wg, want.device, want.left_out)
+        await self._publish(wg, want.left_out)
 
     # --- configuration (plan + secrets + the addresses resolved so far) -------------------------------
 
@@ -273,17 +281,35 @@ class WireGuardAgent:
             if self._hosts is None or self._hosts[0] is not plan:
                 self._hosts = (plan, hostnames(wg))
             self.endpoints.want(self._hosts[1])  # resolved by the background task, never waited for here
-            refs = [wg.private_key_ref, *(p.preshared_key_ref for p in wg.peers if p.preshared_key_ref)]
-            values = {ref: self._read(ref) for ref in refs}
-            inputs = (tuple(values.values()), tuple(sorted(self.endpoints.addresses.items())))
+            private = self._read(wg.private_key_ref)  # gateway-level: raises, the last good config runs
+            # A peer's preshared key is per peer: a Secret that cannot be read leaves that peer out
+            # (config.desired), not the whole configuration.
+            values: dict[SecretRef, bytes | ConfigError] = {}
+            for ref in (p.preshared_key_ref for p in wg.peers if p.preshared_key_ref):
+                try:
+                    values[ref] = self._read(ref)
+                except ConfigError as exc:
+                    values[ref] = exc
+            inputs = (
+                private,
+                tuple(v if isinstance(v, bytes) else str(v) for v in values.values()),
+                tuple(sorted(self.endpoints.addresses.items())),
+            )
             if self._inputs is not None and self._inputs[0] is plan and self._inputs[1] == inputs:
                 return  # nothing changed since the last attempt (good or rejected)
             self._inputs = (plan, inputs)
+
+            def read_key(ref: SecretRef) -> str:
+                value = private if ref == wg.private_key_ref else values[ref]
+                if isinstance(value, ConfigError):
+                    raise value
+                return secret_key(value, ref)
+
             # In a gateway pod (the plan names NIC2) the device marks its packets with the NIC2 reply bit:
             # init-nat's fwmark rules then send handshakes and data to peers out through NIC2; without it
             # they followed the pod's default route (eth0), and a site that never initiates never connected.
             fwmark = plan.nic.effective_reply_mark if plan.nic.mac else 0
-            want = desired(wg, lambda ref: secret_key(values[ref], ref), self.endpoints.addresses, fwmark)
+            want = desired(wg, read_key, self.endpoints.addresses, fwmark)
         except ConfigError as exc:
             if str(exc) != self.config_error:
                 self.config_error = str(exc)
@@ -294,13 +320,24 @@ class WireGuardAgent:
                 )
             return
         if self.config_error is not None:
-            log.info("wireguard.config.accepted peers=%d", len(want.peers))
+            log.info("wireguard.config.accepted peers=%d", len(want.device.peers))
             self.config_error = None
+        self._log_left_out(want.left_out)
         self.good = (wg, want)
+        self.good_plan = plan_hash(plan)
+
+    def _log_left_out(self, left_out: Mapping[str, str]) -> None:
+        """One line per peer when it is left out (or for another reason), and when it comes back."""
+        for name, why in left_out.items():
+            if self._left_out_logged.get(name) != why:
+                log.error("wireguard.peer.left_out name=%s reason=%r action=not-on-device", name, why)
+        for name in set(self._left_out_logged) - set(left_out):
+            log.info("wireguard.peer.restored name=%s", name)
+        self._left_out_logged = dict(left_out)
 
     # --- device ------------------------------------------------------------------------------------------
 
-    async def _sync(self, wg: WireGuard, want: DesiredDevice) -> None:
+    async def _sync(self, wg: WireGuard, want: DesiredDevice, left_out: Mapping[str, str]) -> None:
         if self.backend is None:
             try:
                 self.backend = await self.open_backend(wg.interface, self.settings.wireguard_uapi_dir)
@@ -334,7 +371,7 @@ class WireGuardAgent:
                 state = await backend.get(iface)
             self._apply_error = None
             self.state = state
-            await self._configure_net(wg)
+            await self._configure_net(wg, left_out)
         except DeviceUnavailable as exc:
             self._net_dirty = True
             self._lost(str(exc))
@@ -362,14 +399,18 @@ class WireGuardAgent:
         self.available = True
         self._lost_reported = None
         reason = f"{iface} configured with {len(want.peers)} peers ({backend.name})"
+        if left_out:
+            reason += f"; left out (key material missing): {', '.join(sorted(left_out))}"
         if self.config_error:
             reason += f"; newer input rejected, last good config running: {self.config_error}"
         self.health.set_ready(True, reason)
 
-    async def _configure_net(self, wg: WireGuard) -> None:
-        if self._routes is None or self._routes[0] is not wg:  # computed once per plan
-            self._routes = (wg, peer_routes(wg.address, (ip for p in wg.peers for ip in p.allowed_ips)))
-        routes = self._routes[1]
+    async def _configure_net(self, wg: WireGuard, left_out: Mapping[str, str]) -> None:
+        gone = frozenset(left_out)
+        if self._routes is None or self._routes[0] is not wg or self._routes[1] != gone:  # once per plan
+            ips = (ip for p in wg.peers if p.name not in gone for ip in p.allowed_ips)
+            self._routes = (wg, gone, peer_routes(wg.address, ips))  # a left-out peer's LAN: no route
+        routes = self._routes[2]
         target = (wg.interface, wg.address, routes)
         now = self.monotonic()
         if (
@@ -399,15 +440,28 @@ class WireGuardAgent:
 
     # --- status -----------------------------------------------------------------------------------------
 
-    async def _publish(self, wg: WireGuard) -> None:
-        peers = peers_status(wg.peers, self.state, self.clock(), available=self.available)
-        sig = without_counters(peers)
+    def _agent_status(self) -> dict[str, Any]:
+        """``status.agent``, as the IPsec agent has it: the plan in force and what keeps the device from
+        following the newest input (a rejected configuration, the gateway's private key included; the
+        device refusing or being unavailable)."""
+        problems = [
+            self.config_error
+            and f"newer input rejected, last good configuration running: {self.config_error}",
+            self._apply_error,
+            None if self.available else self._lost_reported,
+        ]
+        return {"planHash": self.good_plan, "lastError": "; ".join(p for p in problems if p) or None}
+
+    async def _publish(self, wg: WireGuard, left_out: Mapping[str, str]) -> None:
+        peers = peers_status(wg.peers, self.state, self.clock(), available=self.available, left_out=left_out)
+        agent = self._agent_status()
+        sig = [*without_counters(peers), agent]
         now = self.monotonic()
         if sig == self._published_sig and (
             peers == self._published or now - self._published_at < self.settings.resync_seconds
         ):
             return
-        await self.sink.publish({"peers": peers})
+        await self.sink.publish({"peers": peers, "agent": agent})
         self._published, self._published_sig, self._published_at = peers, sig, now
 
 

@@ -3,7 +3,10 @@
 One entry per planned peer (VPNPeer), in plan order::
 
     {name, publicKey, endpoint, latestHandshake (RFC 3339 UTC, absent if never), bytesIn, bytesOut,
-     allowedIPs, state: Connected | Stale | NeverConnected}
+     allowedIPs, state: Connected | Stale | NeverConnected | Failed, lastError (only with Failed)}
+
+"Failed": the agent left the peer off the device because its key material is missing or unusable
+(config.Desired.left_out); ``lastError`` says which Secret and why, as an IPsec tunnel's does.
 
 "Connected" means the latest handshake is younger than 180 s: WireGuard re-handshakes every 120 s while
 traffic flows (REKEY_AFTER_TIME) and a session is dead after 180 s (REJECT_AFTER_TIME). ``bytesIn`` is
@@ -23,7 +26,7 @@ from gwkit.wireguard.model import DeviceState, PeerState
 from gwplan import WgPeer
 
 CONNECTED_WITHIN = 180.0
-CONNECTED, STALE, NEVER = "Connected", "Stale", "NeverConnected"
+CONNECTED, STALE, NEVER, FAILED = "Connected", "Stale", "NeverConnected", "Failed"
 
 
 def rfc3339(ts: float) -> str:
@@ -44,11 +47,18 @@ def _canonical(key: str) -> str:
 
 
 def peers_status(
-    peers: Sequence[WgPeer], state: DeviceState | None, now: float, *, available: bool = True
+    peers: Sequence[WgPeer],
+    state: DeviceState | None,
+    now: float,
+    *,
+    available: bool = True,
+    left_out: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """``state`` is the device's latest reading (None: never read). While the device is unavailable
     (``available=False``: daemon dead, interface gone) the last reading is kept for handshake time and
-    counters, but no peer is reported Connected."""
+    counters, but no peer is reported Connected. ``left_out``: peer name -> why the agent did not put it
+    on the device (reported Failed with that reason)."""
+    left_out = left_out or {}
     on_device: Mapping[str, PeerState] = {p.public_key: p for p in state.peers} if state else {}
     out = []
     for p in peers:
@@ -63,6 +73,9 @@ def peers_status(
         }
         if not available and entry["state"] == CONNECTED:
             entry["state"] = STALE
+        if p.name in left_out:
+            entry["state"] = FAILED
+            entry["lastError"] = f"left out: {left_out[p.name]}"
         endpoint = (have.endpoint if have else None) or p.endpoint
         if endpoint:
             entry["endpoint"] = endpoint

@@ -20,7 +20,7 @@ from agent.sources import FileSecrets
 from agent.wireguard.run import WireGuardAgent
 from gwkit.wireguard.backend import BackendUnavailable, WireGuardBackend
 from gwkit.wireguard.fakes import FakeDevice, FakeNetDev
-from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard
+from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, plan_hash
 
 pytestmark = pytest.mark.anyio
 
@@ -180,17 +180,70 @@ async def test_invalid_key_in_a_secret_keeps_the_last_good_config(
         assert secret not in text
 
 
-async def test_missing_secret_and_invalid_plan_are_named_and_not_applied(rig: Rig) -> None:
+async def test_a_missing_preshared_key_leaves_its_peer_out_and_an_invalid_plan_is_named(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     (rig.secrets / "a" / "psk").unlink()
-    await rig.step(plan(SITE))
-    assert rig.health.ready == (False, "no valid WireGuard configuration: secret a key psk: not mounted")
-    assert rig.device.applied == [] and rig.sink.published == []
+    await rig.step(plan(SITE, LAPTOP))
+    assert set(rig.device.peers) == {B}, "the rest of the plan is applied"
+    assert rig.health.ready == (
+        True,
+        "wg0 configured with 1 peers (fake); left out (key material missing): site-a",
+    )
+    assert rig.peers()["site-a"]["state"] == "Failed"
+    assert rig.peers()["site-a"]["lastError"] == "left out: preshared key: secret a key psk: not mounted"
+    assert list(rig.netdev.routes) == [], "no route into the tunnel for a peer that is not on the device"
     rig.write("a", "psk", rig.psk)
     await rig.step()
-    assert set(rig.device.peers) == {A}
+    assert set(rig.device.peers) == {A, B} and rig.device.peers[A].preshared_key == rig.psk
+    assert list(rig.netdev.routes) == ["203.0.113.0/28"]
+    assert rig.peers()["site-a"]["state"] == "NeverConnected" and "lastError" not in rig.peers()["site-a"]
+    lines = [r.getMessage() for r in caplog.records if "wireguard.peer." in r.getMessage()]
+    assert lines == [
+        "wireguard.peer.left_out name=site-a reason='preshared key: secret a key psk: not mounted' "
+        "action=not-on-device",
+        "wireguard.peer.restored name=site-a",
+    ]
     await rig.step(plan(SITE, replace(LAPTOP, public_key="not-a-key")))
     assert rig.agent.config_error == "wireguard.peers[1].publicKey: not valid base64"
-    assert set(rig.device.peers) == {A} and rig.health.ready[0]
+    assert set(rig.device.peers) == {A, B} and rig.health.ready[0]
+    assert rig.sink.published[-1]["agent"]["lastError"] == (
+        "newer input rejected, last good configuration running: "
+        "wireguard.peers[1].publicKey: not valid base64"
+    )
+
+
+async def test_a_preshared_key_that_goes_missing_removes_its_peer_and_a_removal_in_the_same_plan_applies(
+    rig: Rig,
+) -> None:
+    """Before: the missing Secret rejected the whole configuration, so LAPTOP's removal in the same plan
+    change never reached the device. Now both happen: LAPTOP removed, SITE taken off too (it must not
+    keep its old key), reported; a third peer untouched."""
+    third = WgPeer("laptop-c", key(), ("10.99.0.4/32",))
+    await rig.step(plan(SITE, LAPTOP, third))
+    rig.device.handshake(third.public_key, NOW - 5, rx=10, tx=20)
+    moved = replace(SITE, preshared_key_ref=SecretRef("a-rotated", "psk"))
+    await rig.step(plan(moved, third))
+    assert set(rig.device.peers) == {third.public_key}
+    assert sorted((p.public_key, p.remove) for p in rig.device.applied[-1].peers) == sorted(
+        [(A, True), (B, True)]
+    ), "both removed in one request, laptop-c not touched"
+    assert rig.device.peers[third.public_key].last_handshake == NOW - 5
+    assert set(rig.peers()) == {"site-a", "laptop-c"} and rig.peers()["site-a"]["state"] == "Failed"
+    assert rig.sink.published[-1]["agent"] == {"planHash": plan_hash(plan(moved, third)), "lastError": None}
+
+
+async def test_the_gateways_missing_private_key_keeps_the_device_as_it_is_and_is_reported(rig: Rig) -> None:
+    await rig.step(plan(SITE, LAPTOP))
+    (rig.secrets / "gw" / "privateKey").unlink()
+    await rig.step(plan(SITE))  # a removal in the same change: gateway-level, so not applied either
+    assert set(rig.device.peers) == {A, B} and len(rig.device.applied) == 1
+    assert rig.sink.published[-1]["agent"] == {
+        "planHash": plan_hash(plan(SITE, LAPTOP)),
+        "lastError": "newer input rejected, last good configuration running: secret gw key privateKey: "
+        "not mounted",
+    }
 
 
 async def test_daemon_death_and_restart_reapplies_everything(rig: Rig) -> None:

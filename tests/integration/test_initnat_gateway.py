@@ -5,6 +5,8 @@ moment of the flush, can be recorded and a flush failure injected."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shlex
 import threading
 import time
@@ -15,12 +17,13 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute
 
-from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps
+from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps, plan_hash
 from initnat import rules
-from initnat.__main__ import EXIT_FAILED, EXIT_OK, Gateway, outcome, run_once, watch
+from initnat.__main__ import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, Gateway, outcome, run_once, watch
 from initnat.conntrack import ConntrackError, FakeFlusher
 from initnat.iptables import Completed, Iptables, IptablesError, run_process
 from initnat.rules import NatConfigError
+from initnat.statusfile import StatusFile
 from lab import netns
 
 pytestmark = [pytest.mark.lab]
@@ -323,8 +326,8 @@ def test_a_restart_revokes_a_grant_whose_exposure_target_moved(
 def test_watch_looks_again_when_dns_resolved_a_target_to_a_virtual_ip(
     gateway: tuple[Gateway, list[str]], ns: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The verdict on a resolved targetHost depends on DNS, not on the plan's bytes: a moment of DNS
-    answering a virtual IP must not stop init-nat until the plan file changes (it used to wait forever)."""
+    """The verdict on a resolved targetHost depends on DNS, not on the plan's bytes: DNS answering a
+    virtual IP leaves that exposure out (and says why) until a resync finds a real address."""
     gw, _ = gateway
     answers = [IPv4Address("198.18.0.10"), IPv4Address("192.0.2.70")]  # first the VIP, then a real host
     gw.resolver = lambda host: answers[0] if len(answers) == 1 else answers.pop(0)
@@ -333,8 +336,65 @@ def test_watch_looks_again_when_dns_resolved_a_target_to_a_virtual_ip(
     with caplog.at_level("INFO", logger="initnat"):
         watch_until(gw, path, lambda: "to=192.0.2.70" in our_chain(ns), resync=0.3)
     assert "to=192.0.2.70" in our_chain(ns), "applied at the resync once DNS answered a real address"
-    (rejected,) = [r.getMessage() for r in caplog.records if "initnat.rejected" in r.getMessage()]
-    assert "is the virtual IP of" in rejected and "retry=resync" in rejected, rejected
+    (left_out,) = [r.getMessage() for r in caplog.records if "initnat.left_out" in r.getMessage()]
+    assert "the virtual IP of nat.exposures[0]" in left_out and "grants=s1/0x10000" in left_out, left_out
+    assert not [r for r in caplog.records if "initnat.rejected" in r.getMessage()], "the plan is not rejected"
+
+
+def test_a_hanging_resolver_holds_up_an_apply_only_until_the_deadline_and_the_status_file_says_why(
+    gateway: tuple[Gateway, list[str]], ns: str, tmp_path: Path
+) -> None:
+    """{A, B} -> {B} plus an exposure whose name never answers: A's revocation goes through after the
+    resolve deadline (it waited for nothing more), the other exposure stays, and the status file next to
+    the plan names what was left out."""
+    gw, events = gateway
+    never = threading.Event()
+
+    def resolver(host: str) -> IPv4Address:
+        if host == "hangs.example":
+            never.wait(30)
+        return IPv4Address("192.0.2.70")
+
+    gw.resolver, gw.resolve_timeout = resolver, 0.5
+    two = plan(GA, GB)
+    path = tmp_path / "plan.json"
+    status = StatusFile(tmp_path / "initnat-status.json")
+    path.write_bytes(dumps(two))
+    assert run_once(gw, path, status) == EXIT_OK
+    ghost = Exposure("ghost", "198.18.0.12", (Port(443),), target_host="hangs.example")
+    g3 = Grant("s3", "ghost", "exposure", ("203.0.113.32/28",), 0x30000)
+    nxt = dataclasses.replace(
+        two, nat=dataclasses.replace(two.nat, exposures=(*two.nat.exposures, ghost), grants=(GB, g3))
+    )
+    path.write_bytes(dumps(nxt))
+    started = time.monotonic()
+    try:
+        assert run_once(gw, path, status) == EXIT_OK
+    finally:
+        never.set()
+    assert time.monotonic() - started < 3.0
+    assert events[-3:] == ["restore", "flush 0x10000", "restore"], "A revoked: swap, flush, lift"
+    chain = our_chain(ns)
+    assert ADMIT_A not in chain and ADMIT_B in chain and "0x30000" not in chain
+    assert '--ctorigdst 198.18.0.12 -m comment --comment "vpngw not granted" -j DROP' in chain
+    doc = json.loads(status.path.read_text())
+    assert doc["planHash"] == plan_hash(nxt) and doc["lastError"] is None
+    assert doc["leftOut"] == [
+        {
+            "exposure": "ghost",
+            "field": "nat.exposures[1].targetHost",
+            "virtualIp": "198.18.0.12",
+            "host": "hangs.example",
+            "reason": "hangs.example does not resolve: no answer within 0.5 s",
+            "grants": [{"peer": "s3", "mark": "0x30000"}],
+        }
+    ]
+    path.write_text("{")
+    assert run_once(gw, path, status) == EXIT_BAD_INPUT
+    doc = json.loads(status.path.read_text())
+    assert doc["planHash"] == plan_hash(nxt) and doc["lastError"].startswith("rejected: "), (
+        "what is in force, and that the newer plan was rejected"
+    )
 
 
 def test_a_failed_save_before_any_change_is_reported_as_last_good_kept(

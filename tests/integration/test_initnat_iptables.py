@@ -329,3 +329,74 @@ def test_the_reply_chain_reads_back_in_sync_after_a_restart_and_its_drift_is_rep
     assert [line for line in foreign_lines(ipt) if "CNI-MANGLE" not in line] == [
         line for line in foreign if "CNI-MANGLE" not in line
     ], "foreign mangle rules untouched"
+
+
+FOREIGN_INPUT = """\
+*filter
+-A INPUT -i lo -j ACCEPT
+-A OUTPUT -o lo -j ACCEPT
+COMMIT
+"""
+
+
+def _guarded(guard: rules.Guard) -> rules.Ruleset:
+    return rules.render(
+        rules.validate(
+            Nat(
+                service_cidr="198.18.0.0/24",
+                exposures=(Exposure("web", "198.18.0.10", (Port(80),), target_address="192.0.2.66"),),
+                grants=(GA,),
+            ),
+            nic2_address=IPv4Address("192.0.2.2"),
+            reply=rules.Reply("ens7", 0x10000000),
+            tunnel_interfaces=(("wireguard.interface", "wg0"),) if guard.wireguard else (),
+            guard=guard,
+        )
+    )
+
+
+@pytest.mark.parametrize("variant", ["legacy", "nft"])
+@pytest.mark.parametrize(
+    "guard",
+    [
+        pytest.param(rules.Guard("ens7", ipsec=True), id="ipsec"),
+        pytest.param(rules.Guard("ens7", wireguard=("wg0", 51820)), id="wireguard"),
+    ],
+)
+def test_the_pod_guard_reads_back_in_sync_after_a_restart_and_its_drift_is_repaired(
+    ns: str, variant: str, guard: rules.Guard
+) -> None:
+    """VPNGW-INPUT and VPNGW-OUTPUT (and the metadata rule in VPNGW-TARGETS) go through the same
+    transaction, read-back and repair as the other chains, with the real iptables: printed exactly as
+    rendered (``-m policy``, ``-i ipsec+``, ``-p esp`` included: no probe), a restart writes nothing, our
+    jumps first in INPUT and OUTPUT, foreign INPUT/OUTPUT rules untouched, drift repaired."""
+    real = Counting(in_ns(ns))
+    ipt = Iptables(variant, real)  # type: ignore[arg-type]
+    assert real.run([f"iptables-{variant}-restore", "--noflush"], FOREIGN_INPUT).returncode == 0
+    rs = _guarded(guard)
+    (flt,) = [t for t in rs.tables if t.table == "filter"]
+    assert ipt.apply(rs).changed and real.restores == 1
+    assert ipt.print_known and ipt.printed is None, "read back exactly as rendered: no probe"
+    saved = ipt.saved()
+    assert saved["filter"].rules["INPUT"] == ["-A INPUT -j VPNGW-INPUT", "-A INPUT -i lo -j ACCEPT"]
+    assert saved["filter"].rules["OUTPUT"] == ["-A OUTPUT -j VPNGW-OUTPUT", "-A OUTPUT -o lo -j ACCEPT"]
+    for chain in ("VPNGW-INPUT", "VPNGW-OUTPUT", "VPNGW-TARGETS"):
+        assert saved["filter"].rules[chain] == [r for r in flt.rules if r.startswith(f"-A {chain} ")], chain
+
+    restarted = Iptables(variant, real)  # type: ignore[arg-type]
+    assert not restarted.apply(rs).changed and real.restores == 1, "a restart finds it in sync"
+    drifts = [
+        [f"iptables-{variant}", "-D", "VPNGW-INPUT", "2"],
+        [f"iptables-{variant}", "-F", "VPNGW-OUTPUT"],
+        [f"iptables-{variant}", "-I", "INPUT", "1", "-j", "ACCEPT"],  # a foreign ACCEPT in front of ours
+    ]
+    for drift in drifts:
+        assert real.run(drift).returncode == 0, drift
+        assert not tables.in_sync(ipt.saved(), rs), drift
+        assert restarted.apply(rs).changed, drift
+        assert tables.in_sync(ipt.saved(), rs) and not restarted.apply(rs).changed, drift
+    assert ipt.saved()["filter"].rules["INPUT"] == [
+        "-A INPUT -j VPNGW-INPUT",
+        "-A INPUT -j ACCEPT",
+        "-A INPUT -i lo -j ACCEPT",
+    ], "our jump first again, foreign rules kept"

@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.lab]
 ROOT = Path(__file__).resolve().parents[2]
 GW_TUNNEL = "10.99.0.1"
 SITE_NAME = "site-a.lab.example"
+THIRD_PSK = SecretRef("laptop-c-psk", "psk")
 
 
 def keypair() -> tuple[str, str]:
@@ -79,11 +80,28 @@ class World:
     log_path: Path
     site_psk: str
     agent: subprocess.Popen[bytes] | None = None
+    third: Peer | None = None
+    """laptop-c, with a preshared key of its own (``add_third_peer``)."""
 
-    def plan(self, *peers: Peer, listen_port: int = 51820, site_host: str | None = None) -> Plan:
+    def plan(
+        self,
+        *peers: Peer,
+        listen_port: int = 51820,
+        site_host: str | None = None,
+        third_psk: SecretRef = THIRD_PSK,
+    ) -> Plan:
         wg_peers = []
         for p in peers:
-            if p is self.site:
+            if p is self.third:
+                wg_peers.append(
+                    WgPeer(
+                        name="laptop-c",
+                        public_key=p.public,
+                        allowed_ips=(f"{p.tunnel_ip}/32",),
+                        preshared_key_ref=third_psk,
+                    )
+                )
+            elif p is self.site:
                 wg_peers.append(
                     WgPeer(
                         name="site-a",
@@ -192,7 +210,9 @@ def _uapi_get(path: Path) -> str:
         s.close()
 
 
-def configure_peer(p: Peer, world: World, keyfile: Path, *, gw_public: str | None = None) -> None:
+def configure_peer(
+    p: Peer, world: World, keyfile: Path, *, gw_public: str | None = None, psk: str | None = None
+) -> None:
     """A tenant's side, configured by hand with ``wg`` (no agent there)."""
     keyfile.write_text(p.private + "\n")
     args = ["set", "wg0", "private-key", str(keyfile)]
@@ -200,10 +220,11 @@ def configure_peer(p: Peer, world: World, keyfile: Path, *, gw_public: str | Non
         args += ["listen-port", "51820"]
     args += ["peer", gw_public or world.gw_public, "allowed-ips", "10.99.0.0/24"]
     args += ["endpoint", f"{world.lab.gw.addresses[0]}:51820"]
-    if p is world.site:
-        psk = keyfile.with_suffix(".psk")
-        psk.write_text(world.site_psk + "\n")
-        args += ["preshared-key", str(psk)]
+    psk = world.site_psk if p is world.site else psk
+    if psk is not None:
+        psk_file = keyfile.with_suffix(".psk")
+        psk_file.write_text(psk + "\n")
+        args += ["preshared-key", str(psk_file)]
     p.wg.wg(*args)
 
 
@@ -401,3 +422,82 @@ def test_a_hostname_endpoint_is_resolved_inside_the_pods_namespace(world: World)
 
 def _endpoint(world: World, public: str) -> str | None:
     return {p.public_key: p.endpoint for p in world.device().peers}.get(public)
+
+
+def _pinger(p: Peer) -> Callable[[], bool]:
+    return lambda: p.host.ping(GW_TUNNEL)
+
+
+def add_third_peer(world: World) -> tuple[Peer, str]:
+    """laptop-c: its own namespace and wireguard-go, a preshared key in Secret laptop-c-psk; the plan
+    then holds three peers. Returns the peer and its preshared key."""
+    host = world.lab.add_site()
+    daemon = world.lab.start_wireguard(host)
+    priv, pub = keypair()
+    netns.addr(host.ns, "wg0", "10.99.0.4/24")
+    netns.run(["ip", "-n", host.ns, "link", "set", "wg0", "up"])
+    third = world.third = Peer(host, daemon, priv, pub, "10.99.0.4")
+    psk = keypair()[0]
+    world.write_secret("laptop-c-psk", "psk", psk)
+    world.write_plan(world.plan(world.site, world.roamer, third))
+    wait_for("three peers on the device", lambda: len(world.device().peers) == 3)
+    configure_peer(third, world, world.dir / "laptop-c.key", psk=psk)
+    return third, psk
+
+
+def test_a_peer_whose_preshared_key_is_missing_is_left_out_and_the_rest_of_the_plan_is_applied(
+    world: World,
+) -> None:
+    """One plan change removes laptop-b AND points laptop-c at a preshared-key Secret that does not exist.
+    The removal takes effect, site-a keeps its session and its traffic, and laptop-c is removed from the
+    device (it must not keep running on its old key) and reported with the reason; once the Secret
+    appears, laptop-c is configured again."""
+    site, roamer = world.site, world.roamer
+    third, psk = add_third_peer(world)
+    for p in (site, roamer, third):
+        assert wait_for(f"{p.host.role} through the tunnel", _pinger(p), timeout=10)
+    before = {p.public_key: p for p in world.device().peers}[site.public]
+
+    missing = SecretRef("laptop-c-psk-rotated", "psk")  # the plan names it; it was never created
+    world.write_plan(world.plan(site, third, third_psk=missing))
+    wait_for(
+        "laptop-b removed from the device",
+        lambda: roamer.public not in {p.public_key for p in world.device().peers},
+        timeout=5,
+        every=0.05,
+    )
+    wait_for(
+        "laptop-c removed from the device",
+        lambda: third.public not in {p.public_key for p in world.device().peers},
+        timeout=5,
+        every=0.05,
+    )
+    device = {p.public_key: p for p in world.device().peers}
+    assert set(device) == {site.public}, "site-a alone is configured"
+    assert device[site.public].last_handshake == before.last_handshake, "site-a's session was not touched"
+    assert device[site.public].preshared_key == world.site_psk
+    assert site.host.ping(GW_TUNNEL, count=2), "site-a still passes traffic"
+    assert world.lab.gw.ping(site.host.lan_host), "and its LAN route is still there"
+    assert not roamer.host.ping(GW_TUNNEL, wait=0.5) and not third.host.ping(GW_TUNNEL, wait=0.5)
+
+    status = wait_for(
+        "laptop-c reported", lambda: (s := world.status()).get("laptop-c", {}).get("lastError") and s
+    )
+    assert set(status) == {"site-a", "laptop-c"}
+    assert status["laptop-c"]["state"] == "Failed"
+    assert status["laptop-c"]["lastError"] == (
+        "left out: preshared key: secret laptop-c-psk-rotated key psk: not mounted"
+    )
+    assert status["site-a"]["state"] == "Connected" and "lastError" not in status["site-a"]
+    assert "wireguard.peer.left_out name=laptop-c" in world.log_path.read_text()
+
+    world.write_secret("laptop-c-psk-rotated", "psk", psk)
+    wait_for(
+        "laptop-c configured again", lambda: third.public in {p.public_key for p in world.device().peers}
+    )
+    # laptop-c still holds the session the gateway dropped: its data goes unanswered until WireGuard's
+    # own timers make it handshake again (keepalive 10 s + rekey 5 s after its last answered packet).
+    assert wait_for("laptop-c through the tunnel", lambda: third.host.ping(GW_TUNNEL), timeout=30)
+    wait_for("laptop-c Connected", lambda: state_of(world, "laptop-c") == "Connected")
+    assert "lastError" not in world.status()["laptop-c"]
+    assert psk not in world.log_path.read_text() and psk not in world.status_path.read_text()

@@ -385,12 +385,19 @@ def test_exposure_targets_are_only_fabric_side() -> None:
 )
 def test_a_dnat_target_must_be_a_unicast_host(special: str) -> None:
     """Also for a resolved targetHost: the controller only saw the name (DNS could say 169.254.169.254,
-    the metadata service seen through the node's port)."""
+    the metadata service seen through the node's port). A literal one is a bad plan (the CRD refuses
+    it); a resolved one leaves that exposure out, for the same reason, and the rest is applied."""
     web = dataclasses.replace(nat().exposures[0], target_address=special)
     with pytest.raises(NatConfigError, match=r"nat.exposures\[0\].targetAddress: .* special-purpose"):
         rules.validate(nat(exposures=(web, nat().exposures[1])), nic2_address=NIC2, resolved=RESOLVED)
-    with pytest.raises(NatConfigError, match=r"nat.exposures\[1\].targetHost: .* special-purpose"):
-        rules.validate(nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address(special)})
+    p = rules.validate(nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address(special)})
+    (out,) = p.left_out
+    assert (out.field, out.exposure, out.host) == ("nat.exposures[1].targetHost", "api", "api.fabric.example")
+    assert (
+        out.reason
+        == f"api.fabric.example resolved to {special}, a special-purpose address, not a unicast host"
+    )
+    assert not any(special in r for t in rules.render(p).tables for r in t.rules), "never a target"
 
 
 def test_tombstones_drop_revoked_marks_first_in_our_chain() -> None:
@@ -480,12 +487,6 @@ def test_the_target_leads_the_admission_comment_so_truncation_cannot_cut_it() ->
             RESOLVED,
             r"exposures\[0\]\.targetAddress: 198\.18\.0\.10 is the virtual IP of nat\.exposures\[0\]",
             id="own-vip",
-        ),
-        pytest.param(
-            {},
-            {"api.fabric.example": IPv4Address("198.18.0.20")},
-            r"exposures\[1\]\.targetHost: 198\.18\.0\.20 is the virtual IP of nat\.reverseExposures\[0\]",
-            id="resolved-to-a-later-vip",
         ),
         pytest.param(
             {
@@ -598,3 +599,239 @@ def test_the_reply_bit_changes_no_grant_decision() -> None:
     with_reply, without = reply_policy(), policy()
     assert rules.revoked(without, with_reply) == () and rules.revoked(with_reply, without) == ()
     assert with_reply.admissions == without.admissions
+
+
+# --- exposures left out: what DNS or the pod refuses, per exposure ---------------------------------------
+
+GHOST = Exposure("ghost", "198.18.0.12", (Port(443),), target_host="nonexistent.invalid")
+G_GHOST = Grant("s3", "ghost", "exposure", ("203.0.113.32/28",), 0x40000)
+NXDOMAIN = rules.Unresolved("[Errno -2] Name or service not known", temporary=False)
+
+
+def test_an_unresolvable_host_leaves_its_exposure_and_grants_out_and_applies_the_rest() -> None:
+    n = nat(exposures=(*nat().exposures, GHOST), grants=(*nat().grants, G_GHOST))
+    p = rules.validate(n, nic2_address=NIC2, resolved={**RESOLVED, "nonexistent.invalid": NXDOMAIN})
+    (out,) = p.left_out
+    assert out == rules.LeftOut(
+        field="nat.exposures[2].targetHost",
+        exposure="ghost",
+        vip=IPv4Address("198.18.0.12"),
+        reason="nonexistent.invalid does not resolve: [Errno -2] Name or service not known",
+        host="nonexistent.invalid",
+        grants=(G_GHOST,),
+    )
+    assert p.grants == nat().grants and 0x40000 not in p.marks, "its grant is left out with it"
+    rest = policy()
+    assert p.admissions == rest.admissions and p.services == rest.services, "everything else as without it"
+    lines = [r for t in rules.render(p).tables for r in t.rules]
+    assert [r for r in lines if r not in [r for t in rules.render(rest).tables for r in t.rules]] == [
+        "-A VPNGW-FORWARD -m conntrack --ctorigdst 198.18.0.12 "
+        '-m comment --comment "vpngw not granted" -j DROP'
+    ], "its virtual IP is dropped, nothing else differs"
+
+
+def test_leaving_an_exposure_out_revokes_its_grants_and_a_revocation_in_the_same_plan_still_happens() -> None:
+    """The issue: an unresolvable targetHost made init-nat apply nothing, so a grant revoked in the same
+    plan stayed live. Now the revocation goes through, and the left-out exposure's grants are revoked
+    too (their flows were DNATed to a target the plan can no longer be held to)."""
+    api = Grant("s3", "api", "exposure", ("203.0.113.32/28",), 0x40000)
+    before = policy(nat(grants=(G_A, G_B, api), reverse_exposures=()))
+    after = rules.validate(
+        nat(grants=(G_B, api), reverse_exposures=()),
+        nic2_address=NIC2,
+        resolved={"api.fabric.example": rules.Unresolved("no answer within 2 s", temporary=True)},
+    )
+    assert [x.exposure for x in after.left_out] == ["api"]
+    assert {g.mark for g in rules.revoked(before, after)} == {A, 0x40000}
+    kernel = tables.admissions(r for t in rules.render(before).tables for r in t.rules)
+    assert {f.mark for f in tables.revoked_in_kernel(kernel, rules.render(after))} == {A, 0x40000}
+
+
+def test_a_host_resolved_to_a_virtual_ip_is_left_out_naming_it() -> None:
+    p = rules.validate(nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address("198.18.0.20")})
+    (out,) = p.left_out
+    assert out.reason == (
+        "api.fabric.example resolved to 198.18.0.20, the virtual IP of nat.reverseExposures[0]; "
+        "a target must be a real address"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "resolved", "field", "reason"),
+    [
+        pytest.param(
+            {"exposures": _web(target_address="192.0.2.2")},
+            RESOLVED,
+            "nat.exposures[0].targetAddress",
+            "192.0.2.2 is the pod's own address",
+            id="literal-nic2",
+        ),
+        pytest.param(
+            {},
+            {"api.fabric.example": IPv4Address("10.244.0.2")},
+            "nat.exposures[1].targetHost",
+            "10.244.0.2 is the pod's own address (resolved from api.fabric.example)",
+            id="resolved-eth0",
+        ),
+    ],
+)
+def test_a_target_is_never_the_pods_own_address(
+    change: dict[str, object], resolved: dict[str, IPv4Address], field: str, reason: str
+) -> None:
+    """DNAT to the pod itself would hand a tunnel peer the pod's own ports (probe, metrics, IKE). The pod's
+    addresses are not the plan's to know (eth0's comes from the CNI), so this is per exposure."""
+    p = rules.validate(
+        nat(**change), nic2_address=NIC2, resolved=resolved, own_addresses=[IPv4Address("10.244.0.2")]
+    )
+    (out,) = p.left_out
+    assert (out.field, out.reason) == (field, reason)
+
+
+def test_a_left_out_exposure_is_still_validated_as_part_of_the_plan() -> None:
+    """Only the target is refused per exposure; a bad value of the plan itself still rejects the plan."""
+    bad = dataclasses.replace(GHOST, ports=(Port(0),))
+    with pytest.raises(NatConfigError, match=r"nat.exposures\[2\].ports\[0\].port"):
+        rules.validate(
+            nat(exposures=(*nat().exposures, bad)),
+            nic2_address=NIC2,
+            resolved={**RESOLVED, "nonexistent.invalid": NXDOMAIN},
+        )
+    with pytest.raises(NatConfigError, match=r"nat.grants\[3\].mark: 0x10000 is already the mark"):
+        rules.validate(
+            nat(
+                exposures=(*nat().exposures, GHOST),
+                grants=(*nat().grants, dataclasses.replace(G_GHOST, mark=A)),
+            ),
+            nic2_address=NIC2,
+            resolved={**RESOLVED, "nonexistent.invalid": NXDOMAIN},
+        )
+
+
+def test_target_hosts_are_normalised_once_each_and_bad_names_refused_before_dns() -> None:
+    twice = dataclasses.replace(
+        GHOST, name="g2", virtual_ip="198.18.0.13", target_host="NonExistent.Invalid."
+    )
+    assert rules.target_hosts(nat(exposures=(*nat().exposures, GHOST, twice))) == (
+        "api.fabric.example",
+        "nonexistent.invalid",
+    )
+    with pytest.raises(NatConfigError, match=r"nat.exposures\[0\].targetHost: .* not a DNS hostname"):
+        rules.target_hosts(nat(exposures=(dataclasses.replace(GHOST, target_host="x; rm -rf /"),)))
+
+
+def test_a_name_dns_cannot_answer_for_a_moment_keeps_its_address_a_name_without_one_does_not() -> None:
+    last = {"a.example": IPv4Address("192.0.2.70"), "b.example": IPv4Address("192.0.2.71")}
+    outage = rules.Unresolved("no answer within 2 s", temporary=True)
+    answers: dict[str, rules.Answer] = {
+        "a.example": outage,
+        "b.example": NXDOMAIN,
+        "c.example": outage,
+        "d.example": IPv4Address("192.0.2.72"),
+    }
+    used, kept = rules.keep_last(answers, last)
+    assert used == {
+        "a.example": IPv4Address("192.0.2.70"),
+        "b.example": NXDOMAIN,
+        "c.example": outage,
+        "d.example": IPv4Address("192.0.2.72"),
+    }
+    assert kept == (rules.Kept("a.example", IPv4Address("192.0.2.70"), "no answer within 2 s"),)
+
+
+def test_only_addresses_in_force_are_remembered() -> None:
+    p = rules.validate(
+        nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address("169.254.169.254")}
+    )
+    assert rules.remember({"api.fabric.example": IPv4Address("169.254.169.254")}, p) == {}, "refused"
+    assert rules.remember(RESOLVED, policy()) == RESOLVED
+    assert rules.remember({"api.fabric.example": NXDOMAIN}, policy()) == {}
+
+
+# --- the pod guard: what reaches the pod itself ----------------------------------------------------------
+
+
+def guarded(guard: rules.Guard, n: Nat | None = None) -> list[str]:
+    p = rules.validate(n or nat(), nic2_address=NIC2, resolved=RESOLVED, guard=guard)
+    return [r for t in rules.render(p).tables for r in t.rules]
+
+
+def test_an_ipsec_pod_takes_ike_and_esp_on_nic2_and_nothing_new_from_its_tunnels() -> None:
+    lines = guarded(rules.Guard("ens7", ipsec=True))
+    assert [r for r in lines if r.startswith("-A VPNGW-INPUT ")] == [
+        "-A VPNGW-INPUT -m conntrack --ctstate RELATED,ESTABLISHED "
+        '-m comment --comment "vpngw replies to the pod" -j RETURN',
+        '-A VPNGW-INPUT -m policy --dir in --pol ipsec -m comment --comment "vpngw tunnel traffic is not for '
+        'the pod" -j DROP',
+        '-A VPNGW-INPUT -i ipsec+ -m comment --comment "vpngw tunnel traffic is not for the pod" -j DROP',
+        '-A VPNGW-INPUT -i ens7 -p udp -m udp --dport 500 -m comment --comment "vpngw IKE" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -p udp -m udp --dport 4500 -m comment --comment "vpngw IKE" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -p esp -m comment --comment "vpngw ESP" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -m comment --comment "vpngw NIC2 is for the tunnels only" -j DROP',
+    ]
+    assert [r for r in lines if r.startswith("-A VPNGW-OUTPUT ")] == [
+        "-A VPNGW-OUTPUT -d 169.254.169.254/32 -o ens7 "
+        '-m comment --comment "vpngw never the metadata service" -j DROP'
+    ]
+    first_target = next(r for r in lines if r.startswith("-A VPNGW-TARGETS "))
+    assert first_target == (
+        "-A VPNGW-TARGETS -d 169.254.169.254/32 "
+        '-m comment --comment "vpngw never the metadata service" -j DROP'
+    ), "first: nothing forwarded to it, whatever the exposures"
+    assert not any("ACCEPT" in r for r in lines if r.startswith(("-A VPNGW-INPUT", "-A VPNGW-OUTPUT"))), (
+        "our pod chains never accept on behalf of the rest of INPUT/OUTPUT: RETURN or DROP"
+    )
+
+
+def test_a_wireguard_pod_takes_its_listen_port_on_nic2_and_nothing_new_from_its_device() -> None:
+    lines = [
+        r for r in guarded(rules.Guard("ens7", wireguard=("wg0", 51821))) if r.startswith("-A VPNGW-INPUT ")
+    ]
+    assert lines[1:] == [
+        '-A VPNGW-INPUT -i wg0 -m comment --comment "vpngw tunnel traffic is not for the pod" -j DROP',
+        '-A VPNGW-INPUT -i ens7 -p udp -m udp --dport 51821 -m comment --comment "vpngw WireGuard" -j RETURN',
+        '-A VPNGW-INPUT -i ens7 -m comment --comment "vpngw NIC2 is for the tunnels only" -j DROP',
+    ]
+
+
+def test_tunnel_traffic_is_dropped_before_nic2s_allowances_are_looked_at() -> None:
+    """Under kernel XFRM a decapsulated packet comes in on NIC2 too: UDP 500 to an inner address must not
+    pass as IKE. The tunnel rules (policy, devices) come first; only replies pass before them."""
+    lines = [r for r in guarded(rules.Guard("ens7", ipsec=True)) if r.startswith("-A VPNGW-INPUT ")]
+    tunnel = [i for i, r in enumerate(lines) if "tunnel traffic is not for the pod" in r]
+    allowed = [i for i, r in enumerate(lines) if r.endswith("-j RETURN") and "-i ens7" in r]
+    assert max(tunnel) < min(allowed) and "RELATED,ESTABLISHED" in lines[0]
+
+
+def test_the_guard_adds_the_input_and_output_chains_and_the_target_list_even_without_targets() -> None:
+    reverse_only = nat(exposures=(), grants=(Grant("s1", "db", "reverse", ("10.1.0.0/16",), C),))
+    p = rules.validate(reverse_only, nic2_address=NIC2, guard=rules.Guard("ens7", ipsec=True))
+    (flt, _) = rules.render(p).tables
+    assert flt.chains == ("VPNGW-FORWARD", "VPNGW-TARGETS", "VPNGW-INPUT", "VPNGW-OUTPUT")
+    assert any(r.endswith("-j VPNGW-TARGETS") for r in flt.rules), "the metadata rule needs the jump"
+    assert [c for t in rules.render(policy(reverse_only)).tables for c in t.chains] == [
+        "VPNGW-FORWARD",
+        "VPNGW-TARGETS",
+        "VPNGW-PREROUTING",
+        "VPNGW-POSTROUTING",
+    ], "without a guard (no NIC2 known), no pod chains"
+
+
+def test_the_guard_leaves_grants_and_revocation_alone() -> None:
+    before = policy()
+    after = rules.validate(nat(), nic2_address=NIC2, resolved=RESOLVED, guard=rules.Guard("ens7", ipsec=True))
+    assert rules.revoked(before, after) == () and after.admissions == before.admissions
+    kernel = tables.admissions(r for t in rules.render(before).tables for r in t.rules)
+    assert tables.revoked_in_kernel(kernel, rules.render(after)) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("guard", "message"),
+    [
+        pytest.param(rules.Guard("-j ACCEPT", ipsec=True), r"nic: NIC2's name", id="nic"),
+        pytest.param(rules.Guard("ens7", wireguard=("wg 0", 51820)), r"wireguard.interface: ", id="dev"),
+        pytest.param(rules.Guard("ens7", wireguard=("wg0", 0)), r"wireguard.listenPort: 0 ", id="port"),
+    ],
+)
+def test_the_guards_values_are_checked(guard: rules.Guard, message: str) -> None:
+    with pytest.raises(NatConfigError, match=message):
+        rules.validate(nat(), nic2_address=NIC2, resolved=RESOLVED, guard=guard)

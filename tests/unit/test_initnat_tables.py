@@ -64,7 +64,7 @@ def test_parse_save_keeps_chains_and_rules_per_table() -> None:
 
 def test_jump_fixes_leave_correct_jumps_alone_and_repair_only_ours() -> None:
     saved = tables.parse_save(SAVE)
-    assert tables.jump_fixes(saved, "filter") == [], "already exactly once and first"
+    assert tables.jump_fixes(saved, "filter", ["VPNGW-FORWARD"]) == [], "already exactly once and first"
     assert tables.jump_fixes(saved, "nat") == [
         # PREROUTING: ours is second (behind a foreign jump) -> moved to the top
         "-D PREROUTING -j VPNGW-PREROUTING",
@@ -74,7 +74,22 @@ def test_jump_fixes_leave_correct_jumps_alone_and_repair_only_ours() -> None:
         "-D POSTROUTING -j VPNGW-POSTROUTING",
         "-I POSTROUTING 1 -j VPNGW-POSTROUTING",
     ]
-    assert tables.jump_fixes({}, "filter") == ["-I FORWARD 1 -j VPNGW-FORWARD"], "fresh namespace"
+    assert tables.jump_fixes({}, "filter", ["VPNGW-FORWARD"]) == ["-I FORWARD 1 -j VPNGW-FORWARD"], (
+        "fresh namespace"
+    )
+    assert tables.jump_fixes(saved, "filter") == [
+        "-I INPUT 1 -j VPNGW-INPUT",
+        "-I OUTPUT 1 -j VPNGW-OUTPUT",
+    ], "the pod guard's jumps, the same way: only those missing"
+
+
+def test_only_the_jumps_to_chains_a_ruleset_has_are_written() -> None:
+    """A ruleset without the pod guard (no NIC2 known) declares no INPUT/OUTPUT chains: a jump to a chain
+    that does not exist would make the restore fail."""
+    saved = tables.parse_save(SAVE)
+    text = tables.payload(WANT, saved)
+    assert "VPNGW-INPUT" not in text and "VPNGW-OUTPUT" not in text
+    assert tables.in_sync(saved, Ruleset(WANT.tables[:1], WANT.marks, WANT.mask)), "filter: in sync"
 
 
 def test_in_sync_needs_same_rules_and_jumps() -> None:

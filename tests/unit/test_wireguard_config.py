@@ -43,7 +43,9 @@ def read(ref: SecretRef) -> str:
 
 
 def test_desired_device_from_plan_secrets_and_dns() -> None:
-    d = desired(WG, read, {"vpn.example.net": "198.51.100.6"})
+    got = desired(WG, read, {"vpn.example.net": "198.51.100.6"})
+    d = got.device
+    assert got.left_out == {}
     assert d.private_key == PRIV and d.listen_port == 51820
     a, b = d.peers
     assert (a.public_key, a.endpoint, a.preshared_key, a.persistent_keepalive) == (
@@ -57,7 +59,7 @@ def test_desired_device_from_plan_secrets_and_dns() -> None:
 
 
 def test_unresolved_hostname_leaves_the_endpoint_to_the_device() -> None:
-    assert desired(WG, read, {}).peers[1].endpoint is None
+    assert desired(WG, read, {}).device.peers[1].endpoint is None
 
 
 def test_hostnames_are_only_the_non_literal_hosts() -> None:
@@ -139,9 +141,29 @@ def test_key_file_with_trailing_newline_as_wg_genkey_writes_it() -> None:
     assert secret_key((PRIV + "\n").encode(), KEYREF) == PRIV
 
 
-def test_a_secret_error_propagates_from_the_reader() -> None:
+def test_the_gateways_private_key_is_gateway_level() -> None:
     def broken(ref: SecretRef) -> str:
         raise ConfigError(f"secret {ref.name} key {ref.key}: not mounted")
 
     with pytest.raises(ConfigError, match="secret gw key privateKey: not mounted"):
         desired(WG, broken, {})
+
+
+@pytest.mark.parametrize(
+    "error",
+    ["secret a key psk: not mounted", "secret a key psk: must decode to 32 bytes, got 9"],
+)
+def test_a_peer_whose_preshared_key_cannot_be_read_is_left_out_and_the_rest_configured(error: str) -> None:
+    """Missing or unusable, the peer cannot be configured as the plan says: it is not on the desired
+    device at all (not without a key, not with an old one), and the reason is returned for status."""
+    c = WgPeer("laptop-c", key(5), ("10.99.0.4/32",), preshared_key_ref=SecretRef("c", "psk"))
+
+    def reader(ref: SecretRef) -> str:
+        if ref == PSKREF:
+            raise ConfigError(error)
+        return {KEYREF: PRIV, SecretRef("c", "psk"): key(6)}[ref]
+
+    got = desired(replace(WG, peers=(*WG.peers, c)), reader, {})
+    assert [p.public_key for p in got.device.peers] == [B, key(5)], "site-a out, the others in"
+    assert got.left_out == {"site-a": f"preshared key: {error}"}
+    assert got.device.peers[1].preshared_key == key(6)

@@ -97,3 +97,20 @@ def test_non_canonical_public_key_in_the_plan_still_matches() -> None:
 def test_without_counters_drops_only_the_counters() -> None:
     out = peers_status(PEERS, None, NOW)
     assert without_counters(out)[0] == {k: v for k, v in out[0].items() if not k.startswith("bytes")}
+
+
+def test_a_peer_left_out_is_failed_with_its_reason_and_the_others_as_usual() -> None:
+    out = peers_status(
+        PEERS, DeviceState(), NOW, left_out={"site-a": "preshared key: secret a key psk: not mounted"}
+    )
+    assert out[0] == {
+        "name": "site-a",
+        "publicKey": A,
+        "allowedIPs": ["10.99.0.2/32", "203.0.113.0/28"],
+        "endpoint": "198.51.100.2:51820",
+        "bytesIn": 0,
+        "bytesOut": 0,
+        "state": "Failed",
+        "lastError": "left out: preshared key: secret a key psk: not mounted",
+    }
+    assert out[1]["state"] == "NeverConnected" and "lastError" not in out[1]
