@@ -3,6 +3,7 @@
 from gwplan.model import (
     DEFAULT_REPLY_MARK,
     DEVICE_NAME_RULE,
+    MAX_PLAN_BYTES,
     PLAN_VERSION,
     Child,
     Exposure,
@@ -34,6 +35,7 @@ from gwplan.model import (
 __all__ = [
     "DEFAULT_REPLY_MARK",
     "DEVICE_NAME_RULE",
+    "MAX_PLAN_BYTES",
     "PLAN_VERSION",
     "Child",
     "Exposure",
