@@ -4,7 +4,8 @@
 says the agent itself is alive. A daemon that is down, hung (SIGSTOP) or refusing connections is NOT a
 liveness failure: the agent is the one that reconnects and re-pushes, restarting it would not help.
 ``/readyz`` answers 200 when the backend said it is connected and has pushed the plan, else 503 with the
-reason. The decision is the pure ``respond``; ``serve`` is a tiny HTTP/1.0 server on anyio.
+reason. The decision is the pure ``respond``; ``serve`` is gwkit.httpd (a tiny HTTP/1.0 server on anyio that
+caps its connections and puts a deadline on every read and send: see its docstring).
 
 Not ready is also said in the log, not only on ``/readyz`` (which nobody may be probing, e.g. without
 ``--health-listen``): ``health.ready ready=no reason=...`` when the reason changes, then
@@ -96,15 +97,21 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 async def serve(
-    listen: str, state: HealthState, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+    listen: str,
+    state: HealthState,
+    *,
+    limits: httpd.Limits = httpd.LIMITS,
+    task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the probes until cancelled (gwkit.httpd); ``task_status.started`` gets the bound port."""
+    """Serve the probes until cancelled (gwkit.httpd, with its connection cap and deadlines: a flood of
+    slow clients on the probe port does not fail the kubelet's probes); ``task_status.started`` gets the
+    bound port."""
 
     async def answer(path: str) -> httpd.Answer:
         code, body = respond(path, state.snapshot(), state.stale_after)
         return code, "text/plain", body.encode()
 
-    await httpd.serve(listen, answer, task_status=_Announce(task_status, listen))
+    await httpd.serve(listen, answer, limits=limits, task_status=_Announce(task_status, listen))
 
 
 class _Announce:

@@ -30,7 +30,6 @@ from gwplan import Plan, PlanError, SecretRef, loads, plan_hash
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
-MAX_PLAN_BYTES = 8 * 1024 * 1024  # a ConfigMap holds at most 1 MiB; anything far larger is not a plan
 
 
 @dataclass(frozen=True)
@@ -50,9 +49,8 @@ def stamp(path: Path) -> Stamp:
 
 
 def parse_plan(data: bytes) -> Plan:
-    """The plan in ``data``; raises PlanError naming the field and the rule (pure)."""
-    if len(data) > MAX_PLAN_BYTES:
-        raise PlanError(f"plan: {len(data)} bytes is larger than {MAX_PLAN_BYTES}")
+    """The plan in ``data``; raises PlanError naming the field and the rule (pure). ``loads`` bounds its size
+    (``gwplan.MAX_PLAN_BYTES``, stored and decompressed)."""
     return loads(data)
 
 

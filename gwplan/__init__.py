@@ -3,6 +3,7 @@
 from gwplan.model import (
     DEFAULT_REPLY_MARK,
     DEVICE_NAME_RULE,
+    MAX_PLAN_BYTES,
     PLAN_VERSION,
     SECRET_OPT_IN_LABEL,
     Child,
@@ -36,6 +37,7 @@ from gwplan.model import (
 __all__ = [
     "DEFAULT_REPLY_MARK",
     "DEVICE_NAME_RULE",
+    "MAX_PLAN_BYTES",
     "PLAN_VERSION",
     "SECRET_OPT_IN_LABEL",
     "Child",

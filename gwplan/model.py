@@ -22,10 +22,10 @@ This module is pure: dataclasses and the JSON codec only.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import re
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -566,16 +566,40 @@ def _check_owners(ipsec: Ipsec) -> None:
 
 
 GZIP_MAGIC = b"\x1f\x8b"
+MAX_PLAN_BYTES = 8 * 1024 * 1024
+"""The largest plan read, as stored and again once decompressed: 8 MiB. Stored, a ConfigMap holds at most
+1 MiB, so anything far larger is not a plan. Decompressed, it is the largest plan the pod's containers
+can afford to parse: 8.35 MB is the 5,000-peer plan of docs/api.md, and parsing it peaks at 69 MB
+(tracemalloc), against the exporter's 128 Mi and the agent's 192 Mi limits."""
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    """Every gzip member of ``data``, concatenated (what ``gzip.decompress`` returns), but never more than
+    ``limit`` bytes of output in memory: each member is inflated with at most the room left (+1, to tell
+    "exactly the limit" from "over it"), so a gzip bomb stops at the cap. Raises PlanError."""
+    out = bytearray()
+    while data:
+        member = zlib.decompressobj(16 + zlib.MAX_WBITS)  # 16+: a gzip header and trailer, not raw zlib
+        try:
+            out += member.decompress(data, limit + 1 - len(out))
+        except zlib.error as exc:
+            raise PlanError(f"plan: corrupt gzip data: {exc}") from exc
+        if len(out) > limit:
+            raise PlanError(f"plan: more than {limit} bytes once decompressed (the limit for a plan)")
+        if not member.eof:  # all the input was read (the output had room) and the stream did not end
+            raise PlanError("plan: corrupt gzip data: truncated")
+        data = member.unused_data
+    return bytes(out)
 
 
 def loads(data: bytes | str) -> Plan:
     """Parse a plan file: canonical JSON, or gzip-compressed JSON (a large plan exceeds a ConfigMap's
-    1 MiB as JSON from ~600 peers; compressed it fits in ``binaryData``: 104 KB at 1,000 peers)."""
+    1 MiB as JSON from ~600 peers; compressed it fits in ``binaryData``: 104 KB at 1,000 peers). Either
+    form may be at most ``MAX_PLAN_BYTES``, the JSON inside a gzip too."""
+    if len(data) > MAX_PLAN_BYTES:
+        raise PlanError(f"plan: {len(data)} bytes is larger than {MAX_PLAN_BYTES}")
     if isinstance(data, bytes) and data[:2] == GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise PlanError(f"plan: corrupt gzip data: {exc}") from exc
+        data = _gunzip(data, MAX_PLAN_BYTES)
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +43,58 @@ def test_gzip_compressed_plan_reads_the_same() -> None:
 def test_corrupt_gzip_is_a_plan_error() -> None:
     with pytest.raises(g.PlanError, match="corrupt gzip"):
         g.loads(gzip.compress(g.dumps(PLAN))[:-9])
+
+
+def test_concatenated_gzip_members_read_like_gzip_decompress() -> None:
+    data = g.dumps(PLAN)
+    assert g.loads(gzip.compress(data[:100]) + gzip.compress(data[100:])) == PLAN
+
+
+@pytest.mark.parametrize(
+    ("padding", "error"),
+    [
+        pytest.param(0, None, id="exactly-the-limit"),
+        pytest.param(1, "more than 8388608 bytes once decompressed", id="one-byte-over"),
+    ],
+)
+def test_decompressed_size_is_bounded_like_the_stored_size(padding: int, error: str | None) -> None:
+    """A plan padded with JSON whitespace to the limit is read; one byte more is refused by name (the
+    compressed form is a few KB, far under the stored-size limit, so only the decompressed check can)."""
+    data = g.dumps(PLAN)
+    blob = gzip.compress(data + b" " * (g.MAX_PLAN_BYTES - len(data) + padding))
+    assert len(blob) < 64 * 1024
+    if error is None:
+        assert g.loads(blob) == PLAN
+    else:
+        with pytest.raises(g.PlanError, match=error):
+            g.loads(blob)
+
+
+def test_the_limit_counts_every_gzip_member() -> None:
+    half = gzip.compress(b" " * (g.MAX_PLAN_BYTES // 2 + 1))
+    with pytest.raises(g.PlanError, match="once decompressed"):
+        g.loads(half + half)
+
+
+def test_a_gzip_bomb_never_expands_past_the_limit_in_memory() -> None:
+    """64 MiB of zeros is 64 KB of gzip; ``gzip.decompress`` would hold all of it before any check."""
+    z = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    bomb = b"".join(z.compress(zeros) for _ in range(64)) + z.flush()
+    assert len(bomb) < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(g.PlanError, match="once decompressed"):
+            g.loads(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * g.MAX_PLAN_BYTES
+
+
+def test_a_stored_plan_over_the_limit_is_refused_before_it_is_read() -> None:
+    with pytest.raises(g.PlanError, match=f"is larger than {g.MAX_PLAN_BYTES}"):
+        g.loads(b" " * (g.MAX_PLAN_BYTES + 1))
 
 
 def test_hand_edited_plan_is_rejected_by_its_hash() -> None:
