@@ -26,7 +26,7 @@ import anyio
 from agent.follow import PlanFollower
 from agent.health import HealthState, serve, split_listen
 from agent.runtime import Backend, PlanSource, Settings, StatusSink
-from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink
+from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat
 from agent.sources import FilePlanSource, FileSecrets
 from gwkit.kube import ConfigError, KubeClient, load
 from gwkit.logs import LEVELS, setup_logging
@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="charon's VICI socket (default: %(default)s)",
     )
     p.add_argument("--status-file", type=Path, help="write the status JSON here (atomically, on change)")
+    p.add_argument(
+        "--initnat-status",
+        type=Path,
+        help="init-nat's status file (another container's): what it left out goes into status.initNat",
+    )
     p.add_argument(
         "--follow-configmap",
         metavar="NAME",
@@ -142,6 +147,7 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
         secrets_dir=ns.secrets_dir,
         vici_socket=ns.vici_socket,
         status_file=ns.status_file,
+        initnat_status=ns.initnat_status,
         kube_status=ns.kube_status,
         health_listen=ns.health_listen,
         wireguard_uapi_dir=ns.wireguard_uapi_dir,
@@ -272,6 +278,8 @@ async def main_async(settings: Settings) -> int:
             sink = FileStatusSink(settings.status_file)
         else:
             sink = _LogOnly()
+        if settings.initnat_status is not None:
+            sink = WithInitNat(sink, settings.initnat_status)
         log.info(
             "agent.started type=%s gateway=%s/%s plan=%s",
             plan.type,

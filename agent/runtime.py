@@ -28,6 +28,8 @@ class Settings:
     """charon's VICI socket, shared with the strongswan container through an emptyDir."""
     status_file: Path | None = None
     """Write the status JSON here (atomically, on change)."""
+    initnat_status: Path | None = None
+    """init-nat's status file: what it left out is published as ``status.initNat``."""
     kube_status: bool = False
     """Patch the owning CR's status subresource through the Kubernetes API."""
     health_listen: str | None = None

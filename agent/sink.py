@@ -240,3 +240,40 @@ class KubeStatusSink:
 
 
 _conforms_file: StatusSink = FileStatusSink(Path("/nonexistent"))
+
+
+def init_nat_report(doc: Any) -> dict[str, Any] | None:
+    """What init-nat reports that a tenant should see (pure): the exposures it left out of the data plane
+    and why (a host that does not resolve, or resolves to an address no target may have), and its last
+    error; None when it has nothing to say."""
+    if not isinstance(doc, Mapping):
+        return None
+    left = [
+        {"exposure": str(e.get("exposure")), "reason": str(e.get("reason"))}
+        for e in doc.get("leftOut") or []
+        if isinstance(e, Mapping)
+    ]
+    error = doc.get("lastError")
+    if not left and not error:
+        return None
+    out: dict[str, Any] = {"leftOut": left}
+    if error:
+        out["lastError"] = str(error)
+    return out
+
+
+class WithInitNat:
+    """``status.initNat`` beside what the agent publishes: read from init-nat's status file (it runs in
+    another container of the pod) at each publish, so a left-out exposure is on the CR within a resync."""
+
+    def __init__(self, sink: StatusSink, path: Path) -> None:
+        self.sink = sink
+        self.path = path
+
+    async def publish(self, status: Mapping[str, Any]) -> None:
+        try:
+            doc = json.loads(await anyio.Path(self.path).read_bytes())
+        except (OSError, ValueError):
+            doc = None
+        report = init_nat_report(doc)
+        await self.sink.publish({**status, "initNat": report} if report else dict(status))

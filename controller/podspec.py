@@ -43,6 +43,8 @@ PLAN_DIR = "/etc/vpngw/plan"
 LIVE_DIR = "/run/vpngw"
 """The status-agent's copy of the plan and its Secrets, current within ~1 s of an API change."""
 LIVE_PLAN = f"{LIVE_DIR}/plan.json"
+INITNAT_STATUS = f"{LIVE_DIR}/initnat-status.json"
+"""What init-nat left out and why; the status-agent publishes it as ``status.initNat``."""
 VICI_DIR = "/run/charon"
 VICI_SOCKET = f"{VICI_DIR}/charon.vici"
 WIREGUARD_DIR = "/var/run/wireguard"
@@ -115,7 +117,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         _container(
             "init-nat",
             settings,
-            ["python3", "-m", "initnat", "--plan", f"{PLAN_DIR}/plan.json"],
+            ["python3", "-m", "initnat", "--plan", f"{PLAN_DIR}/plan.json", "--status-file", INITNAT_STATUS],
             securityContext=_security(user=0, caps=INITNAT_CAPS, privileged=privileged_init),
             volumeMounts=nat_mounts,
         )
@@ -132,6 +134,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         "--live-dir", LIVE_DIR,
         "--secrets-dir", f"{LIVE_DIR}/secrets",
         "--kube-status",
+        "--initnat-status", INITNAT_STATUS,
         "--health-listen", f"0.0.0.0:{pod.health_port}",
     ]  # fmt: skip
     if wireguard:
@@ -156,7 +159,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         _container(
             "init-nat-watch",  # a pod's container names are unique across init and main containers
             settings,
-            ["python3", "-m", "initnat", "--plan", LIVE_PLAN, "--watch"],
+            ["python3", "-m", "initnat", "--plan", LIVE_PLAN, "--watch", "--status-file", INITNAT_STATUS],
             role="init-nat",
             securityContext=_security(user=0, caps=INITNAT_CAPS),
             volumeMounts=nat_mounts,

@@ -34,7 +34,7 @@ import yaml
 
 from gwkit.vici import ViciSession
 from lab import netns
-from lab.cluster import Cluster, Controller, gateway_secret, wait_for
+from lab.cluster import Cluster, Controller, gateway_secret, home_of, wait_for
 from lab.kubelet.kubelet import LabKubeletThread
 from lab.kubelet.pod import PodWorker
 from lab.kubelet.settings import KubeletSettings
@@ -375,7 +375,7 @@ class E2EWorld:
     def plan(self, name: str = "acme", ns: str = "tenant-acme") -> Any:
         from controller.desired import plan_of
 
-        cm = self.c.get("v1", "ConfigMap", f"vpngw-{name}", ns)
+        cm = self.c.owned("v1", "ConfigMap", name, ns)
         assert cm is not None, "no plan ConfigMap"
         return plan_of(cm)
 
@@ -386,11 +386,13 @@ class E2EWorld:
         raise AssertionError(f"no exposure {exposure!r} in the plan")
 
     def pod(self, name: str = "acme", ns: str = "tenant-acme") -> PodWorker | None:
-        return self.k.pod_of(ns, f"vpngw-{name}")
+        """The gateway's pod (in the operator's gateway namespace)."""
+        home, home_ns = home_of(name, ns)
+        return self.k.pod_of(home_ns, home)
 
     def pod_object(self, name: str = "acme", ns: str = "tenant-acme") -> dict[str, Any] | None:
         w = self.pod(name, ns)
-        return self.c.get("v1", "Pod", w.name, ns) if w else None
+        return self.c.get("v1", "Pod", w.name, w.namespace) if w else None
 
     def wait(self, cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
         try:
