@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from lab import netns
+from lab.cluster import home_of
 from lab.kubelet import model, netpol
 from lab.kubelet.nsnet import in_netns
 from lab.kubelet.pod import PodWorker
@@ -266,6 +267,7 @@ def lab_values(world: E2EWorld) -> dict[str, Any]:
     return {
         "internalSourceCIDRs": ["192.0.2.64/26"],
         "allowances": {"default": {"exposureTargets": ["192.0.2.64/26"]}},
+        "tenants": {"namespaces": [TENANT]},
         "cloud": {"type": "static", "static": {"nics": {f"{TENANT}/acme": world.static_nic_config()}}},
         "controller": {**placement, "logLevel": "INFO"},
         "gateway": {**placement, "sysctls": "pod"},
@@ -351,11 +353,16 @@ def create_psk_secrets(world: E2EWorld) -> None:
         f.write_text(psk(world, site))
         world.kubectl("-n", TENANT, "create", "secret", "generic", name, f"--from-file=psk={f}")
         f.unlink()
+        world.kubectl("-n", TENANT, "label", "secret", name, "vpn.bnerd.net/gateway-secret=true")
 
 
 def install_and_run(world: E2EWorld, runtime: str) -> dict[str, Any]:
     """The whole path; returns what the runtime-specific checks need."""
     t0 = time.monotonic()
+    # The tenant's namespace, opted in as docs/install.md says (the chart binds the controller's Secret read
+    # there: tenants.namespaces).
+    world.kubectl("create", "namespace", TENANT)
+    world.kubectl("label", "namespace", TENANT, "vpn.bnerd.net/tenant=enabled")
     manifest = render(world, lab_values(world))
     docs = [d for d in yaml.safe_load_all(manifest) if d]
     applied = world.kubectl("apply", "-f", "-", input=manifest).stdout
@@ -416,7 +423,6 @@ def install_and_run(world: E2EWorld, runtime: str) -> dict[str, Any]:
 
     # The first gateway, as docs/install.md has the user make it.
     sites = configure_sites(world)
-    world.kubectl("create", "namespace", TENANT)
     create_psk_secrets(world)
     t1 = time.monotonic()
     out = world.kubectl("apply", "-f", str(EXAMPLE)).stdout
@@ -434,7 +440,7 @@ def install_and_run(world: E2EWorld, runtime: str) -> dict[str, Any]:
     assert gw_pod is not None and gw_pod["status"]["phase"] == "Running"
     assert TOLERATION in gw_pod["spec"]["tolerations"], "the chart's gateway.tolerations, through --config"
     assert gw_pod["spec"]["containers"][0]["image"] == "localhost/vpngw-gateway:0.1.0"
-    gw_policy = world.c.get("networking.k8s.io/v1", "NetworkPolicy", "vpngw-acme", TENANT)
+    gw_policy = world.c.owned("networking.k8s.io/v1", "NetworkPolicy", "acme", TENANT)
     assert gw_policy is not None
     assert {"ipBlock": {"cidr": f"{API_ADDRESS}/32"}} in [
         t for r in gw_policy["spec"]["egress"] for t in r.get("to", [])
@@ -540,7 +546,9 @@ def uninstall(world: E2EWorld, ran: dict[str, Any]) -> None:
         60,
         "the finalizer released by the controller",
     )
-    world.wait(lambda: not world.c.kube.list("v1", "Pod", TENANT), 60, "the gateway's pod gone")
+    world.wait(
+        lambda: not world.c.kube.list("v1", "Pod", home_of("acme", TENANT)[1]), 60, "the gateway's pod gone"
+    )
     world.kubectl("-n", NAMESPACE, "delete", "deployment", CONTROLLER, "--wait=false")
     world.wait(lambda: not world.c.kube.list("v1", "Pod", NAMESPACE), 60, "the controller's pod gone")
     world.wait(

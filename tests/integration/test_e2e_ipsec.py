@@ -31,6 +31,7 @@ import pytest
 
 from gwkit.vici import ViciError, ViciUnavailable
 from lab import netns
+from lab.cluster import home_of
 from lab.kubelet import netpol
 from lab.kubelet.world import DB_ADDR, DNS_ADDRESS, VPN, E2EWorld, secret_doc
 from lab.world import Host
@@ -39,6 +40,8 @@ from tests.examples import example_docs
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 
 NS = "tenant-acme"
+HOME, HOME_NS = home_of("acme", NS)
+"""The gateway's pod and its objects: in the operator's gateway namespace."""
 GW_ID = "gw.lab.example"
 LANS = {
     "s1": ["203.0.113.0/28", "198.19.1.16/28"],
@@ -186,7 +189,7 @@ def test_apply_to_every_tunnel_established_and_ready_and_grants_decide_who_reach
     logs = "".join(p.read_text(errors="replace") for p in (worker.dir / "logs").glob("*.log"))
     assert "agent.started" in logs and world.psk not in logs, "the pod's logs never show a PSK"
     forbidden = [
-        r for r in world.c.kube.requests(user=f"system:serviceaccount:{NS}:vpngw-acme") if r.code == 403
+        r for r in world.c.kube.requests(user=f"system:serviceaccount:{HOME_NS}:{HOME}") if r.code == 403
     ]
     assert forbidden == [], [(r.verb, r.path) for r in forbidden]
 
@@ -280,7 +283,7 @@ def test_a_killed_charon_container_is_restarted_and_its_tunnels_come_back(world:
     world.wait(lambda: gateway_sas(world), 10, "the IKE_SAs")
     time.sleep(2.0)  # the CR's establishedAt (whole seconds) is then older than the kill's second
     t0, killed_at = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    assert world.k.kill(NS, pod.name, "charon")
+    assert world.k.kill(pod.namespace, pod.name, "charon")
     restarted = world.wait(
         lambda: (c := charon_status(world)) and c["restartCount"] == 1 and "running" in c["state"] and c,
         30,
@@ -315,7 +318,7 @@ def test_deleting_the_gateway_stops_the_pod_and_leaves_nothing(world: E2EWorld) 
     assert len(pids) >= 4, pids
     world.kubectl("delete", "vpngateway", "acme", "-n", NS, "--wait=false")
     world.wait(lambda: world.c.get(VPN, "VPNGateway", "acme", NS) is None, 60, "the finalizer released")
-    world.wait(lambda: not world.c.kube.list("v1", "Pod", NS), 60, "the pod gone from the API")
+    world.wait(lambda: not world.c.kube.list("v1", "Pod", HOME_NS), 60, "the pod gone from the API")
     world.wait(
         lambda: pod.name not in {w.name for w in world.k.kubelet.workers.values()}, 30, "the pod stopped"
     )
@@ -351,7 +354,9 @@ def rule_triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, int]]:
 
 
 def collected(world: E2EWorld, api: str, kind: str) -> bool:
-    return world.c.get(api, kind, "vpngw-acme", NS) is None
+    """Gone from the gateway namespace (the finalizer deletes them there) and the tenant's (its Role:
+    the garbage collector)."""
+    return world.c.owned(api, kind, "acme", NS) is None and world.c.get(api, kind, "vpngw-acme", NS) is None
 
 
 def test_the_pods_eth0_egress_is_exactly_what_its_network_policy_allows(precise_world: E2EWorld) -> None:
@@ -377,7 +382,7 @@ def test_the_pods_eth0_egress_is_exactly_what_its_network_policy_allows(precise_
     egress = pod.capture.egress()
     seen = sorted({(f.protocol, f.peer, f.port) for f in egress})
     print("e2e.egress", " ".join(f"{p}/{ip}:{port}" for p, ip, port in seen), "other", pod.capture.other)
-    policy = world.c.get("networking.k8s.io/v1", "NetworkPolicy", "vpngw-acme", NS)
+    policy = world.c.owned("networking.k8s.io/v1", "NetworkPolicy", "acme", NS)
     assert policy is not None
     used: set[int] = set()
     for proto, ip, port in seen:
@@ -400,25 +405,27 @@ def test_the_pods_eth0_egress_is_exactly_what_its_network_policy_allows(precise_
 
 PROBE = """
 import json, sys, httpx
-sa = sys.argv[1]
+sa, tenant, plan = sys.argv[1:4]
 token = open(f"{sa}/token").read().strip()
 ns = open(f"{sa}/namespace").read().strip()
 auth = {"Authorization": f"Bearer {token}"}
 api = httpx.Client(base_url="https://10.96.0.1:443", verify=f"{sa}/ca.crt", headers=auth)
-gw = f"/apis/vpn.bnerd.net/v1alpha1/namespaces/{ns}/vpngateways"
+gw = f"/apis/vpn.bnerd.net/v1alpha1/namespaces/{tenant}/vpngateways"
 merge = {"Content-Type": "application/merge-patch+json"}
 out = {}
 def code(key, method, path, **kw):
     out[key] = api.request(method, path, **kw).status_code
-code("own-plan", "GET", f"/api/v1/namespaces/{ns}/configmaps/vpngw-acme")
+code("own-plan", "GET", f"/api/v1/namespaces/{ns}/configmaps/{plan}")
 code("other-configmap", "GET", f"/api/v1/namespaces/{ns}/configmaps/unrelated")
-code("referenced-secret", "GET", f"/api/v1/namespaces/{ns}/secrets/s1-psk")
-code("other-secret", "GET", f"/api/v1/namespaces/{ns}/secrets/unrelated")
-code("list-secrets", "GET", f"/api/v1/namespaces/{ns}/secrets")
+code("tenant-configmap", "GET", f"/api/v1/namespaces/{tenant}/configmaps/unrelated")
+code("referenced-secret", "GET", f"/api/v1/namespaces/{tenant}/secrets/s1-psk")
+code("other-secret", "GET", f"/api/v1/namespaces/{tenant}/secrets/unrelated")
+code("list-secrets", "GET", f"/api/v1/namespaces/{tenant}/secrets")
 code("own-status", "PATCH", f"{gw}/acme/status", content=b"{}", headers=merge)
 code("own-spec", "PATCH", f"{gw}/acme", content=b"{}", headers=merge)
 code("other-status", "PATCH", f"{gw}/ghost/status", content=b"{}", headers=merge)
 code("delete-pods", "DELETE", f"/api/v1/namespaces/{ns}/pods/x")
+code("tenant-pods", "GET", f"/api/v1/namespaces/{tenant}/pods")
 print(json.dumps(out))
 """
 
@@ -431,16 +438,23 @@ def test_the_pods_identity_asking_for_more_than_its_role_is_refused(world: E2EWo
         [
             secret_doc(NS, "unrelated", {"x": "y"}),
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unrelated", "namespace": NS}},
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "unrelated", "namespace": HOME_NS},
+            },
         ]
     )
     pod = world.pod()
     assert pod is not None
-    sa = next(v.path for v in pod.volumes.values() if v.name.startswith("kube-api-access-"))
+    # The token is the status-agent's alone (no kube-api-access volume in the other containers).
+    assert not [v for v in pod.volumes.values() if v.name.startswith("kube-api-access-")]
+    sa = next(v.path for v in pod.volumes.values() if v.name == "api-token")
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     since = world.c.kube.reset_requests()
     res = subprocess.run(
-        netns.ns_exec(pod.netns, sys.executable, str(script), str(sa)),
+        netns.ns_exec(pod.netns, sys.executable, str(script), str(sa), NS, HOME),
         capture_output=True,
         text=True,
         timeout=60,
@@ -451,6 +465,7 @@ def test_the_pods_identity_asking_for_more_than_its_role_is_refused(world: E2EWo
     assert codes == {
         "own-plan": 200,
         "other-configmap": 403,
+        "tenant-configmap": 403,
         "referenced-secret": 200,
         "other-secret": 403,
         "list-secrets": 403,
@@ -458,9 +473,10 @@ def test_the_pods_identity_asking_for_more_than_its_role_is_refused(world: E2EWo
         "own-spec": 403,
         "other-status": 403,
         "delete-pods": 403,
+        "tenant-pods": 403,
     }, codes
-    user = f"system:serviceaccount:{NS}:vpngw-acme"
+    user = f"system:serviceaccount:{HOME_NS}:{HOME}"
     refused = sorted(r.path for r in world.c.kube.requests(user=user, since=since) if r.code == 403)
-    assert len(refused) == 6 and all(r.startswith(("/api/v1/", "/apis/vpn.bnerd.net/")) for r in refused), (
+    assert len(refused) == 8 and all(r.startswith(("/api/v1/", "/apis/vpn.bnerd.net/")) for r in refused), (
         refused
     )
