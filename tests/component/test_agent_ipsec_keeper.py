@@ -43,7 +43,7 @@ def plan() -> Plan:
         gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
         type="ipsec",
         ipsec=Ipsec(
-            secrets=(IkeSecret("psk-s1", ("gw", "s1"), SecretRef("psk", "psk")),),
+            secrets=(IkeSecret("psk-s1", ("s1",), SecretRef("psk", "psk")),),
             tunnels=(Tunnel("s1", True, (Child("s1-0", "10.1.0.0/24"),), conn),),
         ),
     )

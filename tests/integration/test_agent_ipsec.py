@@ -69,7 +69,7 @@ def make_plan(lab: Lab, sites: list[Host], child_options: dict[str, str] | None 
         type="ipsec",
         ipsec=Ipsec(
             secrets=tuple(
-                IkeSecret(f"psk-{s.role}", (GW_ID, site_id(s)), SecretRef("tenant-psk", "psk")) for s in sites
+                IkeSecret(f"psk-{s.role}", (site_id(s),), SecretRef("tenant-psk", "psk")) for s in sites
             ),
             tunnels=tuple(gw_tunnel(lab, s, child_options) for s in sites),
         ),
@@ -485,7 +485,7 @@ async def test_a_tunnel_too_big_for_one_vici_message_is_still_reported_establish
             gateway=GATEWAY,
             type="ipsec",
             ipsec=Ipsec(
-                secrets=(IkeSecret("psk-big", (GW_ID, site_id(site)), SecretRef("tenant-psk", "psk")),),
+                secrets=(IkeSecret("psk-big", (site_id(site),), SecretRef("tenant-psk", "psk")),),
                 tunnels=(Tunnel("big", True, children, conn),),
             ),
         )

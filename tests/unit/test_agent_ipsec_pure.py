@@ -79,7 +79,7 @@ def sas(*ikes: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # --- plan ---------------------------------------------------------------------------------------------
 
 
-PSK_A = IkeSecret("psk-a", ("gw", "a"), SecretRef("s", "k"))
+PSK_A = IkeSecret("psk-a", ("a",), SecretRef("s", "k"))
 
 
 def test_diff_loads_new_and_changed_unloads_removed_and_leaves_the_rest() -> None:
