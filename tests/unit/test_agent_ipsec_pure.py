@@ -87,7 +87,7 @@ def test_diff_loads_new_and_changed_unloads_removed_and_leaves_the_rest() -> Non
     b2 = tunnel("b", extra={"rekey_time": "1h"})
     loaded = Loaded(
         conns={"a": conn_digest(a.conn), "b": conn_digest(b.conn), "old": "x"},
-        secrets={"psk-a": SecretState(("gw", "a"), "v1"), "gone": SecretState((), "v0")},
+        secrets={"psk-a": SecretState(("a",), "v1"), "gone": SecretState((), "v0")},
     )
     changes = diff(loaded, desired(plan(a, b2, c, secrets=(PSK_A,))), {"psk-a": "v1"})
     assert changes.load_conns == ("b", "c")
@@ -105,7 +105,7 @@ def test_diff_loads_new_and_changed_unloads_removed_and_leaves_the_rest() -> Non
     ],
 )
 def test_secret_changes(versions: dict[str, str], loaded_version: str, expected: tuple[str, ...]) -> None:
-    loaded = Loaded(secrets={"psk-a": SecretState(("gw", "a"), loaded_version)})
+    loaded = Loaded(secrets={"psk-a": SecretState(("a",), loaded_version)})
     changes = diff(loaded, desired(plan(secrets=(PSK_A,))), versions)
     assert changes.load_secrets == expected and changes.unload_secrets == ()
 
