@@ -563,11 +563,12 @@ class Demo:
                 self.pod_name = worker.name
                 self.pod_status = None
                 self.step(
-                    f"pod {self.example.namespace}/{worker.name} created by the Deployment; the lab kubelet "
-                    f"of node node-a runs it (network namespace {worker.netns})"
+                    f"pod {worker.namespace}/{worker.name} created by the Deployment (in the operator's "
+                    f"gateway namespace, not the tenant's); the lab kubelet of node node-a runs it (network "
+                    f"namespace {worker.netns})"
                 )
                 self._link_pod_logs(worker)
-            pod = self.w.c.get("v1", "Pod", worker.name, self.example.namespace)
+            pod = self.w.c.get("v1", "Pod", worker.name, worker.namespace)
             status = (pod or {}).get("status") or {}
             for container, text in container_changes(self.pod_status, status):
                 inst = worker.instances.get(container)
@@ -691,18 +692,28 @@ class Demo:
             )
 
     def create_secrets(self) -> None:
+        import gwplan
+        from controller.names import LABEL_TENANT, TENANT_ENABLED
+        from lab.cluster import gateway_secret
+
         ns = self.example.namespace
-        docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}]
+        # The platform opts the namespace in (its label; the controller's Secret read there comes with the
+        # lab's admin rights), and the tenant its Secrets (their label): docs/install.md.
+        docs: list[dict[str, Any]] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": ns, "labels": {LABEL_TENANT: TENANT_ENABLED}},
+            }
+        ]
         by_name: dict[str, dict[str, str]] = {}
         for (name, key), value in self.psk.items():
             by_name.setdefault(name, {})[key] = value
-        docs += [
-            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": n, "namespace": ns}, "stringData": d}
-            for n, d in by_name.items()
-        ]
+        docs += [gateway_secret(ns, n, d) for n, d in by_name.items()]
         names = ", ".join(by_name)
         self.step(
-            f"the namespace and the PSK Secrets the example references ({names}), with the sites' values"
+            f"the namespace (labelled {LABEL_TENANT}={TENANT_ENABLED}) and the PSK Secrets the example "
+            f"references ({names}, labelled {gwplan.SECRET_OPT_IN_LABEL}=true), with the sites' values"
         )
         # create, not apply: apply would keep the values in the last-applied-configuration annotation
         self.kubectl(
@@ -718,13 +729,18 @@ class Demo:
     def bring_up(self, applied: float, o: Outcome) -> None:
         ex = self.example
         names = [s.name for s in ex.sites]
-        key = f"vpngw-{ex.gateway}"
+        from lab.cluster import home_of
+
+        key, home = home_of(ex.gateway, ex.namespace)
         self.wait(
-            lambda: self.w.c.get("apps/v1", "Deployment", key, ex.namespace),
+            lambda: self.w.c.get("apps/v1", "Deployment", key, home),
             30,
             "the controller's Deployment",
         )
-        self.step(f"the controller wrote Deployment {ex.namespace}/{key} (and the objects above)")
+        self.step(
+            f"the controller wrote Deployment {home}/{key} (and the objects above) in the operator's gateway "
+            f"namespace; in {ex.namespace} only the pod's Role for its CR's status and its Secrets"
+        )
         self.show_pod = True
         self.wait(
             lambda: self.w.pod(ex.gateway, ex.namespace), 30, "the gateway pod, created from the Deployment"
@@ -747,7 +763,9 @@ class Demo:
             "ESTABLISHED:.status.tunnels[*].establishedAt"
         )
         self.kubectl("get", "vpngateway", ex.gateway, "-n", ex.namespace, "-o", f"custom-columns={columns}")
-        self.kubectl("get", "pods", "-n", ex.namespace)
+        from lab.cluster import GATEWAY_NAMESPACE
+
+        self.kubectl("get", "pods", "-n", GATEWAY_NAMESPACE, "-l", f"vpn.bnerd.net/gateway={ex.gateway}")
 
     def traffic(self) -> None:
         self.step("traffic from each site's LAN through its tunnel to every exposure (TCP, one round trip)")
@@ -829,7 +847,7 @@ class Demo:
         killed = time.time()
         killed_second = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(killed))
         t_kill = time.monotonic()
-        if not self.w.k.kill(ex.namespace, worker.name, "charon"):
+        if not self.w.k.kill(worker.namespace, worker.name, "charon"):
             raise DemoFailed("charon's container was not running when the demo killed it")
         deadline = t_kill + RECOVERY_LIMIT
 

@@ -312,7 +312,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
     its floating IP; SIGKILLed between the port and the floating IP, a new controller finishes the job
     without a duplicate; deleting the gateway leaves nothing tagged."""
     from controller.desired import plan_of
-    from lab.cluster import Cluster, clouds_yaml, openstack_args
+    from lab.cluster import Cluster, clouds_yaml, openstack_args, secrets_for
 
     key_tags = ",".join(tags(KEY, "vpngw"))
     conn = lab.connect(direct=True)
@@ -324,8 +324,12 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
         args = openstack_args(net.gateway.network_id, net.gateway.subnet_id, net.external.network_id)
         env = {"OS_CLIENT_CONFIG_FILE": str(cfg)}
         held = lab.neutron_proxy.add("POST", r"^/v2\.0/floatingips$", Fault.hang(120), times=1)
-        first = c.start_controller(CONFIG, *args, name="first", env=env)
+        # tenant-acme may put routes on its own cluster's router, not on another's (allowances)
+        acme = {"exposureTargets": ["192.0.2.64/26"], "clusterLinkRouters": [net.clusters[0].router_id]}
+        config = {**CONFIG, "allowances": {"namespaces": {"tenant-acme": acme}}}
+        first = c.start_controller(config, *args, name="first", env=env)
         wait_for(first.ready, 30, "the controller")
+        c.apply(secrets_for(docs()))
         c.apply(docs())
         # This customer's ClusterLink names the gateway; another customer's link (another namespace, another
         # router) names only its own gateway: it must get none of this gateway's routes.
@@ -349,7 +353,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
         wait_for(lambda: held.hits == 1, 30, "the floating IP's POST, held")
         first.stop(signal.SIGKILL)
         lab.neutron_proxy.clear()
-        second = c.start_controller(CONFIG, *args, name="second", env=env)
+        second = c.start_controller(config, *args, name="second", env=env)
         gw = wait_for(
             lambda: (
                 (g := c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme"))
@@ -362,7 +366,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
         (port,) = conn.network.ports(tags=key_tags)
         (fip,) = conn.network.ips(tags=key_tags)
         assert gw["status"]["publicIP"] == fip.floating_ip_address and fip.port_id == port.id
-        plan = plan_of(c.get("v1", "ConfigMap", "vpngw-acme", "tenant-acme"))  # type: ignore[arg-type]
+        plan = plan_of(c.owned("v1", "ConfigMap", "acme", "tenant-acme"))  # type: ignore[arg-type]
         assert plan.nic.mac == port.mac_address
         assert plan.nic.address == f"{port.fixed_ips[0]['ip_address']}/26"
         conds = {x["type"]: x for x in gw["status"]["conditions"]}
@@ -375,6 +379,62 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
             "the linked router's route",
         )
         assert not any(r["nexthop"] == addr for r in routes_on(lab, net.clusters[1].router_id))
+
+        # A ClusterLink of tenant-acme naming a router its allowance does not hold: no route there, and the
+        # gateway says so.
+        c.apply(
+            [
+                {
+                    "apiVersion": "ipsec.bnerd.net/v1alpha1",
+                    "kind": "ClusterLink",
+                    "metadata": {"name": "infra", "namespace": "tenant-acme"},
+                    "spec": {"routerID": net.clusters[1].router_id, "gateways": ["acme"]},
+                }
+            ]
+        )
+
+        def routing() -> dict[str, Any]:
+            gw = c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") or {}
+            conds = {y["type"]: y for y in (gw.get("status") or {}).get("conditions") or []}
+            return dict(conds.get("RoutingReady") or {})
+
+        refused = wait_for(
+            lambda: (r := routing()).get("reason") == "RouterNotAllowed" and r, 30, "RouterNotAllowed"
+        )
+        assert f"ClusterLink infra (router {net.clusters[1].router_id})" in refused["message"]
+        time.sleep(2)  # a reconcile or two with the link in place
+        assert not any(r["nexthop"] == addr for r in routes_on(lab, net.clusters[1].router_id))
+        assert any(r["nexthop"] == addr for r in routes_on(lab, net.clusters[0].router_id)), (
+            "the allowed one kept"
+        )
+        c.kube.delete("ipsec.bnerd.net/v1alpha1", "ClusterLink", "infra", "tenant-acme")
+
+        # What a release that ran the pod in the tenant's namespace left there goes; the port and the
+        # floating IP are the gateway's and stay: the public address does not change.
+        uid = gw["metadata"]["uid"]
+        ref = [
+            {
+                "apiVersion": "vpn.bnerd.net/v1alpha1",
+                "kind": "VPNGateway",
+                "name": "acme",
+                "uid": uid,
+                "controller": True,
+            }
+        ]
+        old = {
+            "name": "vpngw-acme",
+            "namespace": "tenant-acme",
+            "ownerReferences": ref,
+            "labels": {"vpn.bnerd.net/operator": "vpngw"},
+        }
+        c.apply([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": old, "data": {"plan.json": "{}"}}])
+        wait_for(
+            lambda: c.get("v1", "ConfigMap", "vpngw-acme", "tenant-acme") is None, 30, "the leftover deleted"
+        )
+        assert [p.id for p in conn.network.ports(tags=key_tags)] == [port.id]
+        assert [(f.id, f.floating_ip_address) for f in conn.network.ips(tags=key_tags)] == [
+            (fip.id, fip.floating_ip_address)
+        ]
 
         # Neutron away for a minute while a peer is added: reported, and the change lands once it is back.
         def cloud_ready() -> str:

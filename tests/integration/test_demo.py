@@ -198,7 +198,8 @@ def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log
     )
     assert "$ kubectl apply -f docs/examples/ipsec.yaml" in text
     assert "vpngateway.vpn.bnerd.net/acme created" in text and "vpnpeer.vpn.bnerd.net/s2 created" in text
-    assert re.search(r"controller \| \S+ object\.created kind=Deployment name=tenant-acme/vpngw-acme", text)
+    created = r"controller \| \S+ object\.created kind=Deployment name=vpngw-gateways/vpngw-acme-"
+    assert re.search(created, text), "the pod's Deployment, in the gateway namespace"
     assert re.search(r"pod: init container init-nat: terminated \(Completed, exit 0\)", text)
     for container in ("init-nat-watch", "charon", "status-agent", "exporter"):
         assert re.search(rf"pod: container {container}: running", text), container

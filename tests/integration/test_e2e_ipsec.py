@@ -480,3 +480,59 @@ def test_the_pods_identity_asking_for_more_than_its_role_is_refused(world: E2EWo
     assert len(refused) == 8 and all(r.startswith(("/api/v1/", "/apis/vpn.bnerd.net/")) for r in refused), (
         refused
     )
+
+
+# --- fail closed per item (docs/security.md): one invalid object never stops a removal -------------------
+
+
+def peer_doc(world: E2EWorld, sites: dict[str, Host], name: str, **spec: Any) -> dict[str, Any]:
+    """The peer ``name`` as bring_up applied it, with ``spec`` fields replaced."""
+    doc = next(d for d in docs(world, sites) if d["metadata"]["name"] == name)
+    doc["spec"].update(spec)
+    return doc
+
+
+def rendered(world: E2EWorld) -> dict[str, Any]:
+    conds = {c["type"]: c for c in (world.gateway().get("status") or {}).get("conditions") or []}
+    return dict(conds.get("ConfigRendered") or {})
+
+
+def test_a_grant_revoked_while_another_peer_turns_invalid_in_the_same_edit_is_cut(world: E2EWorld) -> None:
+    """One ``kubectl apply``: s1 loses db, s2 takes s1's subnet (an overlap: s2 is left out). Before, any
+    invalid peer kept the whole deployed plan in force, and with it the revoked grant."""
+    sites, _ = bring_up(world)
+    web, db = world.vip("web"), world.vip("db")
+    cut = world.long_client(sites["s1"], db, 5432, "s1-db")
+    kept = world.long_client(sites["s1"], web, 80, "s1-web")
+    world.wait(lambda: cut.alive() and kept.alive(), 15, "the long-lived flows")
+    s1 = peer_doc(world, sites, "s1", authorization={"exposures": ["web"], "reverseExposures": ["printer"]})
+    s2 = peer_doc(world, sites, "s2")
+    s2["spec"]["ipsec"]["remoteSubnets"] = [LANS["s1"][0]]  # overlaps s1's: s2 is left out
+    t_edit = time.time()
+    world.apply([s1, s2])
+    world.wait(cut.cut_at, 10, "the revoked flow cut")
+    at = cut.cut_at()
+    assert at is not None
+    measured("grant_revoked_beside_an_invalid_peer_to_flow_cut", at - t_edit)
+    assert kept.alive() and kept.cut_at() is None, "s1's other grant keeps its flow"
+    cond = world.wait(
+        lambda: (c := rendered(world)).get("reason") == "PartlyRendered" and c, 10, "PartlyRendered"
+    )
+    assert "VPNPeer/tenant-acme/s2: spec.ipsec.remoteSubnets[0]" in cond["message"], cond
+    world.wait(lambda: "s2" not in world.tunnels(), 15, "s2, left out, gone from the status")
+
+
+def test_a_deleted_peers_tunnel_goes_while_a_sibling_is_invalid(world: E2EWorld) -> None:
+    sites, _ = bring_up(world, road_warrior=True)
+    s2 = peer_doc(world, sites, "s2")
+    s2["spec"]["ipsec"]["id"] = "s1.lab.example"  # already s1's: s2 is left out
+    world.apply([s2])
+    world.wait(lambda: rendered(world).get("reason") == "PartlyRendered", 10, "s2 left out")
+    world.wait(lambda: "laptop" in (gateway_sas(world) or {}), 10, "the road warrior's IKE_SA")
+    world.kubectl("delete", "vpnpeer", "laptop", "-n", NS)
+    world.wait(
+        lambda: "laptop" not in (gateway_sas(world) or {"laptop": 1}), 15, "the deleted peer's IKE_SA gone"
+    )
+    world.wait(lambda: "laptop" not in world.tunnels(), 15, "and gone from the status")
+    assert world.established(["s1"]), "the valid sibling keeps its tunnel"
+    assert not world.reaches(sites["laptop"], world.vip("web"), 80), "the deleted peer reaches nothing"

@@ -20,7 +20,7 @@ import pytest
 from lab import netns
 from lab.kubelet.runtime import podman_sync
 from lab.kubelet.world import E2EWorld
-from tests.integration.test_e2e_ipsec import NS, bring_up, charon_status, measured
+from tests.integration.test_e2e_ipsec import bring_up, charon_status, measured
 from tests.integration.test_images_run import build_images, cap_mask
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]  # the images are built first when they are stale
@@ -94,7 +94,8 @@ def test_the_ipsec_scenario_from_the_images_with_the_specs_users_and_capabilitie
         sites["s2"], world.vip("db"), 5432
     )
     t0 = time.monotonic()
-    assert world.k.kill(NS, world.pod().name, "charon")  # type: ignore[union-attr]
+    pod = world.pod()
+    assert pod is not None and world.k.kill(pod.namespace, pod.name, "charon")
     world.wait(
         lambda: (c := charon_status(world)) and c["restartCount"] == 1 and "running" in c["state"],
         60,
