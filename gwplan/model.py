@@ -281,6 +281,11 @@ class Nat:
     reverse_exposures: tuple[ReverseExposure, ...] = ()
     grants: tuple[Grant, ...] = ()
     mark_mask: int = 0x0FFF0000
+    allowed_targets: tuple[str, ...] | None = None
+    """The CIDRs an exposure's target must lie in: the operator's allowance for the gateway's namespace
+    (docs/security.md). The controller leaves out an address target outside them; a ``targetHost`` is
+    resolved in the pod, so init-nat leaves it out when its address falls outside. None: no restriction
+    (a plan rendered offline)."""
 
 
 @dataclass(frozen=True)
@@ -534,6 +539,7 @@ def from_dict(doc: Any) -> Plan:
                 for gr in n.subs("grants")
             ),
             mark_mask=n.get("markMask", int, 0x0FFF0000),
+            allowed_targets=n.strs("allowedTargets") if "allowedTargets" in n.doc else None,
         )
     return Plan(
         gateway=gateway, type=gw_type, nic=nic, ipsec=ipsec, wireguard=wireguard, nat=nat, version=version

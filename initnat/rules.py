@@ -449,6 +449,11 @@ def validate(
     effect. A resolved address is refused exactly where a literal ``targetAddress`` would be."""
     resolved = resolved or {}
     own = frozenset(own_addresses) | {nic2_address}
+    allowed = (
+        None
+        if nat.allowed_targets is None
+        else [network(c, f"nat.allowedTargets[{i}]") for i, c in enumerate(nat.allowed_targets)]
+    )
     if guard is not None:
         _check_guard(guard)
     for field_name, dev in tunnel_interfaces:
@@ -580,6 +585,13 @@ def validate(
         if dest is not None and dest in own:
             # DNAT to the pod itself would hand a peer the pod's own ports (probes, metrics, IKE).
             why = f"{dest} is the pod's own address" + (f" (resolved from {host})" if host else "")
+            dest = None
+        if dest is not None and allowed is not None and not any(dest in n for n in allowed):
+            # The operator's allowance for the gateway's namespace (nat.allowedTargets): a name is
+            # resolved here, so only here can its address be checked.
+            allowance = ", ".join(map(str, allowed)) or "none"
+            resolved_from = f" (resolved from {host})" if host else ""
+            why = f"{dest}{resolved_from} is outside the exposure targets the operator allows ({allowance})"
             dest = None
         add("exposure", e, path, dest, target_field, why, host)
     for i, r in enumerate(nat.reverse_exposures):

@@ -303,6 +303,11 @@ def render_parts(
         reverse_exposures=reverse,
         grants=grants,
         mark_mask=mask,
+        allowed_targets=(
+            tuple(normalise(c) for c in options.exposure_targets)
+            if options.exposure_targets is not None
+            else None
+        ),
     )
     if isinstance(gateway, IPsecGateway):
         plan = gwplan.Plan(gateway=ref, type="ipsec", ipsec=_legacy_ipsec(gateway, service_cidr), nat=nat)

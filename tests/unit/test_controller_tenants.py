@@ -98,6 +98,7 @@ def test_an_exposure_outside_the_namespaces_allowance_is_left_out() -> None:
     rendered = render_gateway(snapshot(outside), SETTINGS)
     assert rendered.plan is not None
     assert [e.name for e in rendered.plan.nat.exposures] == ["web"]
+    assert rendered.plan.nat.allowed_targets == ("192.0.2.64/26",), "for init-nat: a target by name"
     assert not any(g.exposure == "db" for g in rendered.plan.nat.grants)
     (problem, grant) = rendered.problems
     assert problem.reason == "ExposureTargetNotAllowed" and str(problem.item) == "exposure db"

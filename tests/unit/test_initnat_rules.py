@@ -647,6 +647,23 @@ def test_leaving_an_exposure_out_revokes_its_grants_and_a_revocation_in_the_same
     assert {f.mark for f in tables.revoked_in_kernel(kernel, rules.render(after))} == {A, 0x40000}
 
 
+def test_a_target_outside_the_namespaces_allowance_is_left_out_when_its_name_resolves_there() -> None:
+    """The controller checks address targets against the operator's allowance; a name is resolved in the
+    pod, so init-nat checks the address it resolves to (nat.allowedTargets)."""
+    allowed = nat(allowed_targets=("192.0.2.64/26",))
+    assert policy(allowed).left_out == (), "192.0.2.70 is inside"
+    p = rules.validate(allowed, nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address("10.0.0.5")})
+    (out,) = p.left_out
+    assert (out.exposure, out.field) == ("api", "nat.exposures[1].targetHost")
+    assert out.reason == (
+        "10.0.0.5 (resolved from api.fabric.example) is outside the exposure targets the operator allows "
+        "(192.0.2.64/26)"
+    )
+    nothing = rules.validate(nat(allowed_targets=()), nic2_address=NIC2, resolved=RESOLVED)
+    assert {x.exposure for x in nothing.left_out} == {"web", "api"}, "an empty allowance allows nothing"
+    assert {x.exposure for x in policy(nat()).left_out} == set(), "no allowance in the plan: no restriction"
+
+
 def test_a_host_resolved_to_a_virtual_ip_is_left_out_naming_it() -> None:
     p = rules.validate(nat(), nic2_address=NIC2, resolved={"api.fabric.example": IPv4Address("198.18.0.20")})
     (out,) = p.left_out
