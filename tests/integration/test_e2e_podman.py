@@ -94,8 +94,7 @@ def test_the_ipsec_scenario_from_the_images_with_the_specs_users_and_capabilitie
         sites["s2"], world.vip("db"), 5432
     )
     t0 = time.monotonic()
-    pod = world.pod()
-    assert pod is not None and world.k.kill(pod.namespace, pod.name, "charon")
+    assert world.k.kill(worker.namespace, worker.name, "charon")
     world.wait(
         lambda: (c := charon_status(world)) and c["restartCount"] == 1 and "running" in c["state"],
         60,
