@@ -21,12 +21,13 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -68,6 +69,26 @@ def missing_binaries(bin_dir: Path = BIN_DIR) -> list[str]:
     return [str(bin_dir / b) for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports on 127.0.0.1 that nobody listens on right now (all bound at once, so no
+    two are the same; released before return: see the module's note on retries)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _new_etcd_ports(ports: Ports) -> Ports:
+    client, peer = free_ports(2)
+    return replace(ports, etcd_client=client, etcd_peer=peer)
+
+
 def cleanup_stale() -> list[Path]:
     """Leftovers of a SIGKILLed owner: its run directories (temporary directory) and etcd data (tmpfs)."""
     removed = process.cleanup_stale()
@@ -99,6 +120,7 @@ class ControlPlane:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     ca: pki.CA | None = field(default=None, repr=False)
+    _admin_ssl: ssl.SSLContext | None = field(default=None, repr=False)
     _stopped: bool = False
 
     # --- what callers use -------------------------------------------------------------------------
@@ -149,6 +171,8 @@ class ControlPlane:
     def client(self, kubeconfig: Path | None = None, timeout: float = 10.0) -> httpx.Client:
         """An HTTP client for the apiserver as admin (its client certificate), verifying the cluster CA;
         with ``kubeconfig`` as the identity in that file (a client certificate or a token)."""
+        if kubeconfig is None and self._admin_ssl is not None:
+            return httpx.Client(base_url=self.url, verify=self._admin_ssl, timeout=timeout)
         doc = yaml.safe_load((kubeconfig or self.kubeconfig).read_text())
         user = doc["users"][0]["user"]
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
@@ -303,45 +327,71 @@ class ControlPlane:
 
     def _start_all(self) -> None:
         lay = self._layout()
+        client, peer, api, kcm = free_ports(4)
+        self.ports = Ports(etcd_client=client, etcd_peer=peer, apiserver=api, controller_manager=kcm)
+        t = time.monotonic()
+        self._launch_retrying(
+            "etcd",
+            lambda: flags.etcd_argv(self.bin_dir / "etcd", lay, self._ports()),
+            self._etcd_ok,
+            new_ports=_new_etcd_ports,
+            before=lambda: shutil.rmtree(lay.data_dir, ignore_errors=True),
+        )
+        self.timings["etcd"] = time.monotonic() - t
+        t = time.monotonic()
+        self._launch_retrying(
+            "kube-apiserver",
+            lambda: flags.apiserver_argv(self.bin_dir / "kube-apiserver", lay, self._ports()),
+            self._apiserver_ready,
+            new_ports=lambda p: replace(p, apiserver=free_ports(1)[0]),
+            before=self._write_client_kubeconfigs,  # they name the apiserver's port
+        )
+        self.timings["apiserver"] = time.monotonic() - t
+        t = time.monotonic()
+        self._launch_retrying(
+            "kube-controller-manager",
+            lambda: flags.controller_manager_argv(
+                self.bin_dir / "kube-controller-manager", lay, self._ports(), self.nodes
+            ),
+            self._controller_manager_ok,
+            new_ports=lambda p: replace(p, controller_manager=free_ports(1)[0]),
+        )
+        self.timings["controller_manager"] = time.monotonic() - t
+        t = time.monotonic()
+        self._wait("the default ServiceAccount (the serviceaccount controller runs)", self._default_sa)
+        self.timings["default_sa"] = time.monotonic() - t
+
+    def _write_client_kubeconfigs(self) -> None:
+        lay = self._layout()
+        admin = self._ca().issue("kubernetes-admin", organizations=("system:masters",))
+        self._write_kubeconfig(lay.admin_kubeconfig, "kubernetes-admin", cert=admin)
+        pki.write_private(lay.pki / "admin.crt", admin.cert_pem)
+        pki.write_private(lay.pki / "admin.key", admin.key_pem)
+        ctx = ssl.create_default_context(cafile=str(lay.ca_crt))
+        ctx.load_cert_chain(lay.pki / "admin.crt", lay.pki / "admin.key")
+        self._admin_ssl = ctx
+        kcm = self._ca().issue("system:kube-controller-manager")
+        self._write_kubeconfig(lay.controller_manager_kubeconfig, "system:kube-controller-manager", cert=kcm)
+
+    def _launch_retrying(
+        self,
+        name: str,
+        argv: Callable[[], list[str]],
+        ready: Callable[[], bool],
+        *,
+        new_ports: Callable[[Ports], Ports],
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        """``_launch`` on the current ports; when the process says its port was taken, again on new
+        ones (``new_ports``), up to ``PORT_ATTEMPTS`` times."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            self.ports = Ports(*(process.free_port() for _ in range(4)))
-            t = time.monotonic()
-            if not self._launch(
-                "etcd", flags.etcd_argv(self.bin_dir / "etcd", lay, self.ports), self._etcd_ok
-            ):
-                log.info("controlplane.port_taken component=etcd attempt=%d", attempt)
-                continue
-            self.timings["etcd"] = time.monotonic() - t
-            # Kubeconfigs name the apiserver's port: written once the ports are final.
-            admin = self._ca().issue("kubernetes-admin", organizations=("system:masters",))
-            self._write_kubeconfig(lay.admin_kubeconfig, "kubernetes-admin", cert=admin)
-            kcm = self._ca().issue("system:kube-controller-manager")
-            self._write_kubeconfig(
-                lay.controller_manager_kubeconfig, "system:kube-controller-manager", cert=kcm
-            )
-            t = time.monotonic()
-            argv = flags.apiserver_argv(self.bin_dir / "kube-apiserver", lay, self.ports)
-            if not self._launch("kube-apiserver", argv, self._apiserver_ready):
-                log.info("controlplane.port_taken component=kube-apiserver attempt=%d", attempt)
-                process.stop_group(self.procs.pop("etcd"), grace=self.grace, what="etcd")
-                shutil.rmtree(lay.data_dir, ignore_errors=True)
-                continue
-            self.timings["apiserver"] = time.monotonic() - t
-            t = time.monotonic()
-            argv = flags.controller_manager_argv(
-                self.bin_dir / "kube-controller-manager", lay, self.ports, self.nodes
-            )
-            if not self._launch("kube-controller-manager", argv, self._controller_manager_ok):
-                # Its port alone was taken: the rest stays, the next attempt would restart everything.
-                raise ControlPlaneError(
-                    "kube-controller-manager's port was taken:\n" + tail(lay.log("kube-controller-manager"))
-                )
-            self.timings["controller_manager"] = time.monotonic() - t
-            t = time.monotonic()
-            self._wait("the default ServiceAccount (the serviceaccount controller runs)", self._default_sa)
-            self.timings["default_sa"] = time.monotonic() - t
-            return
-        raise ControlPlaneError(f"no free ports after {PORT_ATTEMPTS} attempts")
+            if before is not None:
+                before()
+            if self._launch(name, argv(), ready):
+                return
+            log.info("controlplane.port_taken component=%s attempt=%d", name, attempt)
+            self.ports = new_ports(self._ports())
+        raise ControlPlaneError(f"{name}: its ports were taken {PORT_ATTEMPTS} times")
 
     def _launch(self, name: str, argv: list[str], ready: Callable[[], bool]) -> bool:
         """Start ``name`` and wait until ``ready``; False when it exited because its port was taken."""
