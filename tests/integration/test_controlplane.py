@@ -340,7 +340,12 @@ def test_silent_node_goes_not_ready_tainted_and_its_pods_evicted(
     # the zone fully disrupted, and the controller would (rightly) hold the eviction back.
     live, dead = NodeAgent(cp, "cp-live", interval=0.5), NodeAgent(cp, "cp-dead")
     try:
-        live.register()
+        # cp-live registers and is seen before it posts Ready: for a moment every node is not ready and
+        # the controller enters (then leaves) "master disruption mode", as with a new cluster's first
+        # node. Tainting must work after that (see NodeTimings.eviction_rate for why it did not at 1/s).
+        live.register(ready=False)
+        time.sleep(2 * NodeTimings().monitor_period + 0.5)
+        live.start()
         dead.register()
         # NodeRestriction: a node may not touch another node.
         other = cp.kubectl("label", "node", "cp-live", "x=y", kubeconfig=dead.kubeconfig, check=False)

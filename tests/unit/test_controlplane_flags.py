@@ -78,6 +78,13 @@ def test_controller_manager_flags() -> None:
     assert a["--secure-port"] == "10257" and a["--bind-address"] == "127.0.0.1"
 
 
+def test_the_default_eviction_rate_is_not_one() -> None:
+    """At exactly 1 node/s, leaving "master disruption mode" never restores NoExecute tainting
+    (NodeTimings.eviction_rate, docs/controlplane.md)."""
+    a = as_dict(flags.controller_manager_argv(Path("/bin/kcm"), LAYOUT, PORTS, NodeTimings()))
+    assert float(a["--node-eviction-rate"]) not in (1.0, 0.0)
+
+
 def test_etcd_flags_keep_every_port_on_loopback() -> None:
     a = as_dict(flags.etcd_argv(Path("/bin/etcd"), LAYOUT, PORTS))
     assert a["--data-dir"] == str(LAYOUT.data_dir)
