@@ -1243,6 +1243,13 @@ def parser() -> argparse.ArgumentParser:
         "cleanup",
         help="remove what killed lab runs left: namespaces, mounts, directories, containers, controllers",
     )
+    # Run by lab/__main__.py before this parser sees it; listed here so that --help shows it.
+    sub.add_parser(
+        "controlplane",
+        help="up|down: a real etcd, kube-apiserver and kube-controller-manager (python -m lab controlplane "
+        "--help; docs/controlplane.md)",
+        add_help=False,
+    )
     return p
 
 

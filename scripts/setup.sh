@@ -14,7 +14,7 @@ APT_PACKAGES=(
 # them; nodejs/npm only where the machine has no npm of its own).
 if [ "${1:-}" = "--print-packages" ]; then
   printf '%s\n' "${APT_PACKAGES[@]}"
-  for part in scripts/setup_openstack.sh scripts/setup_images.sh; do
+  for part in scripts/setup_openstack.sh scripts/setup_images.sh scripts/setup_controlplane.sh; do
     [ -f "$part" ] && bash "$part" --print-packages
   done
   exit 0
@@ -60,4 +60,8 @@ fi
 # The OpenStack lab (a real Neutron on MariaDB, its own virtualenv) and the container-image tooling.
 bash scripts/setup_openstack.sh
 [ -f scripts/setup_images.sh ] && bash scripts/setup_images.sh
+# The real control plane (etcd, kube-apiserver, kube-controller-manager) compiled from the Go module proxy
+# into .tools/bin: tens of minutes on a fresh machine, about a minute with warm Go caches, nothing when
+# current (docs/controlplane.md).
+bash scripts/setup_controlplane.sh
 echo "setup: ok ($(.venv/bin/python --version), $(/usr/lib/ipsec/charon --version 2>/dev/null | head -1 || echo charon), helm $(.tools/bin/helm version --short 2>/dev/null))"

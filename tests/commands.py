@@ -67,9 +67,21 @@ HOST_COMMANDS = frozenset(
 )
 """What the lab, tests, demo and benchmarks run besides the image's commands (setup.sh must install it)."""
 
-NOT_DEBIAN = frozenset({"helm", "kubectl", "hadolint", "uwsgi", "neutron-db-manage"})
+NOT_DEBIAN = frozenset(
+    {
+        "helm",
+        "kubectl",
+        "hadolint",
+        "uwsgi",
+        "neutron-db-manage",
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+    }
+)
 """Brought by setup.sh from other registries (.tools/bin from npm, .venv and .venv-neutron from PyPI), not by
-apt."""
+apt; etcd, kube-apiserver and kube-controller-manager are compiled into .tools/bin from the Go module proxy
+(scripts/setup_controlplane.sh)."""
 
 MACHINE_COMMANDS = frozenset({"npm", "python3"})
 """Every machine of this kind has CPython and Node.js with npm (setup.sh installs Debian's npm only where

@@ -25,7 +25,7 @@ from lab.openstack.process import cleanup_stale as cleanup_stale_openstack
 from lab.world import Lab, cleanup_stale
 from tests.commands import declared, started
 
-pytest_plugins = ("lab.openstack.fixtures",)
+pytest_plugins = ("lab.openstack.fixtures", "lab.controlplane.fixtures")
 
 REQUIRED_TOOLS = ("ip", "iptables", "iptables-restore", "conntrack", "swanctl", "wireguard-go", "wg", "ping")
 _lab_outcomes: dict[str, int] = {"passed": 0, "failed": 0, "skipped": 0}
