@@ -370,43 +370,30 @@ def _gateway_itself(gateway: Gateway, service: _Net, around: Surroundings) -> li
                     "OverlapsServiceCIDR",
                 )
             )
-    for c in around.internal_source_cidrs:
-        if _meets(_net(c, "operator", ""), service):
-            problems.append(
-                _problem(
-                    gw,
-                    "spec.serviceCIDR",
-                    gateway.service_cidr,
-                    f"overlaps the operator's internalSourceCIDRs entry {c}: traffic from its virtual IPs "
-                    "(the source of its reverse exposures' SNAT) would pass for fabric sources at every "
-                    "gateway's reverse exposures",
-                    "OverlapsServiceCIDR",
-                )
-            )
-    for c in around.transit_cidrs:
-        if _meets(_net(c, "operator", ""), service):
-            problems.append(
-                _problem(
-                    gw,
-                    "spec.serviceCIDR",
-                    gateway.service_cidr,
-                    f"overlaps the gateways' transit network {c} (NIC2's subnet): a virtual IP could "
-                    "claim another gateway's NIC2 address",
-                    "OverlapsTransitNetwork",
-                )
-            )
-    for n in around.neighbours:
-        if _meets(_net(n.service_cidr, n.resource, ""), service):
-            problems.append(
-                _problem(
-                    gw,
-                    "spec.serviceCIDR",
-                    gateway.service_cidr,
-                    f"overlaps {n.resource}'s serviceCIDR {n.service_cidr}, which it had first: gateways "
-                    "on one transit network need disjoint serviceCIDRs",
-                    "ServiceCIDRTaken",
-                )
-            )
+    # Ranges the serviceCIDR must stay out of: (range, the rule, the reason).
+    taken = [
+        *(
+            (c, f"overlaps the operator's internalSourceCIDRs entry {c}: traffic from its virtual IPs (the "
+             "source of its reverse exposures' SNAT) would pass for fabric sources at every gateway's "
+             "reverse exposures", "OverlapsServiceCIDR")
+            for c in around.internal_source_cidrs
+        ),
+        *(
+            (c, f"overlaps the gateways' transit network {c} (NIC2's subnet): a virtual IP could claim another "
+             "gateway's NIC2 address", "OverlapsTransitNetwork")
+            for c in around.transit_cidrs
+        ),
+        *(
+            (n.service_cidr, f"overlaps {n.resource}'s serviceCIDR {n.service_cidr}, which it had first: "
+             "gateways on one transit network need disjoint serviceCIDRs", "ServiceCIDRTaken")
+            for n in around.neighbours
+        ),
+    ]  # fmt: skip
+    problems += [
+        _problem(gw, "spec.serviceCIDR", gateway.service_cidr, rule, reason)
+        for cidr, rule, reason in taken
+        if _meets(_net(cidr, "", ""), service)
+    ]
     return problems
 
 
