@@ -379,8 +379,8 @@ def _gateway_itself(gateway: Gateway, service: _Net, around: Surroundings) -> li
             for c in around.internal_source_cidrs
         ),
         *(
-            (c, f"overlaps the gateways' transit network {c} (NIC2's subnet): a virtual IP could claim another "
-             "gateway's NIC2 address", "OverlapsTransitNetwork")
+            (c, f"overlaps the gateways' transit network {c} (NIC2's subnet): a virtual IP could claim "
+             "another gateway's NIC2 address", "OverlapsTransitNetwork")
             for c in around.transit_cidrs
         ),
         *(
