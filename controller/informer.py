@@ -52,6 +52,7 @@ class Informer:
         retry_cap: float = 5.0,
         on_error: Callable[[Resource, KubeError], None] | None = None,
         transform: Callable[[Obj], Obj] | None = None,
+        metadata_only: bool = False,
     ) -> None:
         self.kube = kube
         self.res = res
@@ -63,6 +64,8 @@ class Informer:
         self.retry_cap = retry_cap
         self.transform = transform or (lambda obj: obj)
         """Applied to every object before it is cached (``metadata_only`` keeps no Secret data)."""
+        self.metadata_only = metadata_only
+        """Ask the server for the objects' metadata only (a Secret's values never cross the wire)."""
         self.last_error: str | None = None
         self.store: dict[ObjKey, Obj] = {}
         self.resource_version = ""
@@ -88,7 +91,9 @@ class Informer:
         self.on_change(old if old is not None else obj, None)
 
     async def _list(self) -> None:
-        items, rv = await self.kube.list(self.res, self.namespace, label_selector=self.label_selector)
+        items, rv = await self.kube.list(
+            self.res, self.namespace, label_selector=self.label_selector, metadata_only=self.metadata_only
+        )
         fresh = {obj_key(o): o for o in items}
         for k in [k for k in self.store if k not in fresh]:
             self._drop(self.store[k])
@@ -118,6 +123,7 @@ class Informer:
                     resource_version=self.resource_version,
                     label_selector=self.label_selector,
                     timeout_seconds=random.randint(*self.watch_seconds),  # noqa: S311 (spread, not secrecy)
+                    metadata_only=self.metadata_only,
                 ):
                     self.failures = 0
                     if ev.type == "BOOKMARK":

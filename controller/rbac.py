@@ -44,19 +44,20 @@ class Scope:
     bound: Literal["cluster", "gateway-namespace", "operator-namespace", "each-tenant-namespace", "migration"]
     """``cluster``: a ClusterRoleBinding; ``gateway-namespace``/``operator-namespace``: a Role and its
     RoleBinding there; ``each-tenant-namespace``: a ClusterRole bound by a RoleBinding in each tenant
-    namespace the platform opts in (``tenants.namespaces`` in the chart); ``migration``: a
-    ClusterRoleBinding only while the chart's ``migration.enabled`` is on."""
+    namespace the platform opts in (``tenants.namespaces`` in the chart); ``migration``: the same, only
+    while the chart's ``migration.enabled`` is on."""
     rights: tuple[Right, ...]
     what: str
 
 
+GATEWAYS = "controller.run informers"
 CLUSTER = Scope(
     "cluster",
     "ClusterRole",
     "cluster",
     (
-        Right(VPN_GROUP, ("vpngateways", "vpnpeers"), WATCH, "controller.run informers"),
-        Right(LEGACY_GROUP, ("ipsecgateways", "clusterlinks"), WATCH, "controller.run informers"),
+        Right(VPN_GROUP, ("vpngateways", "vpnpeers"), WATCH, GATEWAYS),
+        Right(LEGACY_GROUP, ("ipsecgateways", "clusterlinks"), WATCH, GATEWAYS),
         Right(VPN_GROUP, ("vpngateways",), ("patch",), "controller.execute: the finalizer (JSON patch)"),
         Right(LEGACY_GROUP, ("ipsecgateways",), ("patch",), "controller.execute: the finalizer (JSON patch)"),
         Right(
@@ -72,12 +73,17 @@ CLUSTER = Scope(
             "controller.execute: conditions, nodeName, publicIP",
         ),
         Right(
-            "rbac.authorization.k8s.io",
-            ("roles", "rolebindings"),
-            OWN,
-            "controller.desired: the pod's rights in its tenant's namespace (RBAC's escalation check limits "
-            "them to what the controller holds there: its CR's status, and Secrets only where a tenant "
-            "RoleBinding lets it read them)",
+            VPN_GROUP,
+            ("vpngateways/finalizers",),
+            ("update",),
+            "never used: OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters) lets the "
+            "controller set blockOwnerDeletion on the gateway's Role in its namespace only with it",
+        ),
+        Right(
+            LEGACY_GROUP,
+            ("ipsecgateways/finalizers",),
+            ("update",),
+            "never used: OwnerReferencesPermissionEnforcement (blockOwnerDeletion on the gateway's Role)",
         ),
         Right("", ("nodes",), WATCH, "controller.run: placement"),
         Right(
@@ -85,7 +91,7 @@ CLUSTER = Scope(
         ),
         Right("", ("events",), ("create",), "controller.execute: Events on condition changes"),
     ),
-    "The controller's ClusterRole: the CRs in every namespace, the pods' rights there, nodes.",
+    "The controller's ClusterRole: the CRs in every namespace, nodes, which namespaces are enabled.",
 )
 GATEWAY_NAMESPACE = Scope(
     "gateway-namespace",
@@ -107,8 +113,8 @@ GATEWAY_NAMESPACE = Scope(
         Right(
             "rbac.authorization.k8s.io",
             ("roles", "rolebindings"),
-            ("delete",),
-            "controller.reconcile.cleanup: the pod's rights in the gateway namespace, by the finalizer",
+            OWN_DELETE,
+            "controller.desired: the pod's right to read its plan (deleted by the gateway's finalizer)",
         ),
         Right(
             "networking.k8s.io", ("networkpolicies",), OWN_DELETE, "controller.desired: the pod's eth0 policy"
@@ -133,7 +139,7 @@ TENANT_NAMESPACE = Scope(
             "",
             ("secrets",),
             WATCH,
-            "controller.run: which Secrets are opted in for gateways (metadata only is kept); and RBAC lets "
+            "controller.run: which Secrets are opted in for gateways (their metadata only); and RBAC lets "
             "the controller grant a gateway pod get/list/watch of its Secrets only if it holds them there",
         ),
         Right(
@@ -143,8 +149,23 @@ TENANT_NAMESPACE = Scope(
             "never used by the controller: RBAC lets it grant the gateway pods get on their Secrets only "
             "if it holds it there",
         ),
+        Right(
+            "rbac.authorization.k8s.io",
+            ("roles", "rolebindings"),
+            OWN,
+            "controller.desired: the pod's rights in its tenant's namespace (its CR's status, its Secrets; "
+            "RBAC's escalation check confines them to what the controller holds there)",
+        ),
+        Right(
+            "rbac.authorization.k8s.io",
+            ("roles", "rolebindings"),
+            ("delete",),
+            "never used (the garbage collector deletes them): OwnerReferencesPermissionEnforcement lets "
+            "the controller set an object's ownerReferences only with delete on it",
+        ),
     ),
-    "Bound in each tenant namespace the platform opts in: the Secrets there, never cluster-wide.",
+    "Bound in each tenant namespace the platform opts in: its Secrets and the gateway pods' Roles there, "
+    "never cluster-wide.",
 )
 MIGRATION = Scope(
     "migration",
@@ -155,34 +176,35 @@ MIGRATION = Scope(
             "",
             ("configmaps", "serviceaccounts", "pods"),
             WATCH,
-            "controller.run (--migrate): what an earlier release left in tenant namespaces",
+            "controller.run (--migrate): what an earlier release left in the tenant's namespace",
         ),
         Right(
             "",
             ("configmaps", "serviceaccounts"),
             ("delete",),
-            "controller.reconcile (--migrate): an earlier release's objects in tenant namespaces",
+            "controller.reconcile (--migrate): an earlier release's objects in the tenant's namespace",
         ),
         Right(
             "networking.k8s.io",
             ("networkpolicies",),
             ("list", "watch", "delete"),
-            "controller.reconcile (--migrate): an earlier release's objects in tenant namespaces",
+            "controller.reconcile (--migrate): an earlier release's objects in the tenant's namespace",
         ),
         Right(
             "apps",
             ("deployments",),
             ("list", "watch", "delete"),
-            "controller.reconcile (--migrate): an earlier release's objects in tenant namespaces",
+            "controller.reconcile (--migrate): an earlier release's objects in the tenant's namespace",
         ),
         Right(
             "k8s.cni.cncf.io",
             ("network-attachment-definitions",),
             ("list", "watch", "delete"),
-            "controller.reconcile (--migrate): an earlier release's objects in tenant namespaces",
+            "controller.reconcile (--migrate): an earlier release's objects in the tenant's namespace",
         ),
     ),
-    "While migrating from a release that ran gateways in tenant namespaces (migration.enabled).",
+    "Bound in each tenant namespace while migrating from a release that ran gateways there "
+    "(migration.enabled).",
 )
 LEADER_ELECTION = Scope(
     "leader-election",
@@ -193,10 +215,20 @@ LEADER_ELECTION = Scope(
 )
 SCOPES: tuple[Scope, ...] = (CLUSTER, GATEWAY_NAMESPACE, TENANT_NAMESPACE, MIGRATION, LEADER_ELECTION)
 
-UNUSED_BY_DESIGN = frozenset({("", "secrets", "get"), ("", "configmaps", "get")})
-"""Held for RBAC's escalation rule only: creating a Role needs the rights it grants (a gateway pod's Roles
-grant get/list/watch of its Secrets and its ConfigMap). Never exercised: a test proves the controller
-never reads a Secret's content (its Secret cache keeps metadata only)."""
+UNUSED_BY_DESIGN = frozenset(
+    {
+        ("", "secrets", "get"),
+        ("", "configmaps", "get"),
+        (VPN_GROUP, "vpngateways/finalizers", "update"),
+        (LEGACY_GROUP, "ipsecgateways/finalizers", "update"),
+    }
+)
+"""Held for RBAC's escalation rule and for OwnerReferencesPermissionEnforcement only: creating a Role needs
+the rights it grants (a gateway pod's Roles grant get/list/watch of its Secrets and its ConfigMap), and
+setting an ownerReference with blockOwnerDeletion needs update on the owner's finalizers. Never exercised:
+a test proves the controller never gets a Secret (its Secret cache asks for metadata only). The delete of
+roles and rolebindings in tenant namespaces is held for the same plugin (the controller uses that verb in
+the gateway namespace only)."""
 
 
 def rules(scope: Scope) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from controller.api.schema import FieldError, show
 from controller.api.validate import InvalidInput, Item, Neighbour, Problem, admit
 from controller.cloud import CLOUD_READY, CloudState
 from controller.cloudplan import ROUTING_READY
-from controller.desired import HOME_KINDS, Desired, Inputs, desired, plan_of
+from controller.desired import HOME_KINDS, TENANT_SLOTS, Desired, Inputs, desired, plan_of
 from controller.names import FINALIZER, LABEL_TENANT, TENANT_ENABLED, GatewayKey, selector_labels
 from controller.plan.render import (
     PeerNow,
@@ -480,6 +480,11 @@ def decide(
             # The pod an earlier release ran in the tenant's namespace still holds NIC2 (host-device moved
             # it into its netns): the new one starts once it is gone.
             held = {"Deployment"}
+        if not snap.namespace_enabled or snap.secrets_unreadable is not None:
+            # What the tenant's namespace holds cannot be read: its Role (with the pod's Secret grants) is
+            # left as it is, never rewritten from what is not known (a pod restarted meanwhile would
+            # come up without its keys).
+            held |= set(TENANT_SLOTS)
         if held:
             plan_desired = Desired(
                 tuple((slot, o) for slot, o in plan_desired.objects if slot not in held),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -149,10 +149,8 @@ class Operator:
         """The serviceCIDR of each gateway's deployed plan, by the ConfigMap's (uid, resourceVersion)."""
         self._place_lock = anyio.Lock()
         ns = settings.namespace
-        owned_selector = f"{LABEL_INSTANCE}={settings.instance}"
-        # The gateway namespace holds the gateways' own objects; an earlier release's leftovers in tenant
-        # namespaces are seen only while migrating (that needs the chart's cluster-wide migration rights).
-        home = None if settings.migrate else settings.gateway_namespace
+        self._owned_selector = owned_selector = f"{LABEL_INSTANCE}={settings.instance}"
+        home = settings.gateway_namespace
 
         def inf(
             res: Resource, *, namespace: str | None = ns, selector: str | None = None, **kw: Any
@@ -170,17 +168,16 @@ class Operator:
         self.informers: dict[str, Informer] = {k: inf(BY_KIND[k]) for k in GATEWAY_KINDS}
         self.informers["VPNPeer"] = inf(VPNPEERS)
         self.informers["ClusterLink"] = inf(CLUSTERLINKS)
+        # The gateways' own objects and pods: in the gateway namespace, and nowhere else.
         for kind in HOME_KINDS:
-            # Roles and RoleBindings live in both places (the tenant's are the pod's rights there).
-            where = None if kind in ("Role", "RoleBinding") else home
-            self.informers[kind] = inf(BY_KIND[kind], namespace=where, selector=owned_selector)
+            self.informers[kind] = inf(BY_KIND[kind], namespace=home, selector=owned_selector)
         self.informers["Pod"] = inf(PODS, namespace=home, selector=owned_selector)
         self.informers["Node"] = inf(NODES, namespace=None)
         self.informers["Namespace"] = inf(
             NAMESPACES, namespace=None, selector=f"{LABEL_TENANT}={TENANT_ENABLED}"
         )
-        self.secrets: dict[str, tuple[Informer, anyio.CancelScope, float]] = {}
-        """Per enabled namespace: the Secrets opted in for gateways (metadata only)."""
+        self.tenants: dict[str, TenantCaches] = {}
+        """Per enabled tenant namespace: what the controller reads there (``TenantCaches``)."""
         self._tg: anyio.abc.TaskGroup | None = None
 
     # --- events -> keys ----------------------------------------------------------------------------
@@ -212,7 +209,9 @@ class Operator:
                 md = o.get("metadata") or {}
                 labels = md.get("labels") or {}
                 if labels.get(LABEL_KIND) in GATEWAY_KINDS and labels.get(LABEL_GATEWAY):
-                    ns = labels.get(LABEL_NAMESPACE) or md.get("namespace")  # an earlier release's: none
+                    # Its namespace label only counts in the gateway namespace: elsewhere anyone may write it.
+                    inside = md.get("namespace") == self.settings.gateway_namespace
+                    ns = labels.get(LABEL_NAMESPACE) if inside else md.get("namespace")
                     keys.add(GatewayKey(labels[LABEL_KIND], str(ns), str(labels[LABEL_GATEWAY])))
         elif kind in ("Namespace", "Secret"):
             names = {
@@ -241,76 +240,87 @@ class Operator:
     # --- one reconcile -------------------------------------------------------------------------------
 
     def _namespace_changed(self, old: Obj | None, new: Obj | None) -> None:
-        """Start a namespace's Secret cache when it is enabled, stop it when it no longer is."""
+        """Start an enabled namespace's caches, stop them when it is no longer enabled."""
         name = str(((new or old) or {}).get("metadata", {}).get("name"))
-        if new is not None and name not in self.secrets and self._tg is not None:
-            informer = Informer(
+        if new is not None and name not in self.tenants and self._tg is not None:
+            caches = TenantCaches(name, self._tenant_informers(name))
+            self.tenants[name] = caches
+            self._tg.start_soon(caches.run, lambda: self._enqueue_namespace(name))
+        elif new is None and name in self.tenants:
+            self.tenants.pop(name).stop()
+
+    def _tenant_informers(self, namespace: str) -> dict[str, Informer]:
+        """What the controller reads in a tenant's namespace, with the rights the chart gives it there
+        (controller/rbac.py TENANT_NAMESPACE, and MIGRATION while migrating)."""
+
+        def inf(res: Resource, selector: str, **kw: Any) -> Informer:
+            return Informer(
                 self.kube,
-                SECRETS,
-                namespace=name,
-                label_selector=f"{LABEL_GATEWAY_SECRET}=true",
-                on_change=lambda o, n: self._changed("Secret", o, n),
+                res,
+                namespace=namespace,
+                label_selector=selector,
+                on_change=lambda old, new: self._changed(res.kind, old, new),
                 on_error=self.metrics.api_error,
-                transform=metadata_only,
+                **kw,
             )
-            scope = anyio.CancelScope()
-            self.secrets[name] = (informer, scope, time.monotonic())
 
-            async def run() -> None:
-                with scope:
-                    await informer.run()
+        out = {
+            # The Secrets opted in for gateways: their metadata only (their values never cross the wire).
+            "Secret": inf(
+                SECRETS, f"{LABEL_GATEWAY_SECRET}=true", transform=metadata_only, metadata_only=True
+            ),
+            **{kind: inf(BY_KIND[kind], self._owned_selector) for kind in TENANT_SLOTS.values()},
+        }
+        if self.settings.migrate:
+            out.update({kind: inf(BY_KIND[kind], self._owned_selector) for kind in LEFTOVER_KINDS})
+            out["Pod"] = inf(PODS, self._owned_selector)
+        return out
 
-            self._tg.start_soon(run)
-        elif new is None and name in self.secrets:
-            self.secrets.pop(name)[1].cancel()
+    def _enqueue_namespace(self, namespace: str) -> None:
+        for gw in self._gateways():
+            if gw["metadata"].get("namespace") == namespace:
+                self.queue.add(self._key(gw))
 
-    async def opted_in_secrets(self, namespace: str) -> frozenset[str] | str:
-        """The names of the Secrets of ``namespace`` opted in for gateways, or why they cannot be read: the
-        namespace's cache has not synced (waited for up to 5 s after it started; a cache that never syncs
-        means the controller may not list Secrets there)."""
-        entry = self.secrets.get(namespace)
-        if entry is None:
+    async def tenant_caches(self, namespace: str) -> TenantCaches | str:
+        """The namespace's caches once synced, or why they are not: the namespace is not enabled, or they
+        have not synced (waited for up to 5 s after they started; caches that never sync mean the
+        controller may not read there)."""
+        caches = self.tenants.get(namespace)
+        if caches is None:
             return f"namespace {namespace} is not enabled"
-        informer, _, started = entry
-        with anyio.move_on_after(max(0.0, started + 5.0 - time.monotonic())):
-            await informer.synced.wait()
-        if not informer.synced.is_set():
-            why = f": {informer.last_error}" if informer.last_error else ""
+        if not await caches.synced(wait=max(0.0, caches.started + 5.0 - time.monotonic())):
+            why = f": {caches.last_error}" if caches.last_error else ""
             return (
-                f"the controller cannot list the Secrets of namespace {namespace}{why} (it needs the chart's "
-                "tenant RoleBinding there: docs/install.md)"
+                f"the controller cannot read namespace {namespace}{why} (it needs the chart's tenant "
+                f"RoleBinding there: add {namespace} to tenants.namespaces; docs/install.md)"
             )
-        return frozenset(str(o["metadata"]["name"]) for o in informer.items())
+        return caches
 
-    def snapshot(
-        self, key: GatewayKey, gateway: Obj, secrets: frozenset[str] | str | None = None
-    ) -> Snapshot:
+    def snapshot(self, key: GatewayKey, gateway: Obj, tenant: TenantCaches | str | None = None) -> Snapshot:
+        """What the caches hold for ``key`` now; ``tenant``: its namespace's caches (or why there are none
+        to read: its Role, Secrets and leftovers are then unknown and left as they are)."""
         home = self.settings.gateway_namespace
         owned: dict[str, Obj] = {}
         for kind in HOME_KINDS:
             obj = self.informers[kind].get(home, key.home_name)
             if obj is not None:
                 owned[kind] = obj
-        for slot, kind in TENANT_SLOTS.items():
-            obj = self.informers[kind].get(key.namespace, key.object_name)
-            if obj is not None:
-                owned[slot] = obj
         leftovers: list[Obj] = []
-        if self.settings.migrate and key.namespace != home:
-            for kind in LEFTOVER_KINDS:
-                obj = self.informers[kind].get(key.namespace, key.object_name)
+        pods = [p for p in self.informers["Pod"].items() if _pod_of(p, key)]
+        if isinstance(tenant, TenantCaches):
+            for slot, kind in TENANT_SLOTS.items():
+                obj = tenant.get(kind, key.object_name)
                 if obj is not None:
-                    leftovers.append({**obj, "kind": kind})
-
-        def mine(p: Mapping[str, Any]) -> bool:
-            md = p.get("metadata") or {}
-            lbl = md.get("labels") or {}
-            ns = lbl.get(LABEL_NAMESPACE) or md.get("namespace")
-            return (
-                lbl.get(LABEL_GATEWAY) == key.name and lbl.get(LABEL_KIND) == key.kind and ns == key.namespace
-            )
-
-        pods = tuple(p for p in self.informers["Pod"].items() if mine(p))
+                    owned[slot] = obj
+            if key.namespace != home:
+                leftovers = [
+                    {**o, "kind": kind}
+                    for kind in LEFTOVER_KINDS
+                    if (o := tenant.get(kind, key.object_name)) is not None
+                ]
+                # An earlier release's pod in the tenant's namespace: its own labels name the gateway (no
+                # namespace label), and only a pod of this namespace can be this gateway's.
+                pods += [p for p in tenant.items("Pod") if _pod_of(p, key, where=key.namespace)]
         peers = peers_of(key, list(self.informers["VPNPeer"].items())) if key.kind == "VPNGateway" else ()
         pinned = Tally(node for k, node in self.pins.items() if k != key)
         claim = my_claim(key, gateway, self._deployed_cidr(key))
@@ -328,15 +338,15 @@ class Operator:
             gateway=gateway,
             peers=peers,
             owned=owned,
-            pods=pods,
+            pods=tuple(pods),
             nodes=tuple(self.informers["Node"].items()),
             pinned=dict(pinned),
             neighbours=neighbours(claim, others) if claim is not None else (),
             links=links,
             leftovers=tuple(leftovers),
             namespace_enabled=self.informers["Namespace"].get("", key.namespace) is not None,
-            secrets=secrets if not isinstance(secrets, str) else frozenset(),
-            secrets_unreadable=secrets if isinstance(secrets, str) else None,
+            secrets=tenant.opted_in() if isinstance(tenant, TenantCaches) else frozenset(),
+            secrets_unreadable=tenant if isinstance(tenant, str) else None,
         )
 
     def _deployed_cidr(self, key: GatewayKey) -> str | None:
@@ -371,11 +381,11 @@ class Operator:
                 await execute.remove_finalizer(self.kube, key, gateway)
                 log.info("gateway.released gateway=%s deleted=%d", key, deleted)
             return "deleted"
-        secrets = await self.opted_in_secrets(key.namespace) if snap.namespace_enabled else None
-        snap = self.snapshot(key, gateway, secrets)
+        tenant = await self.tenant_caches(key.namespace) if snap.namespace_enabled else None
+        snap = self.snapshot(key, gateway, tenant)
         rendered = render_gateway(snap, self.settings, await self.cloud.transit_cidrs())
         async with self._place_lock:
-            snap = self.snapshot(key, gateway, secrets)  # the pins of reconciles that placed meanwhile
+            snap = self.snapshot(key, gateway, tenant)  # the pins of reconciles that placed meanwhile
             where = place(snap, self.settings)
             if where.node is not None:
                 self.pins[key] = where.node
@@ -527,6 +537,62 @@ class Operator:
             tg.start_soon(self.elector.run)
             tg.start_soon(self._lead)
             task_status.started(port)
+
+
+def _pod_of(pod: Mapping[str, Any], key: GatewayKey, where: str | None = None) -> bool:
+    """``pod`` is ``key``'s: in the gateway namespace by its labels (the controller's Deployment put them
+    there); in a tenant's namespace (``where``: an earlier release's) only a pod of that namespace."""
+    md = pod.get("metadata") or {}
+    lbl = md.get("labels") or {}
+    if lbl.get(LABEL_GATEWAY) != key.name or lbl.get(LABEL_KIND) != key.kind:
+        return False
+    if where is not None:
+        return bool(md.get("namespace") == where)
+    return bool(lbl.get(LABEL_NAMESPACE) == key.namespace)
+
+
+class TenantCaches:
+    """The informers of one enabled tenant namespace, started and stopped together."""
+
+    def __init__(self, namespace: str, informers: Mapping[str, Informer]) -> None:
+        self.namespace = namespace
+        self.informers = dict(informers)
+        self.started = time.monotonic()
+        self._scope = anyio.CancelScope()
+
+    async def run(self, on_synced: Callable[[], None]) -> None:
+        """Until stopped; ``on_synced`` once every cache has synced (its gateways can be decided)."""
+        with self._scope:
+            async with anyio.create_task_group() as tg:
+                for i in self.informers.values():
+                    tg.start_soon(i.run)
+                for i in self.informers.values():
+                    await i.synced.wait()
+                on_synced()
+
+    def stop(self) -> None:
+        self._scope.cancel()
+
+    async def synced(self, wait: float) -> bool:
+        with anyio.move_on_after(wait):
+            for i in self.informers.values():
+                await i.synced.wait()
+        return all(i.synced.is_set() for i in self.informers.values())
+
+    @property
+    def last_error(self) -> str | None:
+        return next((i.last_error for i in self.informers.values() if i.last_error), None)
+
+    def get(self, kind: str, name: str) -> Obj | None:
+        informer = self.informers.get(kind)
+        return informer.get(self.namespace, name) if informer is not None else None
+
+    def items(self, kind: str) -> list[Obj]:
+        informer = self.informers.get(kind)
+        return list(informer.items()) if informer is not None else []
+
+    def opted_in(self) -> frozenset[str]:
+        return frozenset(str(o["metadata"]["name"]) for o in self.items("Secret"))
 
 
 def _placement_relevant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

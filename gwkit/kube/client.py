@@ -77,6 +77,14 @@ class WatchEvent:
         return str(self.object.get("metadata", {}).get("resourceVersion", ""))
 
 
+METADATA_ONLY = (
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+)
+"""The Accept of a list or watch that wants objects' metadata only (the server converts; the trailing
+plain JSON is what a server that cannot answers instead)."""
+
+
 class KubeClient:
     """``async with KubeClient(config) as kube: ...``. Safe to share between tasks."""
 
@@ -92,13 +100,22 @@ class KubeClient:
         self.config = config
         self.timeout = timeout
         self.field_manager = field_manager
-        self._http = httpx.AsyncClient(
-            base_url=config.server,
-            verify=config.ssl,
-            timeout=httpx.Timeout(timeout),
-            headers={"User-Agent": user_agent, "Accept": "application/json"},
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+
+        def client(limit: int | None) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=config.server,
+                verify=config.ssl,
+                timeout=httpx.Timeout(timeout),
+                headers={"User-Agent": user_agent, "Accept": "application/json"},
+                limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+            )
+
+        self._http = client(max_connections)
+        # Watches hold their connection for minutes (HTTP/1.1: one stream each): in the shared pool, a
+        # controller watching one namespace per tenant would leave its requests, the leader's Lease renewal
+        # among them, waiting for a free connection (found by review: 50 watches starve every request). So
+        # watches have a pool of their own, without a cap; the count of watches is the caller's design.
+        self._watches = client(None)
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -110,11 +127,14 @@ class KubeClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._watches.aclose()
 
     # --- plumbing -----------------------------------------------------------------------------------
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+    def _headers(self, content_type: str | None = None, *, metadata_only: bool = False) -> dict[str, str]:
         h: dict[str, str] = {}
+        if metadata_only:
+            h["Accept"] = METADATA_ONLY
         if self.config.token is not None:
             h["Authorization"] = f"Bearer {self.config.token()}"
         if content_type:
@@ -139,6 +159,7 @@ class KubeClient:
         body: Any = None,
         content_type: str | None = None,
         timeout: float | None = None,
+        metadata_only: bool = False,
     ) -> Obj:
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         if content is not None and content_type is None:
@@ -149,7 +170,7 @@ class KubeClient:
                 path,
                 params=dict(params or {}),
                 content=content,
-                headers=self._headers(content_type),
+                headers=self._headers(content_type, metadata_only=metadata_only),
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 extensions=self._extensions(),
             )
@@ -174,8 +195,11 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int = 500,
+        metadata_only: bool = False,
     ) -> tuple[list[Obj], str]:
-        """Every matching object and the list's resourceVersion (pages of ``limit``)."""
+        """Every matching object and the list's resourceVersion (pages of ``limit``). ``metadata_only``:
+        the server sends each object's metadata alone (``PartialObjectMetadataList``): a Secret's values
+        never cross the wire."""
         items: list[Obj] = []
         params: dict[str, str] = {"limit": str(limit)}
         if label_selector:
@@ -184,7 +208,9 @@ class KubeClient:
             params["fieldSelector"] = field_selector
         while True:
             try:
-                page = await self.request("GET", res.path(namespace), params=params)
+                page = await self.request(
+                    "GET", res.path(namespace), params=params, metadata_only=metadata_only
+                )
             except Gone:
                 if "continue" not in params:
                     raise
@@ -212,6 +238,7 @@ class KubeClient:
         field_selector: str | None = None,
         timeout_seconds: int = 300,
         bookmarks: bool = True,
+        metadata_only: bool = False,
     ) -> AsyncIterator[WatchEvent]:
         """Events after ``resource_version`` until the server ends the stream (``timeout_seconds``).
         Raises ``Gone`` when the server no longer has that version (relist), ``Unreachable`` when the
@@ -228,11 +255,11 @@ class KubeClient:
         path = res.path(namespace)
         timeout = httpx.Timeout(self.timeout, read=timeout_seconds + 30.0)
         try:
-            async with self._http.stream(
+            async with self._watches.stream(
                 "GET",
                 path,
                 params=params,
-                headers=self._headers(),
+                headers=self._headers(metadata_only=metadata_only),
                 timeout=timeout,
                 extensions=self._extensions(),
             ) as stream:

@@ -48,6 +48,7 @@ def bind(c: Cluster, tenants: tuple[str, ...]) -> Path:
         "gateway-namespace": [GATEWAY_NAMESPACE],
         "operator-namespace": ["vpngw-system"],
         "each-tenant-namespace": list(tenants),
+        "migration": list(tenants),
     }
     for scope in SCOPES:
         name = f"vpngw-controller-{scope.name}"
@@ -61,7 +62,7 @@ def bind(c: Cluster, tenants: tuple[str, ...]) -> Path:
             role["metadata"]["namespace"] = where[scope.bound][0]
         c.kube.create(role)
         ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": scope.kind, "name": name}
-        if scope.bound in ("cluster", "migration"):
+        if scope.bound == "cluster":
             c.kube.create(
                 {
                     "apiVersion": rbac,

@@ -137,7 +137,8 @@ def test_the_rendered_rbac_is_exactly_the_declared_rights(helm: str) -> None:
             ("RoleBinding", "vpngw-controller-tenant", "tenant-a"),
             ("RoleBinding", "vpngw-controller-tenant", "tenant-b"),
             ("ClusterRole", "vpngw-controller-migration", ""),
-            ("ClusterRoleBinding", "vpngw-controller-migration", ""),
+            ("RoleBinding", "vpngw-controller-migration", "tenant-a"),
+            ("RoleBinding", "vpngw-controller-migration", "tenant-b"),
             ("Role", "vpngw-controller-leader-election", NAMESPACE),
             ("RoleBinding", "vpngw-controller-leader-election", NAMESPACE),
         ]

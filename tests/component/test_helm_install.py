@@ -187,13 +187,16 @@ def test_helm_template_applied_with_kubectl_then_the_controller_runs_as_the_char
         kubeconfig = token_kubeconfig(c)
         # What the chart grants, as the API server answers the ServiceAccount itself.
         for verb, what, ns, allowed in (
-            ("create", "roles.rbac.authorization.k8s.io", "tenant-x", "yes"),
+            ("create", "roles.rbac.authorization.k8s.io", "tenant-acme", "yes"),
+            ("create", "roles.rbac.authorization.k8s.io", "tenant-x", "no"),
+            ("update", "roles.rbac.authorization.k8s.io", "kube-system", "no"),
             ("update", "deployments.apps", GATEWAYS, "yes"),
             ("update", "deployments.apps", "tenant-x", "no"),
             ("create", "configmaps", "tenant-x", "no"),
             ("update", "leases.coordination.k8s.io", NAMESPACE, "yes"),
             ("update", "leases.coordination.k8s.io", "tenant-x", "no"),
-            ("delete", "deployments.apps", "tenant-x", "yes"),  # migration.enabled (the default)
+            ("delete", "deployments.apps", "tenant-acme", "yes"),  # migration.enabled (the default)
+            ("delete", "deployments.apps", "tenant-x", "no"),
             ("create", "clusterroles.rbac.authorization.k8s.io", "", "no"),
             ("list", "secrets", "tenant-acme", "yes"),
             ("list", "secrets", "tenant-x", "no"),  # not opted in: no Secret read at all
