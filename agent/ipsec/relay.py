@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from gwkit import sockio
 from gwkit.vici import readonly, wire
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ _IDLE_SLICE = 1.0
 """How often a reader with nothing owed looks whether a deadline has begun meanwhile."""
 _LOGGED_NAMES = 64
 
-Connect = Callable[[], Awaitable[anyio.abc.ByteStream]]
+Connect = Callable[[], Awaitable[anyio.abc.SocketStream]]
 
 
 @dataclass(frozen=True)
@@ -103,13 +105,15 @@ class _Conn:
 
     def __init__(
         self,
-        client: anyio.abc.ByteStream,
-        charon: anyio.abc.ByteStream,
+        client: anyio.abc.SocketStream,
+        charon: anyio.abc.SocketStream,
         limits: Limits,
         refusals: Refusals,
     ) -> None:
         self.client = client
         self.charon = charon
+        self.client_sock = sockio.raw(client)
+        self.charon_sock = sockio.raw(charon)
         self.limits = limits
         self.refusals = refusals
         self.flow = readonly.Flow()
@@ -120,21 +124,21 @@ class _Conn:
         """Held from a flow step to the end of the send it decided, so sends to the client keep the
         flow's order (a refusal decided now must not overtake an answer decided a moment before)."""
 
-    async def _send(self, stream: anyio.abc.ByteStream, data: bytes, what: str) -> None:
+    async def _send(self, sock: socket.socket, data: bytes, what: str) -> None:
         try:
             with anyio.fail_after(self.limits.send_timeout):
-                await stream.send(data)
+                await sockio.send_all(sock, data)
         except TimeoutError as exc:
             raise Hangup(f"{what} read nothing for {self.limits.send_timeout:.0f}s") from exc
 
-    async def _receive(self, stream: anyio.abc.ByteStream, wait: float, what: str) -> bytes | None:
+    async def _receive(self, sock: socket.socket, wait: float, what: str) -> bytes | None:
         """The next bytes within ``wait`` seconds (None: nothing yet); Hangup at the end of the stream."""
+        data = None
         with anyio.move_on_after(wait):
-            try:
-                return await stream.receive(_READ)
-            except anyio.EndOfStream:
-                raise Hangup(f"{what} closed the connection", quiet=True) from None
-        return None
+            data = await sockio.receive(sock, _READ)
+            if not data:
+                raise Hangup(f"{what} closed the connection", quiet=True)
+        return data
 
     async def client_to_charon(self) -> None:
         frames = wire.PacketSplitter()
@@ -142,7 +146,7 @@ class _Conn:
         while True:
             # Idle between requests: no deadline (the cap bounds idle clients); inside one: frame_timeout.
             wait = begun + self.limits.frame_timeout - time.monotonic() if frames.partial else math.inf
-            data = await self._receive(self.client, max(0.0, wait), "the client")
+            data = await self._receive(self.client_sock, max(0.0, wait), "the client")
             if data is None:
                 raise Hangup(f"the client began a message and sent nothing more for {wait:.0f}s")
             was_partial = frames.partial
@@ -163,9 +167,9 @@ class _Conn:
                         self.progress = time.monotonic()  # charon's answer deadline starts now
                     self.flow, replies = step
                     if replies:
-                        await self._send(self.client, b"".join(replies), "the client")
+                        await self._send(self.client_sock, b"".join(replies), "the client")
                 if isinstance(verdict, readonly.Forward):  # recorded as owed first: the answer may be quick
-                    await self._send(self.charon, frame, "charon")
+                    await self._send(self.charon_sock, frame, "charon")
 
     async def charon_to_client(self) -> None:
         frames = wire.PacketSplitter()
@@ -181,7 +185,7 @@ class _Conn:
             if wait <= 0:
                 raise Hangup("charon owes an answer and sent nothing before the deadline")
             # Nothing owed: wake up now and then, a request may have started the answer deadline meanwhile.
-            data = await self._receive(self.charon, min(wait, _IDLE_SLICE), "charon")
+            data = await self._receive(self.charon_sock, min(wait, _IDLE_SLICE), "charon")
             if data is None:
                 continue
             self.progress = time.monotonic()
@@ -200,7 +204,7 @@ class _Conn:
                     self.flow, released = step
                     out.append(frame)
                     out.extend(released)
-                await self._send(self.client, b"".join(out), "the client")
+                await self._send(self.client_sock, b"".join(out), "the client")
 
     @staticmethod
     def _feed(frames: wire.PacketSplitter, data: bytes, side: str) -> list[bytes]:
@@ -246,7 +250,7 @@ class Relay:
         self._charon_down: str | None = None
         self._full_logged = False
 
-    async def handle(self, client: anyio.abc.ByteStream) -> None:
+    async def handle(self, client: anyio.abc.SocketStream) -> None:
         try:
             with anyio.fail_after(self.limits.connect_timeout):
                 charon = await self.connect()
@@ -290,7 +294,7 @@ class Relay:
                 self.clients += 1
                 tg.start_soon(self._one, client)
 
-    async def _one(self, client: anyio.abc.ByteStream) -> None:
+    async def _one(self, client: anyio.abc.SocketStream) -> None:
         try:
             await self.handle(client)
         except Exception as exc:  # one client must never take the relay (or the agent) down
@@ -309,7 +313,7 @@ async def serve(
     """Serve ``path`` (mode ``SOCKET_MODE``; a stale socket file is replaced) until cancelled, relaying
     to charon's ``vici_socket``."""
 
-    async def connect() -> anyio.abc.ByteStream:
+    async def connect() -> anyio.abc.SocketStream:
         return await anyio.connect_unix(str(vici_socket))
 
     while True:

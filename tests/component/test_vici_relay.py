@@ -122,7 +122,7 @@ def limits() -> Limits:
 async def harness(tmp_path: Path, charon: FakeCharon, limits: Limits) -> AsyncIterator[Harness]:
     threads: list[threading.Thread] = []
 
-    async def connect() -> anyio.abc.ByteStream:
+    async def connect() -> anyio.abc.SocketStream:
         if charon.down:
             raise ConnectionRefusedError(111, "Connection refused")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
