@@ -316,13 +316,22 @@ async def serve(
     async def connect() -> anyio.abc.SocketStream:
         return await anyio.connect_unix(str(vici_socket))
 
-    while True:
+    started = False
+    while True:  # nothing here may take the agent (the keeper beside it) down: log and serve again
         try:
             listener = await anyio.create_unix_listener(path, mode=SOCKET_MODE)
-            break
-        except OSError as exc:  # the directory is missing or not ours: say so and retry, the agent stays
+        except OSError as exc:  # the directory is missing or not ours
             log.error("vici_relay.listen_failed socket=%s error=%r", path, str(exc))
             await anyio.sleep(5.0)
-    log.info("vici_relay.listening socket=%s charon=%s mode=%o", path, vici_socket, SOCKET_MODE)
-    task_status.started()
-    await Relay(connect, limits).serve(listener)  # the socket file stays: connections to it are refused
+            continue
+        log.info("vici_relay.listening socket=%s charon=%s mode=%o", path, vici_socket, SOCKET_MODE)
+        if not started:
+            task_status.started()
+            started = True
+        try:
+            await Relay(connect, limits).serve(listener)  # until cancelled; the socket file then stays
+        except Exception as exc:  # a bug
+            log.error(
+                "vici_relay.failed error=%r action=restart", f"{type(exc).__name__}: {exc}", exc_info=True
+            )
+            await anyio.sleep(1.0)

@@ -242,16 +242,24 @@ async def serve_interface(
     """Serve ``<directory>/<interface>.sock`` until cancelled (a stale socket file is replaced). A
     directory that is missing or not ours is logged and retried: the agent keeps running."""
     path = uapi.socket_path(interface, directory)
-    while True:
+    started = False
+    while True:  # nothing here may take the agent (the loop beside it) down: log and serve again
         try:
             listener = await anyio.create_unix_listener(path, mode=SOCKET_MODE)
-            break
         except OSError as exc:
             log.error("wireguard.readonly.listen_failed socket=%s error=%r", path, str(exc))
             await anyio.sleep(5.0)
-    log.info("wireguard.readonly.listening socket=%s mode=%o", path, SOCKET_MODE)
-    task_status.started()
-    await ReadOnlyServer(interface, open_device, limits).serve(listener)
+            continue
+        log.info("wireguard.readonly.listening socket=%s mode=%o", path, SOCKET_MODE)
+        if not started:
+            task_status.started()
+            started = True
+        try:
+            await ReadOnlyServer(interface, open_device, limits).serve(listener)
+        except Exception as exc:  # a bug
+            why = f"{type(exc).__name__}: {exc}"
+            log.error("wireguard.readonly.failed error=%r action=restart", why, exc_info=True)
+            await anyio.sleep(1.0)
 
 
 async def serve(

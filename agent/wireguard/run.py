@@ -24,6 +24,7 @@ excluded from repr; log lines carry counts and names, never values.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import socket
@@ -429,7 +430,9 @@ class _Interfaces:
     async def _iterate(self) -> AsyncIterator[Plan]:
         async for plan in self._inner:
             if plan.wireguard is not None:
-                await self._names.send(plan.wireguard.interface)
+                # the read-only server gone (a bug) must not stop the device loop
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self._names.send(plan.wireguard.interface)
             yield plan
 
     def __aiter__(self) -> AsyncIterator[Plan]:

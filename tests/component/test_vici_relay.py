@@ -23,6 +23,7 @@ import pytest
 from vici.protocol import Message
 
 from agent.ipsec.relay import Limits, Relay
+from agent.ipsec.relay import serve as relay_serve
 from gwkit.vici import ViciCommandFailed, ViciSession, ViciUnavailable, readonly, wire
 
 pytestmark = pytest.mark.anyio
@@ -337,3 +338,32 @@ def test_the_reply_to_a_refusal_is_what_charon_itself_sends() -> None:
     answered with a bare CMD_UNKNOWN packet, an unknown event with a bare EVENT_UNKNOWN."""
     assert frame(wire.CMD_UNKNOWN) == readonly.CMD_UNKNOWN_REPLY
     assert frame(wire.EVENT_UNKNOWN) == readonly.EVENT_UNKNOWN_REPLY
+
+
+async def test_a_bug_in_the_relay_restarts_it_and_never_reaches_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """relay.serve runs beside the keeper in one task group: an exception out of it would stop the
+    keeper too. It is logged and the relay serves again."""
+    calls: list[int] = []
+    serve_once = Relay.serve
+
+    async def buggy(self: Relay, listener: anyio.abc.SocketListener) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            await listener.aclose()
+            raise RuntimeError("a bug")
+        await serve_once(self, listener)
+
+    monkeypatch.setattr(Relay, "serve", buggy)
+    path = tmp_path / "ro.vici"
+    async with anyio.create_task_group() as tg:
+        await tg.start(relay_serve, path, tmp_path / "no-charon.vici")
+        with anyio.fail_after(5):
+            while len(calls) < 2:  # noqa: ASYNC110 - waiting for the restart
+                await anyio.sleep(0.05)
+        stream = await anyio.connect_unix(str(path))
+        async with stream:
+            assert await closed_within(stream, 2) < 1, "served again (charon absent: closed at once)"
+        tg.cancel_scope.cancel()
+    assert "vici_relay.failed error='RuntimeError: a bug' action=restart" in caplog.text
