@@ -148,7 +148,7 @@ class _Conn:
             wait = begun + self.limits.frame_timeout - time.monotonic() if frames.partial else math.inf
             data = await self._receive(self.client_sock, max(0.0, wait), "the client")
             if data is None:
-                raise Hangup(f"the client began a message and sent nothing more for {wait:.0f}s")
+                raise Hangup(f"the client did not finish a message in {self.limits.frame_timeout:.0f}s")
             was_partial = frames.partial
             packets = self._feed(frames, data, "client")
             if frames.partial and (packets or not was_partial):
@@ -183,7 +183,7 @@ class _Conn:
                 deadline = math.inf
             wait = deadline - time.monotonic()
             if wait <= 0:
-                raise Hangup("charon owes an answer and sent nothing before the deadline")
+                raise Hangup("charon did not finish a message or owes an answer past the deadline")
             # Nothing owed: wake up now and then, a request may have started the answer deadline meanwhile.
             data = await self._receive(self.charon_sock, min(wait, _IDLE_SLICE), "charon")
             if data is None:
