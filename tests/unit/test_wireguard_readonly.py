@@ -59,6 +59,22 @@ def test_a_line_the_allowlist_does_not_name_is_dropped_whatever_it_is() -> None:
     assert set(READ_ONLY_KEYS).isdisjoint({"private_key", "preshared_key"})
 
 
+@pytest.mark.parametrize(
+    "text, kept",
+    [
+        pytest.param("private_key=ab\nlisten_port=1\nerrno=0\n\n", "listen_port=1\nerrno=0\n\n", id="first"),
+        pytest.param("listen_port=1\nprivate_key=ab\n\n", "listen_port=1\n\n", id="last-line"),
+        pytest.param("public_key=aa\npreshared_key=bb\nallowed_ip=1\nerrno=0\n\n",
+                     "public_key=aa\nallowed_ip=1\nerrno=0\n\n", id="between"),
+        pytest.param("listen_port=1\nlisten_portx=2\npublic_key_b=3\nendpoint\n=4\nerrno=0\n\n",
+                     "listen_port=1\nerrno=0\n\n", id="a-key-is-the-whole-name"),
+        pytest.param("errno=0\n\n", "errno=0\n\n", id="nothing-to-drop"),
+    ],
+)  # fmt: skip
+def test_redaction_edges(text: str, kept: str) -> None:
+    assert redact_get(text) == kept
+
+
 @pytest.mark.parametrize("cut", [1, 2, 13, len(DAEMON) - 1])
 def test_a_truncated_reply_is_not_passed_on(cut: int) -> None:
     """It could end inside a key line (``private_key=d807`` is not a line the pattern sees)."""
