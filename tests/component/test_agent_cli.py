@@ -206,7 +206,7 @@ def test_readonly_dir_holds_the_plan_copy_and_a_relay_that_closes_while_charon_i
 ) -> None:
     """``--readonly-dir`` with an IPsec plan: the exporter's plan copy and ``charon.vici`` (mode 0666,
     for an exporter that runs as another user than a root agent); with charon away a client is closed
-    at once. The relay's filtering against a live charon: tests/integration/test_vici_relay_lab.py."""
+    at once. The relay's filtering against a live charon: tests/integration/test_exporter_readonly.py."""
     gateway = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw")
     plan = Plan(
         gateway=gateway,

@@ -3,7 +3,7 @@
 Each relayed client gets its own connection to the fake (a socketpair whose far end a thread serves,
 scripted like strongSwan's own vici tests); clients reach the relay through a real UNIX listener. The
 same refusals against a live charon, whose state is checked, are in tests/integration/
-test_vici_relay_lab.py.
+test_exporter_readonly.py.
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ async def test_a_refused_name_is_logged_once(harness: Harness, caplog: pytest.Lo
 
 
 def test_the_reply_to_a_refusal_is_what_charon_itself_sends() -> None:
-    """Measured against charon 5.9.8 (tests/integration/test_vici_relay_lab.py): an unknown command is
+    """Measured against charon 5.9.8 (tests/integration/test_exporter_readonly.py): an unknown command is
     answered with a bare CMD_UNKNOWN packet, an unknown event with a bare EVENT_UNKNOWN."""
     assert frame(wire.CMD_UNKNOWN) == readonly.CMD_UNKNOWN_REPLY
     assert frame(wire.EVENT_UNKNOWN) == readonly.EVENT_UNKNOWN_REPLY

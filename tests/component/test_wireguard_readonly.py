@@ -2,7 +2,7 @@
 fake: pyroute2's real AsyncWireGuard over the in-memory kernel model (the netlink backend, which this
 machine's kernel cannot run) or FakeDevice. The exporter's own WireGuardSource reads it. Live
 wireguard-go behind it, and the exporter as an unprivileged process: tests/integration/
-test_wireguard_readonly.py."""
+test_exporter_readonly.py."""
 
 from __future__ import annotations
 

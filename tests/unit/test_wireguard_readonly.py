@@ -40,7 +40,7 @@ DAEMON = reply(
     peer(K2),
     peer(K3, endpoint="[2001:db8::1]:4500", hs=(1790000001, 0), rx=1),
 ).replace("listen_port=51820\n", "listen_port=51820\nfwmark=4096\n")
-"""A reply as wireguard-go writes it (tests/integration/test_wireguard_readonly.py checks the live one)."""
+"""A reply as wireguard-go writes it (tests/integration/test_exporter_readonly.py checks the live one)."""
 
 
 def test_redacted_reply_has_no_key_but_every_other_line_in_order() -> None:
