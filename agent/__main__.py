@@ -27,7 +27,7 @@ from agent.follow import PlanFollower
 from agent.health import HealthState, serve, split_listen
 from agent.runtime import Backend, PlanSource, Settings, StatusSink
 from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat
-from agent.sources import FilePlanSource, FileSecrets
+from agent.sources import CopiedPlans, FilePlanSource, FileSecrets
 from gwkit.kube import ConfigError, KubeClient, load
 from gwkit.logs import LEVELS, setup_logging
 from gwplan import Plan
@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--wireguard-uapi-dir", type=Path, help="wireguard-go's UAPI sockets (default /var/run/wireguard)"
     )
     p.add_argument(
+        "--readonly-dir",
+        type=Path,
+        metavar="DIR",
+        help="serve the exporter's read-only view here (an emptyDir the exporter mounts read-only): "
+        "plan.json, a copy of every accepted plan, and a socket that can only read the daemon: charon.vici "
+        "(a VICI relay passing queries only; control commands get 'unknown command') or <interface>.sock "
+        "(a UAPI socket answering get=1 without private or preshared keys; set=1 gets errno=1)",
+    )
+    p.add_argument(
         "--poll-interval",
         type=float,
         default=0.5,
@@ -151,6 +160,7 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
         kube_status=ns.kube_status,
         health_listen=ns.health_listen,
         wireguard_uapi_dir=ns.wireguard_uapi_dir,
+        readonly_dir=ns.readonly_dir,
         poll_interval=ns.poll_interval,
         resync_seconds=ns.resync_seconds,
     )
@@ -287,7 +297,10 @@ async def main_async(settings: Settings) -> int:
             plan.gateway.name,
             settings.plan,
         )
-        await backend(settings, SameTypePlans(plans, plan.type), secrets, sink, health)
+        same: PlanSource = SameTypePlans(plans, plan.type)
+        if settings.readonly_dir is not None:  # the exporter's copy (it mounts nothing else of ours)
+            same = CopiedPlans(same, settings.readonly_dir / "plan.json")
+        await backend(settings, same, secrets, sink, health)
         tg.cancel_scope.cancel()
     return EXIT_OK
 

@@ -14,6 +14,7 @@ demand; ``version`` is a salted digest, safe to log and compare, that changes wi
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import logging
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 import anyio
 
 from agent.runtime import PlanSource, SecretError, Secrets
-from gwplan import Plan, PlanError, SecretRef, loads, plan_hash
+from gwplan import Plan, PlanError, SecretRef, dumps, loads, plan_hash
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,57 @@ class FilePlanSource:
             plan = self.poll()
             if plan is not None:
                 yield plan
+
+    def __aiter__(self) -> AsyncIterator[Plan]:
+        return self._iterate()
+
+
+COPY_GZIP_ABOVE = 1024 * 1024
+"""A copy larger than this as JSON is written gzip-compressed (``gwplan.loads`` reads both): a plan
+with thousands of peers is several MiB of JSON, and the copy lives in a memory emptyDir."""
+
+
+def plan_copy(plan: Plan) -> bytes:
+    """The bytes of ``plan``'s copy (pure): canonical JSON, compressed when large."""
+    data = dumps(plan)
+    return gzip.compress(data, mtime=0) if len(data) > COPY_GZIP_ABOVE else data
+
+
+class CopiedPlans:
+    """Passes plans through and writes each one to ``path`` (atomically, mode 0644) before the backend
+    sees it: the exporter's copy in the read-only directory, so it mounts nothing else of the agent's
+    (not the live directory with the Secrets). Only plans the backend accepts reach the exporter; a
+    failed write is logged (once per reason) and never holds the backend up."""
+
+    def __init__(self, inner: PlanSource, path: Path) -> None:
+        self._inner = inner
+        self.path = path
+        self._error: str | None = None
+
+    @property
+    def last_error(self) -> str | None:
+        return self._inner.last_error
+
+    def _write(self, plan: Plan) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_bytes(plan_copy(plan))
+            tmp.chmod(0o644)
+            tmp.replace(self.path)
+        except OSError as exc:
+            if str(exc) != self._error:
+                log.error("plan.copy_failed path=%s error=%r", self.path, str(exc))
+            self._error = str(exc)
+            return
+        if self._error is not None:
+            log.info("plan.copy_written path=%s after_error=yes", self.path)
+        self._error = None
+
+    async def _iterate(self) -> AsyncIterator[Plan]:
+        async for plan in self._inner:
+            self._write(plan)
+            yield plan
 
     def __aiter__(self) -> AsyncIterator[Plan]:
         return self._iterate()

@@ -16,8 +16,12 @@ the same):
   root with NET_ADMIN (it creates and configures the device). It follows the plan ConfigMap and the
   plan's Secrets through the API and writes them to ``/run/vpngw`` (a memory emptyDir) for the others;
   the mounted ConfigMap is the fallback at boot. Liveness ``/healthz``, readiness ``/readyz``.
-* ``exporter``: IPsec: 65532:65532, no capabilities; WireGuard: root (wireguard-go's UAPI socket is
-  0700 root; NET_ADMIN for the kernel's netlink GET). Liveness ``/healthz`` on the metrics port.
+* ``exporter``: 65532:65532 with no capabilities in both modes, and only ``/run/vpngw-readonly``
+  mounted (read-only): the status-agent serves there a copy of the plan and a socket that can only read
+  the daemon (``--readonly-dir``): a VICI relay passing queries only (charon has no read-only socket),
+  or a UAPI socket answering ``get=1`` without keys (wireguard-go's socket is 0700 root, the kernel's
+  netlink GET needs NET_ADMIN). Not charon's control socket, not the live directory (the Secrets).
+  Liveness ``/healthz`` on the metrics port.
 
 Every container: all capabilities dropped but those, no privilege escalation, read-only root file system
 (writable emptyDirs where a program writes), the RuntimeDefault seccomp profile. Only the status-agent
@@ -48,6 +52,8 @@ INITNAT_STATUS = f"{LIVE_DIR}/initnat-status.json"
 VICI_DIR = "/run/charon"
 VICI_SOCKET = f"{VICI_DIR}/charon.vici"
 WIREGUARD_DIR = "/var/run/wireguard"
+READONLY_DIR = "/run/vpngw-readonly"
+"""The exporter's only volume: the agent's ``--readonly-dir`` (plan.json, charon.vici or <if>.sock)."""
 NOT_READY_TOLERATION_SECONDS = 30
 IPSEC_CAPS = ["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE", "SETGID", "CHOWN"]
 INITNAT_CAPS = ["NET_ADMIN", "NET_RAW"]
@@ -136,6 +142,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         "--kube-status",
         "--initnat-status", INITNAT_STATUS,
         "--health-listen", f"0.0.0.0:{pod.health_port}",
+        "--readonly-dir", READONLY_DIR,
     ]  # fmt: skip
     if wireguard:
         agent_cmd += ["--wireguard-uapi-dir", WIREGUARD_DIR]
@@ -148,12 +155,12 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         "--listen",
         f"0.0.0.0:{pod.metrics_port}",
         "--plan",
-        LIVE_PLAN,
+        f"{READONLY_DIR}/plan.json",
     ]
     exporter_cmd += (
-        ["--wireguard-interface", settings.wireguard_interface]
+        ["--wireguard-interface", settings.wireguard_interface, "--wireguard-uapi-dir", READONLY_DIR]
         if wireguard
-        else ["--vici-socket", VICI_SOCKET]
+        else ["--vici-socket", f"{READONLY_DIR}/charon.vici"]
     )
     main: list[Obj] = [
         _container(
@@ -198,6 +205,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
                 _mount("tmp", "/tmp"),
                 _mount("api-token", TOKEN_DIR, read_only=True),
                 *daemon_mounts,
+                _mount("readonly", READONLY_DIR),
             ],
             env=[{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
             ports=[{"name": "health", "containerPort": pod.health_port, "protocol": "TCP"}],
@@ -210,8 +218,8 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
             "exporter",
             settings,
             exporter_cmd,
-            securityContext=_security(user=agent_user, caps=agent_caps),
-            volumeMounts=[_mount("live", LIVE_DIR, read_only=True), _mount("tmp", "/tmp"), *daemon_mounts],
+            securityContext=_security(user=UNPRIVILEGED),
+            volumeMounts=[_mount("readonly", READONLY_DIR, read_only=True)],
             ports=[{"name": "metrics", "containerPort": pod.metrics_port, "protocol": "TCP"}],
             livenessProbe=_probe("/healthz", pod.metrics_port, period=10, failures=3),
         )
@@ -226,6 +234,7 @@ def volumes(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> list[Obj]
         {"name": "live", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+        {"name": "readonly", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
     ]
     if plan.type == "ipsec":
         vols += [

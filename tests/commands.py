@@ -33,6 +33,7 @@ HOST_COMMANDS = frozenset(
         "nstat",
         "ping",
         "unshare",
+        "setpriv",  # a test runs the exporter as the pod does: 65532, no capabilities
         "mount",
         "umount",
         "sh",
@@ -115,7 +116,7 @@ def started(argv: Sequence[str]) -> list[str]:
         out.append(name)
         if name == "ip" and rest[1:3] == ["netns", "exec"] and len(rest) > 4:
             rest = rest[4:]
-        elif name in ("unshare", "nsenter", "setsid"):
+        elif name in ("unshare", "nsenter", "setsid", "setpriv"):
             i = 1
             while i < len(rest) and rest[i].startswith("-"):
                 i += 2 if rest[i] in _VALUE_OPTIONS else 1

@@ -29,16 +29,20 @@ excluded from repr; log lines carry counts and names, never values.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from agent.runtime import Backend, Health, PlanSource, SecretError, Secrets, Settings, StatusSink
+from agent.wireguard import readonly
 from agent.wireguard.config import ConfigError, Desired, desired, hostnames, secret_key
 from agent.wireguard.diff import diff
 from agent.wireguard.status import peers_status, without_counters
@@ -465,11 +469,45 @@ class WireGuardAgent:
         self._published, self._published_sig, self._published_at = peers, sig, now
 
 
+class _Interfaces:
+    """Passes plans through and tells the read-only server (``readonly.serve``) the interface each one
+    names."""
+
+    def __init__(self, inner: PlanSource, names: anyio.abc.ObjectSendStream[str]) -> None:
+        self._inner = inner
+        self._names = names
+
+    @property
+    def last_error(self) -> str | None:
+        return self._inner.last_error
+
+    async def _iterate(self) -> AsyncIterator[Plan]:
+        async for plan in self._inner:
+            if plan.wireguard is not None:
+                # the read-only server gone (a bug) must not stop the device loop
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self._names.send(plan.wireguard.interface)
+            yield plan
+
+    def __aiter__(self) -> AsyncIterator[Plan]:
+        return self._iterate()
+
+
 async def run(
     settings: Settings, plans: PlanSource, secrets: Secrets, sink: StatusSink, health: Health
 ) -> None:
-    """``runtime.Backend`` for WireGuard gateways: runs until cancelled."""
-    await WireGuardAgent(settings, secrets, sink, health).run(plans)
+    """``runtime.Backend`` for WireGuard gateways: runs until cancelled; with ``readonly_dir`` the
+    exporter's read-only UAPI socket (``readonly``) beside it."""
+    agent = WireGuardAgent(settings, secrets, sink, health)
+    if settings.readonly_dir is None:
+        await agent.run(plans)
+        return
+    send, receive = anyio.create_memory_object_stream[str](max_buffer_size=math.inf)
+    async with anyio.create_task_group() as tg:
+        opener = readonly.opener(settings.wireguard_uapi_dir)
+        tg.start_soon(readonly.serve, settings.readonly_dir, receive, opener)
+        await agent.run(_Interfaces(plans, send))
+        tg.cancel_scope.cancel()
 
 
 _conforms: Backend = run

@@ -169,3 +169,39 @@ class FrameBuffer:
         if start:
             del buf[:start]
         return out
+
+
+class PacketSplitter:
+    """Incremental framing without decoding, for a relay that passes packets on unchanged: ``feed``
+    bytes, get every complete frame as it came (its 4-byte length and the packet). A length over
+    ``limit`` raises DecodeError: charon hangs up on a request that long and never sends one
+    (``VICI_MESSAGE_SIZE_MAX``, 512 KiB, counts the packet without the length field)."""
+
+    def __init__(self, limit: int = MAX_MESSAGE) -> None:
+        self._data = bytearray()
+        self._limit = limit
+
+    @property
+    def partial(self) -> bool:
+        """Bytes of an unfinished frame are held (the peer is in the middle of a message)."""
+        return bool(self._data)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._data
+        buf += data
+        out = []
+        start = 0
+        size = len(buf)
+        while size - start >= 4:
+            (length,) = struct.unpack_from("!I", buf, start)
+            if length > self._limit:
+                raise DecodeError(f"frame of {length} bytes exceeds the {self._limit} byte limit")
+            if length == 0:
+                raise DecodeError("empty packet")
+            if size - start < 4 + length:
+                break
+            out.append(bytes(buf[start : start + 4 + length]))
+            start += 4 + length
+        if start:
+            del buf[:start]
+        return out

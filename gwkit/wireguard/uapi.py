@@ -7,8 +7,10 @@ a peer; ``allowed_ip=`` repeats. Measured here: a get round trip is ~0.2 ms (LAB
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
@@ -85,6 +87,76 @@ def parse_get(text: str) -> DeviceState:
     )
 
 
+READ_ONLY_KEYS = (
+    "listen_port",
+    "fwmark",
+    "public_key",
+    "protocol_version",
+    "endpoint",
+    "last_handshake_time_sec",
+    "last_handshake_time_nsec",
+    "tx_bytes",
+    "rx_bytes",
+    "persistent_keepalive_interval",
+    "allowed_ip",
+    "errno",
+)
+"""The lines of a ``get=1`` reply a monitor may see: everything but ``private_key`` and
+``preshared_key`` (an allowlist, so a key a later daemon adds stays out too)."""
+_NOT_READ_ONLY = re.compile(r"\n(?!(?:" + "|".join(READ_ONLY_KEYS) + r")=|\n|\Z)[^\n]*")
+"""A newline and the line after it, unless that line is one of ours, empty, or the end. Starting with a
+literal lets the engine jump from newline to newline: 28 ms for a 10,000-peer reply here, against 45 ms
+for the same rule written line-anchored (``^(?!...).*\n`` with MULTILINE)."""
+EPERM_REPLY = b"errno=1\n\n"
+"""The answer to a ``set=1`` on a read-only socket (EPERM, as a daemon answers a refused set)."""
+
+
+def redact_get(text: str) -> str:
+    """A ``get=1`` reply with only the ``READ_ONLY_KEYS`` lines, in their order (pure). Raises
+    UapiUnavailable for a reply that does not end with a blank line: a truncated one could end inside
+    any line, a key's included."""
+    if not text.endswith("\n\n"):
+        raise UapiUnavailable("truncated reply: no blank line at the end")
+    return _NOT_READ_ONLY.sub("", "\n" + text)[1:]
+
+
+def format_get(state: DeviceState) -> str:
+    """``state`` as wireguard-go writes a ``get=1`` reply (its field order: the exporter's fast parser
+    reads both alike), without the private and preshared keys (pure). For the kernel backend, whose
+    netlink reply is turned into a DeviceState first."""
+    out = [f"listen_port={state.listen_port}\n"]
+    if state.fwmark:
+        out.append(f"fwmark={state.fwmark}\n")
+    for p in state.peers:
+        out.append(f"public_key={hex_from_b64(p.public_key, 'peer public key')}\nprotocol_version=1\n")
+        if p.endpoint:
+            out.append(f"endpoint={p.endpoint}\n")
+        sec = int(p.last_handshake or 0)
+        nsec = round(((p.last_handshake or 0) - sec) * 1e9) if sec else 0
+        out.append(
+            f"last_handshake_time_sec={sec}\nlast_handshake_time_nsec={min(nsec, 999_999_999)}\n"
+            f"tx_bytes={p.tx_bytes}\nrx_bytes={p.rx_bytes}\n"
+            f"persistent_keepalive_interval={p.persistent_keepalive}\n"
+        )
+        out.extend(f"allowed_ip={a}\n" for a in p.allowed_ips)
+    out.append("errno=0\n\n")
+    return "".join(out)
+
+
+Operation = Literal["get", "set", "invalid"]
+
+
+def operation(first_line: bytes) -> Operation:
+    """What a request's first line (without its newline) asks for (pure). The daemon's own rule: it
+    reads the operation line and answers ``get=1`` at once; anything but get or set is closed without a
+    reply."""
+    if first_line == b"get=1":
+        return "get"
+    if first_line == b"set=1":
+        return "set"
+    return "invalid"
+
+
 def format_set(lines: Iterable[tuple[str, str | int]]) -> bytes:
     """A ``set=1`` request from (key, value) pairs, in order (pure)."""
     body = "".join(f"{k}={v}\n" for k, v in lines)
@@ -131,6 +203,11 @@ def parse_set_reply(text: str) -> None:
 
 def socket_path(interface: str, directory: Path = DEFAULT_DIR) -> Path:
     return directory / f"{interface}.sock"
+
+
+async def get_text(path: Path, timeout: float = 2.0) -> str:
+    """One ``get=1`` exchange: the raw reply text (keys included: see ``redact_get``)."""
+    return await _exchange(path, b"get=1\n\n", timeout)
 
 
 async def _exchange(path: Path, request: bytes, timeout: float) -> str:

@@ -32,6 +32,7 @@ def test_help_documents_every_option() -> None:
         "--status-file",
         "--health-listen",
         "--kube-status",
+        "--readonly-dir",
     ):
         assert opt in out.stdout
     assert "Exit codes" in out.stdout
@@ -198,3 +199,45 @@ def test_a_missing_plan_is_waited_for_live_and_not_ready_naming_the_path(tmp_pat
         assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) \S+ \S", line), line
     stamp = datetime.strptime(lines[0].split()[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     assert abs(stamp.timestamp() - time.time()) < 120, "UTC, not the process's local time"
+
+
+def test_readonly_dir_holds_the_plan_copy_and_a_relay_that_closes_while_charon_is_down(
+    tmp_path: Path,
+) -> None:
+    """``--readonly-dir`` with an IPsec plan: the exporter's plan copy and ``charon.vici`` (mode 0666,
+    for an exporter that runs as another user than a root agent); with charon away a client is closed
+    at once. The relay's filtering against a live charon: tests/integration/test_exporter_readonly.py."""
+    gateway = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw")
+    plan = Plan(
+        gateway=gateway,
+        type="ipsec",
+        ipsec=Ipsec(tunnels=(Tunnel("s1", True, (Child("s1-0", "10.0.0.0/24"),), {"s1": {}}),)),
+    )
+    (tmp_path / "plan.json").write_bytes(dumps(plan))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    argv = [*AGENT, "--plan", str(tmp_path / "plan.json"), "--secrets-dir", str(tmp_path), "--poll-interval"]
+    argv += ["0.05", "--vici-socket", str(tmp_path / "no-charon.vici"), "--readonly-dir", str(ro)]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (ro / "charon.vici").exists() or not (ro / "plan.json").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the agent serves both"
+            time.sleep(0.05)
+        assert (ro / "plan.json").read_bytes() == dumps(plan)
+        assert (ro / "plan.json").stat().st_mode & 0o777 == 0o644
+        assert (ro / "charon.vici").stat().st_mode & 0o777 == 0o666
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(str(ro / "charon.vici"))
+            t0 = time.monotonic()
+            assert s.recv(100) == b"", "charon is down: closed, not left hanging"
+            assert time.monotonic() - t0 < 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert "vici_relay.listening" in err and "vici_relay.charon_unreachable" in err

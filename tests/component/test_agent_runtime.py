@@ -21,10 +21,10 @@ import pytest
 from agent.health import HealthState, serve
 from agent.runtime import SecretError
 from agent.sink import FakeStatusApi, FileStatusSink, KubeStatusApi, KubeStatusSink, StatusWriteError
-from agent.sources import FilePlanSource, FileSecrets
+from agent.sources import COPY_GZIP_ABOVE, CopiedPlans, FilePlanSource, FileSecrets, plan_copy
 from controller.api.crds import crds
 from gwkit.kube import KubeClient, load
-from gwplan import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, dumps
+from gwplan import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, dumps, loads
 from lab.kubeapi import KubeAPI
 
 pytestmark = pytest.mark.anyio
@@ -63,6 +63,48 @@ def kubelet_swap(volume: Path, n: int, data: bytes) -> None:
 
 
 # --- plan source ---------------------------------------------------------------------------------------
+
+
+async def test_copied_plans_writes_each_plan_for_the_exporter_before_the_backend_sees_it(
+    tmp_path: Path,
+) -> None:
+    """``--readonly-dir``: the exporter's copy (0644, the only file of the agent's it reads); a plan the
+    agent rejects is never copied (the last good one stays), a large one is gzip-compressed."""
+    f = tmp_path / "plan.json"
+    f.write_bytes(dumps(plan("a")))
+    copy_path = tmp_path / "ro" / "plan.json"
+    copied = CopiedPlans(FilePlanSource(f, 0.01), copy_path)
+    seen: list[Plan] = []
+    async for p in copied:
+        assert loads(copy_path.read_bytes()) == p, "written before the backend gets it"
+        seen.append(p)
+        if len(seen) == 1:
+            replace_atomically(f, b"{not json")  # rejected: the copy keeps the last good plan
+            await anyio.sleep(0.1)
+            assert loads(copy_path.read_bytes()) == seen[0]
+            replace_atomically(f, dumps(plan("a", "b")))
+        else:
+            break
+    assert [[t.name for t in q.ipsec.tunnels] for q in seen] == [["a"], ["a", "b"]]  # type: ignore[union-attr]
+    assert copy_path.stat().st_mode & 0o777 == 0o644
+    big = plan(*(f"t{i:05d}" for i in range(9000)))
+    assert len(dumps(big)) > COPY_GZIP_ABOVE
+    data = plan_copy(big)
+    assert data[:2] == b"\x1f\x8b" and len(data) < len(dumps(big)) / 5 and loads(data) == big
+    assert plan_copy(plan("a")) == dumps(plan("a"))
+
+
+async def test_copied_plans_never_hold_the_backend_up_when_the_copy_cannot_be_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = tmp_path / "plan.json"
+    f.write_bytes(dumps(plan("a")))
+    (tmp_path / "file").write_text("not a directory")
+    copied = CopiedPlans(FilePlanSource(f, 0.01), tmp_path / "file" / "plan.json")
+    async for p in copied:
+        assert [t.name for t in p.ipsec.tunnels] == ["a"]  # type: ignore[union-attr]
+        break
+    assert "plan.copy_failed" in caplog.text
 
 
 def test_plan_atomic_rename_yields_only_on_content_change(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import copy
 import functools
 import ipaddress
 import json
+import re
 import subprocess
 import sys
 import time
@@ -147,6 +148,42 @@ def ready_row(world: E2EWorld) -> str | None:
     return table if rows and rows[0][0] == "acme" and rows[0][4] == "True" else None
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def exporter_metrics(world: E2EWorld, *up: str, name: str = "acme", ns: str = NS) -> Samples | None:
+    """The pod's exporter as it runs: 65532 with no capabilities, with neither the live directory (the
+    Secrets) nor charon's or wireguard-go's socket in its view, only the agent's read-only directory; its
+    /metrics scraped as Prometheus does (pod IP), once every series ``up`` (``name{l="v",...}``) is 1."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    worker, pod = world.pod(name, ns), world.pod_object(name, ns)
+    assert worker is not None and pod is not None
+    pid = worker.instances["exporter"].running.pid
+    st = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    assert st["Uid"].split() == ["65532"] * 4 and int(st["CapEff"], 16) == int(st["CapBnd"], 16) == 0
+    root = Path(f"/proc/{pid}/root")
+    assert (root / "run/vpngw-readonly/plan.json").exists()
+    for hidden in ("run/vpngw", "run/charon", "var/run/charon", "var/run/wireguard"):
+        assert not (root / hidden).exists(), f"the exporter sees /{hidden}"
+    ports = [p for c in worker.spec["containers"] for p in c.get("ports", []) if p["name"] == "metrics"]
+    url = f"http://{pod['status']['podIP']}:{ports[0]['containerPort']}/metrics"
+    res = world.lab.gw.run("curl", "-s", "-m", "5", url, check=False, timeout=10)
+    text = res.stdout.decode(errors="replace")
+    if world.psk in text:
+        raise AssertionError("a PSK in the metrics")
+    samples: Samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    keys = [
+        (n, tuple(sorted(re.findall(r'(\w+)="([^"]*)"', rest))))
+        for n, _, rest in (u.partition("{") for u in up)
+    ]
+    return samples if all(samples.get(k) == 1 for k in keys) else None
+
+
 def gateway_sas(world: E2EWorld) -> dict[str, Any] | None:
     try:
         return world.gateway_sas()
@@ -175,6 +212,11 @@ def test_apply_to_every_tunnel_established_and_ready_and_grants_decide_who_reach
         "exporter",
     }
     assert pod["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    world.wait(
+        lambda: exporter_metrics(world, "strongswan_up{}", 'strongswan_tunnel_up{tunnel="s1"}'),
+        30,
+        "the exporter's metrics through the agent's VICI relay",
+    )
     web, db = world.vip("web"), world.vip("db")
     s1, s2, rw = sites["s1"], sites["s2"], sites["laptop"]
     assert world.reaches(s1, web, 80) and world.reaches(s1, db, 5432), "s1 is granted web and db"

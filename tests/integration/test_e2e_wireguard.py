@@ -21,6 +21,7 @@ from lab import netns
 from lab.kubelet.world import E2EWorld, secret_doc
 from lab.peers import keypair
 from lab.world import GW_NIC2_ADDR, SERVICE_CIDR, Host
+from tests.integration.test_e2e_ipsec import exporter_metrics
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 
@@ -140,6 +141,17 @@ def test_two_wireguard_peers_handshake_connect_and_a_removed_peer_is_cut(world: 
     }
     web = world.vip("web", "acme-wg", NS)
     assert world.reaches(sites["s1"], web, 80) and world.reaches(sites["s2"], web, 80)
+    world.wait(
+        lambda: exporter_metrics(
+            world,
+            'wireguard_up{interface="wg0"}',
+            'wireguard_peer_present{interface="wg0",peer="s2"}',
+            name="acme-wg",
+            ns=NS,
+        ),
+        30,
+        "the exporter's metrics through the agent's read-only UAPI socket",
+    )
     kept = world.long_client(sites["s1"], web, 80, "s1-web")
     world.wait(kept.alive, 10, "s1's long-lived flow")
     world.kubectl("delete", "vpnpeer", "s2", "-n", NS)

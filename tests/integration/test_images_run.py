@@ -306,10 +306,15 @@ def readable_tree(top: Path, files: dict[str, bytes]) -> None:
         p.chmod(0o755 if p.is_dir() else 0o644)
 
 
+READONLY = "/run/vpngw-readonly"
+"""The agent's --readonly-dir, the exporter's only volume (controller/podspec.py)."""
+
+
 def agent_cmd(plan: str, secrets_dir: str) -> list[str]:
-    """The status-agent's command in the pod: the plan and secret volumes, a status file on an emptyDir."""
-    return ["python3", "-m", "agent", "--plan", plan, "--secrets-dir", secrets_dir,
-            "--status-file", "/status/status.json", "--poll-interval", "0.2"]  # fmt: skip
+    """The status-agent's command in the pod: the plan and secret volumes, a status file on an emptyDir,
+    the exporter's read-only view on another."""
+    return ["python3", "-m", "agent", "--plan", plan, "--secrets-dir", secrets_dir, "--status-file",
+            "/status/status.json", "--poll-interval", "0.2", "--readonly-dir", READONLY]  # fmt: skip
 
 
 def writable_dir(path: Path) -> Path:
@@ -401,13 +406,20 @@ def test_status_agent_and_exporter_run_unprivileged_and_reach_charon(
         f"{open_tmp / 'plan'}:/etc/vpngw/plan:ro",
         f"{open_tmp / 'secrets'}:/etc/vpngw/secrets:ro",
     )
+    readonly = writable_dir(open_tmp / "readonly")
     agent_argv = agent_cmd("/etc/vpngw/plan/plan.json", "/etc/vpngw/secrets")
     agent = pod.start(
-        "agent", GATEWAY, agent_argv, unprivileged(in_ns(lab.gw.ns), *mounts, f"{status_dir}:/status")
+        "agent",
+        GATEWAY,
+        agent_argv,
+        unprivileged(in_ns(lab.gw.ns), *mounts, f"{status_dir}:/status", f"{readonly}:{READONLY}"),
     )
+    # The exporter sees only the agent's read-only directory: the plan copy and the VICI relay.
     exporter_argv = ["python3", "-m", "exporter", "--listen", "127.0.0.1:9814", "--plan",
-                     "/etc/vpngw/plan/plan.json", "--vici-socket", "/var/run/charon/charon.vici"]  # fmt: skip
-    exporter = pod.start("exporter", GATEWAY, exporter_argv, unprivileged(in_ns(lab.gw.ns), *mounts))
+                     f"{READONLY}/plan.json", "--vici-socket", f"{READONLY}/charon.vici"]  # fmt: skip
+    exporter = pod.start(
+        "exporter", GATEWAY, exporter_argv, unprivileged(in_ns(lab.gw.ns), f"{readonly}:{READONLY}:ro")
+    )
 
     def agent_status() -> dict[str, Any]:
         try:
@@ -502,11 +514,19 @@ def test_wireguard_go_creates_wg0_and_the_agent_configures_it(pod: Pod, lab: Lab
     )
     wait_for("wg0", lambda: lab.gw.run("ip", "link", "show", "wg0", check=False).returncode == 0)
     agent_argv = agent_cmd("/etc/vpngw/plan.json", "/etc/vpngw/secrets")
+    readonly = writable_dir(open_tmp / "readonly")
     agent = pod.start(
         "agent",
         GATEWAY,
         agent_argv,
-        root(["NET_ADMIN"], net, uapi, f"{open_tmp / 'etc'}:/etc/vpngw:ro", f"{status_dir}:/status"),
+        root(
+            ["NET_ADMIN"],
+            net,
+            uapi,
+            f"{open_tmp / 'etc'}:/etc/vpngw:ro",
+            f"{status_dir}:/status",
+            f"{readonly}:{READONLY}",
+        ),
     )
     wait_for(
         "wg0's address", lambda: "10.99.0.1/24" in lab.gw.run("ip", "addr", "show", "wg0").stdout.decode()
@@ -516,22 +536,24 @@ def test_wireguard_go_creates_wg0_and_the_agent_configures_it(pod: Pod, lab: Lab
         lambda: public in (o := pod.run(GATEWAY, ["wg", "show", "wg0"], root((), "none", uapi)).stdout) and o,
     )
     assert "listening port: 51820" in shown
-    # The WireGuard exporter: root with no capabilities (wireguard-go's UAPI socket is 0700, owner root).
-    exporter_argv = [
-        "python3",
-        "-m",
-        "exporter",
-        "--listen",
-        "127.0.0.1:9815",
-        "--wireguard-interface",
-        "wg0",
-    ]
-    pod.start("exporter", GATEWAY, exporter_argv, root((), net, uapi))
-    metrics = wait_for("the exporter", lambda: http_get_in(lab.gw.ns, "http://127.0.0.1:9815/metrics"))
-    assert re.search(r'^wireguard_up\{interface="wg0"\} 1(\.0)?$', metrics, re.M), metrics[:2000]
-    for name in (wg, agent):
+    # The WireGuard exporter: 65532 with no capabilities, through the agent's read-only UAPI socket
+    # (wireguard-go's own is 0700, owner root).
+    exporter_argv = ["python3", "-m", "exporter", "--listen", "127.0.0.1:9815", "--wireguard-interface",
+                     "wg0", "--wireguard-uapi-dir", READONLY, "--plan", f"{READONLY}/plan.json"]  # fmt: skip
+    exporter = pod.start("exporter", GATEWAY, exporter_argv, unprivileged(net, f"{readonly}:{READONLY}:ro"))
+    metrics = wait_for(
+        "the exporter",
+        lambda: (
+            (m := http_get_in(lab.gw.ns, "http://127.0.0.1:9815/metrics"))
+            and re.search(r'^wireguard_up\{interface="wg0"\} 1(\.0)?$', m, re.M)
+            and m
+        ),
+    )
+    st = pod.proc_status(exporter)
+    assert st["Uid"].split()[0] == str(UID) and int(st["CapBnd"], 16) == int(st["CapEff"], 16) == 0, st
+    for name in (wg, agent, exporter):
         assert pod.state(name) == "running", pod.logs(name)[-2000:]
-    assert private not in pod.logs(agent) + pod.logs(wg)
+    assert private not in pod.logs(agent) + pod.logs(wg) + metrics
 
 
 # --- the controller -----------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from controller.names import (
     key_of,
 )
 from controller.placement import Placement
-from controller.podspec import INITNAT_CAPS, IPSEC_CAPS
+from controller.podspec import INITNAT_CAPS, IPSEC_CAPS, READONLY_DIR
 from controller.reconcile import Decision, Snapshot, cleanup, decide, peers_of, render_gateway
 from controller.settings import Allowance, GatewayPod, Settings, StaticNic
 from controller.status import Condition
@@ -330,17 +330,54 @@ def test_the_ipsec_pod_is_pinned_multus_attached_and_each_container_has_its_priv
     assert c["exporter"]["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 9100}
     agent = c["status-agent"]["command"]
     assert agent[agent.index("--follow-configmap") + 1] == HOME and "--kube-status" in agent
-    assert "--vici-socket" in c["exporter"]["command"]
+    exporter = c["exporter"]["command"]
+    assert exporter[exporter.index("--vici-socket") + 1] == f"{READONLY_DIR}/charon.vici", (
+        "the relay, not charon's"
+    )
+    assert_exporter_reads_only(by_kind(run(snapshot(IPSEC))))
 
 
-def test_a_wireguard_pod_has_no_charon_and_its_agent_and_exporter_run_as_root() -> None:
+def assert_exporter_reads_only(objs: Mapping[str, Any]) -> None:
+    """The exporter in either mode: 65532, no capabilities, and nothing mounted but the agent's read-only
+    directory (read-only): not charon's control socket, not wireguard-go's, not the live directory with
+    the Secrets, no hostPath. The agent serves that directory (--readonly-dir, mounted writable)."""
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    c = {x["name"]: x for x in pod["containers"]}
+    sc = c["exporter"]["securityContext"]
+    assert sc == {
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert c["exporter"]["volumeMounts"] == [
+        {"name": "readonly", "mountPath": READONLY_DIR, "readOnly": True}
+    ]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["readonly"] == {"name": "readonly", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+    cmd = c["exporter"]["command"]
+    assert cmd[cmd.index("--plan") + 1] == f"{READONLY_DIR}/plan.json"
+    agent = c["status-agent"]
+    assert agent["command"][agent["command"].index("--readonly-dir") + 1] == READONLY_DIR
+    assert {"name": "readonly", "mountPath": READONLY_DIR} in agent["volumeMounts"]
+    for x in pod["containers"] + pod["initContainers"]:
+        if x["name"] not in ("exporter", "status-agent"):
+            assert "readonly" not in {m["name"] for m in x.get("volumeMounts", [])}, x["name"]
+
+
+def test_a_wireguard_pod_has_no_charon_its_agent_runs_as_root_and_its_exporter_does_not() -> None:
     d = run(snapshot(WIREGUARD))
     c = containers(d)
     assert list(c) == ["init-nat-watch", "status-agent", "exporter"]
     assert c["status-agent"]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert c["status-agent"]["securityContext"]["runAsUser"] == 0
     assert "--wireguard-uapi-dir" in c["status-agent"]["command"]
-    assert "--wireguard-interface" in c["exporter"]["command"]
+    exporter = c["exporter"]["command"]
+    assert exporter[exporter.index("--wireguard-interface") + 1] == "wg0"
+    assert exporter[exporter.index("--wireguard-uapi-dir") + 1] == READONLY_DIR, "the agent's socket"
+    assert_exporter_reads_only(by_kind(d))
     role = by_kind(d)["TenantRole"]
     assert role["rules"][1]["resourceNames"] == ["acme-wg", "s1-wg"]
     go = dataclasses.replace(SETTINGS, pod=dataclasses.replace(SETTINGS.pod, wireguard="wireguard-go"))
@@ -350,6 +387,7 @@ def test_a_wireguard_pod_has_no_charon_and_its_agent_and_exporter_run_as_root() 
     assert c2["wireguard-go"]["command"] == ["wireguard-go", "-f", "wg0"]
     vols = {v["name"]: v for v in by_kind(d2)["Deployment"]["spec"]["template"]["spec"]["volumes"]}
     assert vols["tun"] == {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}}
+    assert_exporter_reads_only(by_kind(d2))
 
 
 def test_a_legacy_gateway_gets_its_own_names_and_its_kinds_status_right() -> None:
