@@ -298,12 +298,13 @@ def neighbours(mine: Claim, others: Sequence[Claim]) -> tuple[Neighbour, ...]:
 
 def my_claim(key: GatewayKey, gateway: Mapping[str, Any], deployed_cidr: str | None) -> Claim | None:
     """This gateway's claim on the range its spec asks for: ``deployed`` only when the deployed plan
-    already serves a range overlapping it (moving onto someone else's range is never a deployed claim)."""
+    already serves all of it (narrowing keeps the claim; widening, or moving, onto a range someone else
+    holds is never a deployed claim: found by review, an older gateway widened over a younger one's)."""
     asked = claim_of(key, gateway, None)
     if asked is None:
         return None
-    if deployed_cidr is not None and ipaddress.IPv4Network(deployed_cidr).overlaps(
-        ipaddress.IPv4Network(asked.service_cidr)
+    if deployed_cidr is not None and ipaddress.IPv4Network(asked.service_cidr).subnet_of(
+        ipaddress.IPv4Network(deployed_cidr)
     ):
         return dataclasses.replace(asked, deployed=True)
     return asked

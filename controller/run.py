@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import gwplan
-from controller import execute
+from controller import execute, placement
 from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
 from controller.desired import HOME_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, plan_of
 from controller.informer import Informer, metadata_only
@@ -383,26 +383,27 @@ class Operator:
             return "deleted"
         tenant = await self.tenant_caches(key.namespace) if snap.namespace_enabled else None
         snap = self.snapshot(key, gateway, tenant)
-        rendered = render_gateway(snap, self.settings, await self.cloud.transit_cidrs())
-        async with self._place_lock:
-            snap = self.snapshot(key, gateway, tenant)  # the pins of reconciles that placed meanwhile
-            where = place(snap, self.settings)
-            if where.node is not None:
-                self.pins[key] = where.node
-        want = CloudWant(
-            key, where.node, provider_id(snap, where.node), rendered.in_force, snap.links.routers
-        )
+        transit = await self.cloud.transit_cidrs()
+        # Rendering is pure but not cheap (seconds for thousands of peers): off the event loop, so that
+        # one tenant's large gateway never stalls the informers, the other workers or the Lease.
+        rendered = await anyio.to_thread.run_sync(render_gateway, snap, self.settings, transit)
         cloud_failed = False
-        try:
-            cloud = await self.cloud.ensure(want)
-        except CloudError as exc:
-            log.warning("cloud.failed gateway=%s step=%s error=%r", key, exc.step, str(exc))
-            cloud = CloudState(
-                _deployed_nic(rendered),
-                snap.current_status.get("publicIP"),
-                (Condition(CLOUD_READY, False, exc.step, str(exc)),),
+        if rendered.in_force is None:
+            # Nothing to serve (a new gateway that does not render): no node slot, no cloud resources.
+            # A tenant's invalid or unserved CRs must not take capacity every tenant shares.
+            self.pins.pop(key, None)
+            where = placement.Placement(None, "NotRendered", "nothing to serve until the gateway renders")
+            cloud = CloudState(None, None, (Condition(CLOUD_READY, False, "NotRendered", where.message),))
+        else:
+            async with self._place_lock:
+                snap = self.snapshot(key, gateway, tenant)  # the pins of reconciles that placed meanwhile
+                where = place(snap, self.settings)
+                if where.node is not None:
+                    self.pins[key] = where.node
+            want = CloudWant(
+                key, where.node, provider_id(snap, where.node), rendered.in_force, snap.links.routers
             )
-            cloud_failed = True
+            cloud, cloud_failed = await self._ensure(key, want, snap, rendered)
         now = now_rfc3339()
         decision = decide(snap, self.settings, rendered, where, cloud, now)
         counts = await execute.apply(
@@ -423,6 +424,21 @@ class Operator:
                 "yes" if rendered.plan is not None else "no",
             )
         return "cloud-failed" if cloud_failed else "ok"
+
+    async def _ensure(
+        self, key: GatewayKey, want: CloudWant, snap: Snapshot, rendered: Rendered
+    ) -> tuple[CloudState, bool]:
+        """The cloud's answer, and whether a step failed (then what the deployed plan says stands in)."""
+        try:
+            return await self.cloud.ensure(want), False
+        except CloudError as exc:
+            log.warning("cloud.failed gateway=%s step=%s error=%r", key, exc.step, str(exc))
+            state = CloudState(
+                _deployed_nic(rendered),
+                snap.current_status.get("publicIP"),
+                (Condition(CLOUD_READY, False, exc.step, str(exc)),),
+            )
+            return state, True
 
     async def worker(self) -> None:
         while True:

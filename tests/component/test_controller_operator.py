@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from controller.desired import plan_of
-from controller.names import GatewayKey
+from controller.names import LABEL_TENANT, TENANT_ENABLED, GatewayKey
 from lab.cluster import GATEWAY_NAMESPACE, Cluster, Controller, home_of, secrets_for, wait_for
 from tests.examples import example_docs
 
@@ -430,6 +430,9 @@ def test_kubectl_apply_of_the_example_then_get_vpngateways_shows_the_columns(clu
     start(cluster)
     kc = [str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig)]
     assert subprocess.run([*kc, "create", "namespace", NS], capture_output=True, check=False).returncode == 0
+    # The platform enables the tenant's namespace; without it the gateway takes no node and no cloud.
+    labelled = [*kc, "label", "namespace", NS, f"{LABEL_TENANT}={TENANT_ENABLED}"]
+    assert subprocess.run(labelled, capture_output=True, check=False).returncode == 0
     applied = subprocess.run(
         [*kc, "apply", "-f", "docs/examples/ipsec.yaml"],
         capture_output=True,
@@ -448,3 +451,31 @@ def test_kubectl_apply_of_the_example_then_get_vpngateways_shows_the_columns(clu
     name, kind, node, public, ready = row.split()[:5]
     assert (name, kind, public, ready) == ("acme", "ipsec", "203.0.113.10", "False")
     assert node in ("node-a", "node-b")
+
+
+def test_a_gateway_in_a_namespace_not_enabled_takes_no_node_and_no_cloud_until_enabled(
+    cluster: Cluster,
+) -> None:
+    """A CR in a namespace the platform has not enabled is refused whole: no plan, no pod, no node slot
+    and no cloud step, so a namespace nobody vetted cannot take capacity every tenant shares."""
+    start(cluster)
+    cluster.namespace(NS, tenant=False)
+    apply_ipsec(cluster)
+    gw = wait_for(
+        lambda: (
+            (g := gateway(cluster))
+            and (condition(g, "Ready") or {}).get("reason") == "NamespaceNotEnabled"
+            and g
+        ),
+        20,
+        "the refusal in the status",
+    )
+    assert (condition(gw, "CloudReady") or {}).get("reason") == "NotRendered"
+    assert not gw["status"].get("publicIP") and not gw["status"].get("nodeName")
+    assert cluster.owned("apps/v1", "Deployment", "acme", NS) is None
+    assert cluster.owned("v1", "ConfigMap", "acme", NS) is None
+    cluster.kube.patch("v1", "Namespace", NS, {"metadata": {"labels": {LABEL_TENANT: TENANT_ENABLED}}})
+    wait_for(lambda: converged(cluster), 20, "every owned object once the namespace is enabled")
+    wait_for(
+        lambda: gateway(cluster).get("status", {}).get("publicIP") == NIC["publicIP"], 10, "the public IP"
+    )

@@ -57,6 +57,17 @@ def test_a_gateway_moving_onto_a_served_range_never_wins_it_even_when_older() ->
     assert neighbours(b_mine, [a_claim]) == ()
 
 
+def test_widening_over_a_younger_gateways_served_range_never_wins_it() -> None:
+    """Found by review: B (older) widened its deployed /24 to a /8 over A's deployed range; the overlap with
+    its own old range made it a 'deployed' claim, it won on age and froze A."""
+    a = claim_of(key("a"), gateway("10.9.0.0/24", "2026-02-01T00:00:00Z"), "10.9.0.0/24")
+    b_wide = my_claim(key("b"), gateway("10.0.0.0/8", "2026-01-01T00:00:00Z"), "10.200.0.0/24")
+    assert a is not None and b_wide is not None and not b_wide.deployed
+    assert [n.resource for n in neighbours(b_wide, [a])] == ["VPNGateway/tenant-a/a"], "B is refused"
+    b_narrow = my_claim(key("b"), gateway("10.200.0.0/25", "2026-01-01T00:00:00Z"), "10.200.0.0/24")
+    assert b_narrow is not None and b_narrow.deployed, "narrowing what it serves keeps its claim"
+
+
 def test_of_two_new_gateways_the_older_keeps_the_range() -> None:
     old = claim_of(key("old"), gateway("198.18.0.0/24", "2026-01-01T00:00:00Z"), None)
     new = claim_of(key("new"), gateway("198.18.0.0/24", "2026-01-02T00:00:00Z"), None)
