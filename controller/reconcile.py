@@ -187,6 +187,7 @@ def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str,
         return keep([*refused, *left_out])
     gateway = parse(stored_gateway)
     assert isinstance(gateway, VPNGateway | IPsecGateway)
+    allowance = settings.allowance(snap.key.namespace)
     options = RenderOptions(
         internal_source_cidrs=settings.internal_source_cidrs,
         previous=previous,
@@ -194,8 +195,10 @@ def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str,
         wireguard_interface=settings.wireguard_interface,
         transit_cidrs=transit_cidrs,
         neighbours=snap.neighbours,
-        exposure_targets=settings.allowance(snap.key.namespace).exposure_targets,
+        exposure_targets=allowance.exposure_targets,
         secrets=snap.secrets,
+        service_cidrs=allowance.service_cidrs,
+        api_server_cidrs=tuple(c for c, _ in settings.network_policy.api_server),
     )
     try:
         rendering = render_parts(gateway, peers, options)
@@ -308,6 +311,16 @@ def my_claim(key: GatewayKey, gateway: Mapping[str, Any], deployed_cidr: str | N
     ):
         return dataclasses.replace(asked, deployed=True)
     return asked
+
+
+def holds(claim: Claim, enabled: bool, allowed: Sequence[str] | None) -> bool:
+    """Whether ``claim`` keeps other gateways off its range: a served range always does; a range only
+    asked for does from an enabled namespace and inside the namespace's allowance (``allowed``: its
+    ``serviceCIDRs``, None: any), else a CR that can never render would block a range others need."""
+    if claim.deployed:
+        return True
+    net = ipaddress.IPv4Network(claim.service_cidr)
+    return enabled and (allowed is None or any(net.subnet_of(ipaddress.IPv4Network(c)) for c in allowed))
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from controller.reconcile import (
     cleanup,
     cluster_links,
     decide,
+    holds,
     my_claim,
     neighbours,
     peers_of,
@@ -328,7 +329,8 @@ class Operator:
         for g in self._gateways():
             k = self._key(g)
             c = claim_of(k, g, self._deployed_cidr(k)) if k != key else None
-            if c is not None:
+            enabled = self.informers["Namespace"].get("", k.namespace) is not None
+            if c is not None and holds(c, enabled, self.settings.allowance(k.namespace).service_cidrs):
                 others.append(c)
         links = cluster_links(
             key, self.informers["ClusterLink"].items(), self.settings.allowance(key.namespace).routers

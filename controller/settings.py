@@ -112,6 +112,10 @@ class Allowance:
     """CIDRs an exposure's target (an address, or what a host name resolves to in the pod) must lie in."""
     routers: tuple[str, ...] = ()
     """Router ids a ClusterLink may name (its gateways' reverse-exposure routes go there)."""
+    service_cidrs: tuple[str, ...] | None = None
+    """Ranges its gateways' serviceCIDRs must lie in; None: any range the other rules leave (the
+    serviceCIDRs of one transit network are first come, first served: this keeps one tenant from
+    claiming a range others need)."""
 
 
 @dataclass(frozen=True)
@@ -263,10 +267,11 @@ _ROUTER_ID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,254}")
 def _allowance(doc: Any, what: str) -> Allowance:
     if not isinstance(doc, Mapping):
         raise SettingsError(f"{what}: expected a mapping with exposureTargets and clusterLinkRouters")
-    unknown = sorted(set(doc) - {"exposureTargets", "clusterLinkRouters"})
+    known = {"exposureTargets", "clusterLinkRouters", "serviceCIDRs"}
+    unknown = sorted(set(doc) - known)
     if unknown:
         raise SettingsError(
-            f"{what}: unknown key(s) {', '.join(unknown)} (known: clusterLinkRouters, exposureTargets)"
+            f"{what}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
         )
     targets = doc.get("exposureTargets") or []
     routers = doc.get("clusterLinkRouters") or []
@@ -275,8 +280,13 @@ def _allowance(doc: Any, what: str) -> Allowance:
     for i, r in enumerate(routers):
         if not isinstance(r, str) or not _ROUTER_ID.fullmatch(r):
             raise SettingsError(f"{what}.clusterLinkRouters[{i}]: {r!r} is not a router id")
+    service = doc.get("serviceCIDRs")
+    if service is not None and not isinstance(service, list):
+        raise SettingsError(f"{what}.serviceCIDRs: expected a list of CIDRs")
     return Allowance(
-        parse_cidrs(",".join(map(str, targets)), f"{what}.exposureTargets"), tuple(sorted(set(routers)))
+        parse_cidrs(",".join(map(str, targets)), f"{what}.exposureTargets"),
+        tuple(sorted(set(routers))),
+        None if service is None else parse_cidrs(",".join(map(str, service)), f"{what}.serviceCIDRs"),
     )
 
 

@@ -179,6 +179,11 @@ class Surroundings:
     in the controller); a reference to any other is refused. None: no check (the offline render)."""
     deployed: frozenset[str] = frozenset()
     """Names of the peers (legacy: tunnels) the deployed plan holds: they win conflicts with newcomers."""
+    service_cidrs: tuple[str, ...] | None = None
+    """The ranges this gateway's namespace may take its serviceCIDR from (the operator's allowance);
+    None: any range the other rules leave."""
+    api_server_cidrs: tuple[str, ...] = ()
+    """The API server's endpoints: the pod's agent talks to them, so no peer may route them."""
 
     def opted_in(self, name: str) -> bool:
         return self.secrets is None or name in self.secrets
@@ -216,6 +221,10 @@ def _net(text: str, owner: str, path: str) -> _Net:
 
 def _meets(a: _Net, b: _Net) -> bool:
     return a.first <= b.last and b.first <= a.last
+
+
+def _within(a: _Net, b: _Net) -> bool:
+    return b.first <= a.first and a.last <= b.last
 
 
 def _problem(
@@ -280,6 +289,8 @@ def admit_gateway(gateway: Gateway, peers: Sequence[VPNPeer], around: Surroundin
     problems = parse_cidrs(around.internal_source_cidrs, "internalSourceCIDRs")
     problems += parse_cidrs(around.transit_cidrs, "transitCIDRs")
     problems += parse_cidrs(around.exposure_targets or (), "exposureTargets")
+    problems += parse_cidrs(around.service_cidrs or (), "serviceCIDRs")
+    problems += parse_cidrs(around.api_server_cidrs, "apiServer")
     if problems:
         return Admission(gateway, (), tuple(problems))
     gw = str(gateway.meta)
@@ -308,7 +319,7 @@ def admit_gateway(gateway: Gateway, peers: Sequence[VPNPeer], around: Surroundin
             reverse_exposures=tuple(e for e in gateway.reverse_exposures if e.name in reverse),
         )
         return Admission(kept, tuple(sorted(granted, key=lambda p: p.meta.name)), tuple(problems))
-    tunnels, found = _admit_tunnels(gateway, service, internal, around.deployed)
+    tunnels, found = _admit_tunnels(gateway, service, internal, around)
     problems += found
     carried = []
     for i, e in enumerate(gateway.reverse_exposures):
@@ -350,6 +361,19 @@ def _gateway_itself(gateway: Gateway, service: _Net, around: Surroundings) -> li
     """Rules of the gateway's own fields: one broken, and nothing of it can be rendered."""
     gw = str(gateway.meta)
     problems = []
+    allowed = around.service_cidrs
+    if allowed is not None and not any(_within(service, _net(c, "", "")) for c in allowed):
+        problems.append(
+            _problem(
+                gw,
+                "spec.serviceCIDR",
+                gateway.service_cidr,
+                f"is not inside the ranges the operator allows namespace {gateway.meta.namespace} "
+                f"({', '.join(allowed) or 'none'}; the chart's allowances.namespaces."
+                f"{gateway.meta.namespace}.serviceCIDRs)",
+                "ServiceCIDRNotAllowed",
+            )
+        )
     own: list[tuple[str, str]] = []
     if isinstance(gateway, IPsecGateway):
         own.append(("spec.auth.pskSecretRef.name", gateway.psk_secret_ref.name))
@@ -552,8 +576,7 @@ def _admit_peers(
                 )
         base = _peer_path(peer)
         own = [_net(s, p, f"{base}[{i}]") for i, s in enumerate(peer.subnets)]
-        for problem in _own_subnets(own, service, internal, gateway.service_cidr, item):
-            found.append(problem)
+        found += _own_subnets(own, service, internal, gateway.service_cidr, item, _reserved(around))
         for n in own:
             other = nets.overlap(n)
             if other is not None:
@@ -571,13 +594,51 @@ def _admit_peers(
     return admitted, problems
 
 
+# Ranges no peer's subnets may touch: traffic there is the pod's own (loopback, the metadata service at
+# 169.254.169.254) or no unicast network at all; routed into a tunnel, the pod would hand it to the peer.
+SPECIAL_RANGES = (
+    ("0.0.0.0/8", "this-network (0.0.0.0/8; a default route 0.0.0.0/0 included)"),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local, where the cloud's metadata service lives"),
+    ("224.0.0.0/3", "multicast and reserved"),
+)
+
+
+def _reserved(around: Surroundings) -> list[tuple[_Net, str]]:
+    """(range, what it is) of the ranges no peer's subnets may overlap."""
+    api = [
+        (c, "the API server's endpoint (networkPolicy.apiServer): the gateway's agent reads its plan there")
+        for c in around.api_server_cidrs
+    ]
+    return [(_net(c, "", ""), what) for c, what in (*SPECIAL_RANGES, *api)]
+
+
 def _own_subnets(
-    own: Sequence[_Net], service: _Net, internal: Sequence[_Net], service_cidr: str, item: Item
+    own: Sequence[_Net],
+    service: _Net,
+    internal: Sequence[_Net],
+    service_cidr: str,
+    item: Item,
+    reserved: Sequence[tuple[_Net, str]],
 ) -> list[Problem]:
-    """One peer's (or legacy tunnel's) subnets against each other, serviceCIDR and internalSourceCIDRs.
-    A WireGuard peer's allowedIPs usually include its tunnel address inside the gateway's tunnel subnet:
-    fine. Overlaps between peers are not (WireGuard routes each address to ONE peer)."""
+    """One peer's (or legacy tunnel's) subnets against each other, serviceCIDR, internalSourceCIDRs and
+    the reserved ranges. A WireGuard peer's allowedIPs usually include its tunnel address inside the
+    gateway's tunnel subnet: fine. Overlaps between peers are not (WireGuard routes each address to ONE
+    peer)."""
     problems = []
+    for n in own:
+        hit = next(((r, what) for r, what in reserved if _meets(n, r)), None)  # one is enough to say
+        if hit is not None:
+            problems.append(
+                _problem(
+                    n.owner,
+                    n.path,
+                    n.text,
+                    f"overlaps {hit[0].text}, {hit[1]}: no peer may route it",
+                    "ReservedRange",
+                    item,
+                )
+            )
     widest: _Net | None = None
     for n in sorted(own, key=lambda n: (n.first, -n.last, n.path)):
         if widest is not None and n.first <= widest.last:
@@ -697,10 +758,11 @@ def ike_id_key(ike_id: str) -> str:
 
 
 def _admit_tunnels(
-    gateway: IPsecGateway, service: _Net, internal: Sequence[_Net], deployed: frozenset[str]
+    gateway: IPsecGateway, service: _Net, internal: Sequence[_Net], around: Surroundings
 ) -> tuple[tuple[LegacyTunnel, ...], list[Problem]]:
     """The legacy gateway's tunnels that can be rendered: deployed ones first, then in spec order."""
     gw = str(gateway.meta)
+    deployed, reserved = around.deployed, _reserved(around)
     order = sorted(range(len(gateway.tunnels)), key=lambda i: (gateway.tunnels[i].name not in deployed, i))
     admitted: list[int] = []
     problems: list[Problem] = []
@@ -734,7 +796,7 @@ def _admit_tunnels(
                 )
             )
         own = [_net(s, gw, f"spec.tunnels[{i}].remoteSubnets[{j}]") for j, s in enumerate(t.remote_subnets)]
-        found += _own_subnets(own, service, internal, gateway.service_cidr, item)
+        found += _own_subnets(own, service, internal, gateway.service_cidr, item, reserved)
         for n in own:
             other = nets.overlap(n)
             if other is not None:

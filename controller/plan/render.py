@@ -90,6 +90,10 @@ class RenderOptions:
     """The CIDRs the gateway's namespace may expose; None: no restriction (the offline render)."""
     secrets: frozenset[str] | None = None
     """The Secrets of the gateway's namespace opted in for gateways; None: no check (the offline render)."""
+    service_cidrs: tuple[str, ...] | None = None
+    """Where the namespace's serviceCIDRs may lie; None: no restriction (the offline render)."""
+    api_server_cidrs: tuple[str, ...] = ()
+    """The API server's endpoints: no peer may route them."""
 
 
 def normalise(cidr: str) -> str:
@@ -239,6 +243,8 @@ def render_parts(
         exposure_targets=options.exposure_targets,
         secrets=options.secrets,
         deployed=_deployed(previous),
+        service_cidrs=options.service_cidrs,
+        api_server_cidrs=options.api_server_cidrs,
     )
     written = gateway, peers  # the input as the user wrote it: problems point at its fields
     admitted = admit_gateway(gateway, peers, around)

@@ -15,11 +15,12 @@ from controller.reconcile import (
     Links,
     claim_of,
     cluster_links,
+    holds,
     my_claim,
     neighbours,
     render_gateway,
 )
-from controller.settings import Allowance, Settings, SettingsError, from_config
+from controller.settings import Allowance, NetworkPolicySettings, Settings, SettingsError, from_config
 from tests.examples import edit, example_docs
 from tests.unit.test_controller_desired import run, snapshot, written
 
@@ -101,6 +102,58 @@ def test_a_service_cidr_on_the_transit_network_is_refused() -> None:
     assert render_gateway(snapshot(IPSEC), SETTINGS, ("192.0.2.0/26",)).plan is not None
 
 
+def test_a_service_cidr_outside_the_namespaces_allowance_is_refused_naming_the_chart_value() -> None:
+    only = Settings(
+        internal_source_cidrs=("192.0.2.64/26",),
+        allowances={"tenant-acme": Allowance(("192.0.2.64/26",), (), ("198.18.8.0/21",))},
+    )
+    rendered = render_gateway(snapshot(IPSEC), only)  # 198.18.0.0/24
+    assert rendered.plan is None
+    (problem,) = [p for p in rendered.problems if p.item.kind == "gateway"]
+    assert problem.reason == "ServiceCIDRNotAllowed" and problem.error.path == "spec.serviceCIDR"
+    assert "allowances.namespaces.tenant-acme.serviceCIDRs" in str(problem)
+    inside = edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.9.0/24")
+    assert render_gateway(snapshot(inside), only).plan is not None
+
+
+def test_only_a_served_range_or_one_asked_from_an_enabled_namespace_within_its_allowance_holds() -> None:
+    """A CR that can never render (its namespace not enabled, its range not allowed) must not keep
+    other tenants off a range."""
+    asked = Claim(key("a"), "198.18.0.0/24", False, "2026-01-01T00:00:00Z")
+    assert holds(asked, True, None) and holds(asked, True, ("198.18.0.0/16",))
+    assert not holds(asked, False, None), "namespace not enabled"
+    assert not holds(asked, True, ("198.18.1.0/24",)), "outside the namespace's serviceCIDRs"
+    served = Claim(key("a"), "198.18.0.0/24", True, "2026-01-01T00:00:00Z")
+    assert holds(served, False, ("10.0.0.0/8",)), "what a pod serves holds until it stops"
+
+
+@pytest.mark.parametrize(
+    ("subnet", "what"),
+    [
+        ("0.0.0.0/0", "this-network"),
+        ("169.254.169.254/32", "metadata service"),
+        ("127.0.0.0/30", "loopback"),
+        ("224.0.0.0/4", "multicast"),
+        ("10.96.0.0/16", "API server's endpoint"),
+    ],
+)
+def test_a_peer_routing_a_reserved_range_is_left_out_and_its_sibling_served(subnet: str, what: str) -> None:
+    """Routed into a tunnel, the pod's own traffic (to the API server its agent reads the plan from, to
+    the metadata service) would go to the peer: no peer may name such a range."""
+    docs = edit(IPSEC, 2, ["spec", "ipsec", "remoteSubnets"], [subnet])  # s2
+    settings = Settings(
+        internal_source_cidrs=("192.0.2.64/26",),
+        default_allowance=FABRIC,
+        network_policy=NetworkPolicySettings(api_server=(("10.96.0.1/32", 443),)),
+    )
+    rendered = render_gateway(snapshot(docs), settings)
+    assert rendered.plan is not None and rendered.plan.ipsec is not None
+    assert [t.name for t in rendered.plan.ipsec.tunnels] == ["s1"]
+    (problem,) = [p for p in rendered.problems if p.reason == "ReservedRange"]
+    assert str(problem.item) == "peer s2" and problem.error.path == "spec.ipsec.remoteSubnets[0]"
+    assert what in str(problem)
+
+
 # --- what a namespace may reach ------------------------------------------------------------------------
 
 
@@ -155,6 +208,11 @@ def test_a_cluster_link_naming_a_router_outside_the_allowance_programs_no_route(
         ({"allowances": {"namespaces": {"Bad_NS": {}}}}, "'Bad_NS' is not a namespace name"),
         ({"allowances": {"default": {"routers": []}}}, "unknown key(s) routers"),
         ({"allowances": {"default": {"clusterLinkRouters": ["a b"]}}}, "clusterLinkRouters[0]: 'a b'"),
+        (
+            {"allowances": {"default": {"serviceCIDRs": "10.0.0.0/8"}}},
+            "default.serviceCIDRs: expected a list",
+        ),
+        ({"allowances": {"namespaces": {"t": {"serviceCIDRs": ["10.0.0.0/40"]}}}}, "t.serviceCIDRs[0]"),
     ],
 )
 def test_allowances_in_the_config_are_checked_naming_the_field(config: dict[str, Any], message: str) -> None:
