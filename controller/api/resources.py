@@ -152,7 +152,10 @@ def _ports() -> Arr:
         },
         required=("port",),
     )
-    return Arr(port, "Ports exposed.", min_items=1, max_items=64)
+    # A port twice (80/TCP and 80 with TCP defaulted) is one DNAT rule twice: refused by the API server.
+    return Arr(
+        port, "Ports exposed.", min_items=1, max_items=64, list_type="map", map_keys=("port", "protocol")
+    )
 
 
 def _has(obj: Mapping[str, Any], key: str) -> bool:
@@ -191,9 +194,9 @@ reverse_exposure = Obj(
 
 def _exposure_lists() -> dict[str, Arr]:
     return {
-        "exposures": Arr(exposure, max_items=MAX_EXPOSURES, list_type="map", map_key="name"),
+        "exposures": Arr(exposure, max_items=MAX_EXPOSURES, list_type="map", map_keys=("name",)),
         "reverseExposures": Arr(
-            reverse_exposure, max_items=MAX_REVERSE_EXPOSURES, list_type="map", map_key="name"
+            reverse_exposure, max_items=MAX_REVERSE_EXPOSURES, list_type="map", map_keys=("name",)
         ),
     }
 
@@ -464,7 +467,7 @@ LEGACY_GATEWAY_SPEC = Obj(
         "ike": ike,
         "esp": esp,
         "auth": Obj({"pskSecretRef": secret_ref}, required=("pskSecretRef",)),
-        "tunnels": Arr(tunnel, min_items=1, max_items=MAX_TUNNELS, list_type="map", map_key="name"),
+        "tunnels": Arr(tunnel, min_items=1, max_items=MAX_TUNNELS, list_type="map", map_keys=("name",)),
         **_exposure_lists(),
     },
     required=("serviceCIDR", "localID", "auth", "tunnels"),

@@ -122,7 +122,9 @@ class Arr:
     min_items: int | None = None
     max_items: int | None = None
     list_type: Literal["atomic", "set", "map"] = "atomic"
-    map_key: str | None = None
+    map_keys: tuple[str, ...] = ()
+    """``list_type="map"``: the fields that together tell items apart (a field's default stands in for it
+    when absent: the API server defaults before it validates)."""
 
 
 @dataclass(frozen=True)
@@ -347,11 +349,16 @@ def _duplicates(node: Arr, value: list[Any], path: str, errors: list[FieldError]
     if node.list_type == "atomic":
         return
     seen: set[Any] = set()
+    fields = node.items.fields if isinstance(node.items, Obj) else {}
     for i, item in enumerate(value):
-        key = item if node.list_type == "set" else item.get(node.map_key or "")
+        if node.list_type == "set":
+            key, sub, shown = item, f"{path}[{i}]", show(item)
+        else:
+            key = tuple(item.get(k, getattr(fields.get(k), "default", None)) for k in node.map_keys)
+            sub = f"{path}[{i}].{node.map_keys[0]}" if len(node.map_keys) == 1 else f"{path}[{i}]"
+            shown = show(key[0]) if len(key) == 1 else show("/".join(map(str, key)))
         if key in seen:
-            sub = f"{path}[{i}]" if node.list_type == "set" else f"{path}[{i}].{node.map_key}"
-            errors.append(FieldError(sub, "is a duplicate", show(key), "FieldValueDuplicate"))
+            errors.append(FieldError(sub, "is a duplicate", shown, "FieldValueDuplicate"))
         seen.add(key)
 
 
@@ -413,7 +420,7 @@ def openapi(node: Node) -> dict[str, Any]:
                 out["maxItems"] = node.max_items
             out["x-kubernetes-list-type"] = node.list_type
             if node.list_type == "map":
-                out["x-kubernetes-list-map-keys"] = [node.map_key]
+                out["x-kubernetes-list-map-keys"] = list(node.map_keys)
         case Obj():
             out["type"] = "object"
             if node.description:

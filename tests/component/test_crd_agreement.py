@@ -85,8 +85,13 @@ def _list_duplicates(schema: Mapping[str, Any], value: Any) -> bool:
         if kind == "set" and len({repr(v) for v in value}) != len(value):
             return True
         if kind == "map":
-            (key,) = schema["x-kubernetes-list-map-keys"]
-            keys = [v.get(key) for v in value if isinstance(v, Mapping)]
+            names, fields = schema["x-kubernetes-list-map-keys"], schema["items"].get("properties", {})
+            # The API server defaults before it validates: an absent key is its default.
+            keys = [
+                tuple(v.get(k, fields.get(k, {}).get("default")) for k in names)
+                for v in value
+                if isinstance(v, Mapping)
+            ]
             if len(set(keys)) != len(keys):
                 return True
         return any(_list_duplicates(schema["items"], v) for v in value)

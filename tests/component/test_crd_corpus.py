@@ -39,6 +39,13 @@ def _c(id: str, base: dict[str, Any], path: Sequence[str | int], value: Any, exp
 KEY_A = "ndMB0U9Tj4E4/5wKf/gWNO7jDafzWOAObYzbYEYkUiw="
 
 VALID: list[Case] = [
+    _c(
+        "gw-port-same-number-other-protocol",
+        GATEWAY,
+        ["spec", "exposures", 0, "ports"],
+        [{"port": 53, "protocol": "TCP"}, {"port": 53, "protocol": "UDP"}],
+        None,
+    ),
     *(
         Case(f"example-{f}-{d['kind']}-{d['metadata']['name']}", d, None)
         for f, docs in (("ipsec", IPSEC), ("wg", WG), ("legacy", LEGACY))
@@ -123,6 +130,13 @@ INVALID: list[Case] = [
         ["spec", "exposures", 1, "name"],
         "web",
         'spec.exposures[1].name: "web" is a duplicate',
+    ),
+    _c(
+        "gw-port-dup",
+        GATEWAY,
+        ["spec", "exposures", 0, "ports"],
+        [{"port": 80, "protocol": "TCP"}, {"port": 80}],  # the second's protocol defaults to TCP
+        'spec.exposures[0].ports[1]: "80/TCP" is a duplicate',
     ),
     _c(
         "gw-exposure-reverse-dup",

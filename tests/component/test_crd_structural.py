@@ -41,9 +41,9 @@ def test_schema_is_structural(crd: Mapping[str, Any]) -> None:
             if kind == "set":
                 assert node["items"]["type"] in {"string", "integer", "boolean"}, path
             if kind == "map":
-                (key,) = node["x-kubernetes-list-map-keys"]
                 item = node["items"]
-                assert key in item.get("required", []) or "default" in item["properties"][key], path
+                for key in node["x-kubernetes-list-map-keys"]:
+                    assert key in item.get("required", []) or "default" in item["properties"][key], path
         if "default" in node:
             assert node["default"] in node.get("enum", [node["default"]]), path
 
