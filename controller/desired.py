@@ -122,15 +122,48 @@ def _stamped(obj: Obj) -> Obj:
     return obj
 
 
+CONFIG_MAP_MAX = 1024 * 1024
+"""The API server refuses a ConfigMap whose ``data`` and (decoded) ``binaryData`` hold more bytes
+(``ValidateConfigMap``, kubernetes pkg/apis/core/validation/validation.go: ``core.MaxSecretSize``)."""
+NIC_ROOM = 4096
+"""What the NIC, filled in after the render, may add to a plan."""
+
+
+def stored_plan(data: bytes) -> tuple[str, bytes]:
+    """The ConfigMap field a plan (``gwplan.dumps``) goes to, and its bytes there (``binaryData``:
+    before base64)."""
+    if len(data) > GZIP_ABOVE:
+        return "binaryData", gzip.compress(data, mtime=0)
+    return "data", data
+
+
+def too_large(plan: gwplan.Plan) -> str | None:
+    """Why ``plan`` cannot be stored or loaded (None: it can): no ConfigMap write may fail on size,
+    and no pod may be handed a plan it refuses."""
+    raw = gwplan.dumps(plan)
+    if len(raw) + NIC_ROOM > gwplan.MAX_PLAN_BYTES:
+        return (
+            f"renders a plan of {len(raw)} bytes; a gateway pod loads at most {gwplan.MAX_PLAN_BYTES}: "
+            "split its peers over more gateways"
+        )
+    field, payload = stored_plan(raw)
+    if len(payload) + NIC_ROOM > CONFIG_MAP_MAX:
+        return (
+            f"renders a plan of {len(payload)} bytes in the ConfigMap's {field} (gzip of {len(raw)}); the "
+            f"API server takes at most {CONFIG_MAP_MAX}: split its peers over more gateways"
+        )
+    return None
+
+
 def config_map(inputs: Inputs) -> Obj:
     """Exactly the plan, under one key: anything else someone added (another key, a ``binaryData``
     copy) is not ours and goes at the next write (``diff`` replaces the whole object's data)."""
-    data = gwplan.dumps(inputs.plan)
+    field, payload = stored_plan(gwplan.dumps(inputs.plan))
     obj: Obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inputs)}
-    if len(data) > GZIP_ABOVE:
-        obj["binaryData"] = {PLAN_KEY: base64.b64encode(gzip.compress(data, mtime=0)).decode()}
+    if field == "binaryData":
+        obj["binaryData"] = {PLAN_KEY: base64.b64encode(payload).decode()}
     else:
-        obj["data"] = {PLAN_KEY: data.decode()}
+        obj["data"] = {PLAN_KEY: payload.decode()}
     return obj
 
 

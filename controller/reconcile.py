@@ -29,7 +29,7 @@ from controller.api.schema import FieldError, show
 from controller.api.validate import InvalidInput, Item, Neighbour, Problem, admit
 from controller.cloud import CLOUD_READY, CloudState
 from controller.cloudplan import ROUTING_READY
-from controller.desired import HOME_KINDS, TENANT_SLOTS, Desired, Inputs, desired, plan_of
+from controller.desired import HOME_KINDS, TENANT_SLOTS, Desired, Inputs, desired, plan_of, too_large
 from controller.names import FINALIZER, LABEL_TENANT, TENANT_ENABLED, GatewayKey, selector_labels
 from controller.plan.render import (
     PeerNow,
@@ -204,6 +204,9 @@ def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str,
         rendering = render_parts(gateway, peers, options)
     except InvalidInput as exc:
         return keep([*exc.problems, *left_out])
+    why = too_large(rendering.plan)
+    if why is not None:
+        return keep([Problem(str(snap.key), FieldError("spec", why, None, "PlanTooLarge")), *left_out])
     return Rendered(rendering.plan, previous, (*left_out, *rendering.left_out), previous_error)
 
 

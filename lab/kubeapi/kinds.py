@@ -181,6 +181,41 @@ def fold_secret(obj: dict[str, Any]) -> list[FieldError]:
     return errs
 
 
+_CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+CONFIG_MAP_MAX = 1024 * 1024
+"""core.MaxSecretSize: what a ConfigMap's data and binaryData may hold together."""
+
+
+def validate_config_map(obj: Mapping[str, Any]) -> list[FieldError]:
+    """``ValidateConfigMap`` (kubernetes pkg/apis/core/validation/validation.go): every key a config key
+    (``IsConfigMapKey``: ``[-._a-zA-Z0-9]+``, at most 253, not ``.`` or ``..``), no key in both ``data``
+    and ``binaryData``, and the values together, ``binaryData`` decoded, at most 1 MiB."""
+    errs: list[FieldError] = []
+    data, binary = obj.get("data") or {}, obj.get("binaryData") or {}
+    total = 0
+    for field, values in (("data", data), ("binaryData", binary)):
+        for key, value in values.items():
+            if not _CONFIG_KEY.fullmatch(key) or len(key) > 253 or key in (".", ".."):
+                detail = "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
+                errs.append(FieldError(f"{field}[{key}]", "Invalid value", detail, key, True))
+            if field == "binaryData":
+                if key in data:
+                    errs.append(
+                        FieldError(
+                            "binaryData", "Invalid value", "duplicate of key present in data", key, True
+                        )
+                    )
+                try:
+                    total += len(base64.b64decode(str(value), validate=True))
+                except (binascii.Error, ValueError):
+                    total += len(str(value))
+            else:
+                total += len(str(value).encode())
+    if total > CONFIG_MAP_MAX:
+        errs.append(FieldError("", "Too long", f"may not be more than {CONFIG_MAP_MAX} bytes"))
+    return errs
+
+
 def immutable_violation(
     rtype: ResourceType, old: Mapping[str, Any], new: Mapping[str, Any]
 ) -> list[FieldError]:

@@ -424,6 +424,8 @@ class Store:
         kinds.apply_defaults(rtype, obj)
         if rtype.key == ("", "secrets"):
             errs += kinds.fold_secret(obj)
+        if rtype.key == ("", "configmaps"):
+            errs += kinds.validate_config_map(obj)
         if old is not None:
             errs += kinds.immutable_violation(rtype, old, obj)
         if rtype.key == CRD_KEY:

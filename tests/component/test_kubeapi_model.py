@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 from typing import Any
 
@@ -435,3 +436,42 @@ def test_store_gc_background_foreground_orphan() -> None:
     s.run_gc()
     d3 = s.peek(CMS, "default", "d3")
     assert s.peek(CMS, "default", "o") is None and d3 is not None and "ownerReferences" not in d3["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        pytest.param(
+            {"data": {"plan.json": "{}"}, "binaryData": {"plan.json": "e30="}},
+            'binaryData: Invalid value: "plan.json": duplicate of key present in data',
+            id="key-in-both",
+        ),
+        pytest.param(
+            {"binaryData": {"plan.json": base64.b64encode(b"x" * (1024 * 1024 + 1)).decode()}},
+            ": Too long: may not be more than 1048576 bytes",
+            id="binary-over-1MiB-decoded",
+        ),
+        pytest.param(
+            {"data": {"a b": "x"}}, 'data[a b]: Invalid value: "a b": a valid config key', id="bad-key"
+        ),
+    ],
+)
+def test_a_config_map_the_api_server_refuses_is_422(body: dict[str, Any], message: str) -> None:
+    """ValidateConfigMap (kubernetes pkg/apis/core/validation/validation.go), on create and on patch."""
+    s = _store()
+    assert CMS is not None
+    with pytest.raises(ApiError) as err:
+        s.create(CMS, "default", {"metadata": {"name": "a"}, **body})
+    assert err.value.code == 422 and message in err.value.message, err.value.message
+    s.create(CMS, "default", {"metadata": {"name": "a"}, "data": {"plan.json": "{}"}})
+    with pytest.raises(ApiError) as err:
+        s.patch(CMS, "default", "a", "application/merge-patch+json", body)
+    assert err.value.code == 422
+
+
+def test_a_config_map_of_exactly_1_MiB_base64_encoded_over_it_is_taken() -> None:
+    """The limit counts binaryData decoded: 1 MiB of bytes is 1.33 MiB of base64, and fits."""
+    s = _store()
+    assert CMS is not None
+    blob = base64.b64encode(b"x" * (1024 * 1024)).decode()
+    assert s.create(CMS, "default", {"metadata": {"name": "a"}, "binaryData": {"k": blob}})

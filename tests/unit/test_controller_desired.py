@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import gwplan
+from controller import desired as desired_module
 from controller import diff
 from controller.cloud import CloudState
 from controller.desired import HOME_KINDS, Nic2, plan_of, slot_of
@@ -30,7 +31,7 @@ from controller.podspec import INITNAT_CAPS, IPSEC_CAPS, READONLY_DIR
 from controller.reconcile import Decision, Snapshot, cleanup, decide, peers_of, render_gateway
 from controller.settings import Allowance, GatewayPod, Settings, StaticNic
 from controller.status import Condition
-from tests.examples import edit, example_docs
+from tests.examples import edit, example_docs, mutate
 
 NIC = Nic2("fa:16:3e:00:00:01", "192.0.2.2/26", "192.0.2.1")
 GW_NS = "vpngw-gateways"
@@ -583,6 +584,27 @@ def test_an_invalid_gateway_keeps_the_deployed_plan_but_nothing_removed_or_revok
     # Nothing removed: the deployed plan stays as it is, and nothing is written.
     unchanged = run(snapshot(edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/33"), owned=owned))
     assert "ConfigMap" not in written(unchanged)
+
+
+def test_a_gateway_too_large_for_a_config_map_keeps_its_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plan the API server would refuse (a ConfigMap over 1 MiB; here the limit is lowered so that a
+    few hundred peers reach it) is never written: the write would fail on every reconcile. The gateway
+    keeps its deployed plan, without what was removed since."""
+    owned = applied(run(snapshot(IPSEC)))
+    monkeypatch.setattr(desired_module, "CONFIG_MAP_MAX", 24 * 1024)
+    many = []
+    for i in range(300):
+        p = edit([IPSEC[2]], 0, ["metadata", "name"], f"site-{i}")[0]
+        p = mutate(p, ["spec", "ipsec", "id"], f"site-{i}.lab.example")
+        many.append(mutate(p, ["spec", "ipsec", "remoteSubnets"], [f"10.{i // 256}.{i % 256}.0/24"]))
+    d = run(snapshot([*IPSEC[:2], *many], owned=owned))  # and s2 deleted
+    cond = {c["type"]: c for c in d.status["conditions"]}["ConfigRendered"]  # type: ignore[index]
+    assert (cond["status"], cond["reason"]) == ("False", "PlanTooLarge")
+    assert "the API server takes at most 24576: split its peers over more gateways" in cond["message"]
+    kept = written_plan(d, owned)
+    assert kept.ipsec is not None and [t.name for t in kept.ipsec.tunnels] == ["s1"], "s2's deletion holds"
 
 
 def test_a_schema_invalid_gateway_is_reported_without_touching_anything() -> None:
