@@ -32,10 +32,12 @@ from controller.cloudplan import ROUTING_READY
 from controller.desired import HOME_KINDS, TENANT_SLOTS, Desired, Inputs, desired, plan_of, too_large
 from controller.names import FINALIZER, LABEL_TENANT, TENANT_ENABLED, GatewayKey, selector_labels
 from controller.plan.render import (
+    Conn,
     PeerNow,
     RenderOptions,
     StillAsked,
     keep_only_still_asked,
+    normalise,
     render_parts,
     with_nic,
 )
@@ -236,11 +238,32 @@ def still_asked(snap: Snapshot, valid_peers: set[str]) -> StillAsked:
         value = spec.get(key)
         return value if isinstance(value, Mapping) else {}
 
+    def conn(ike_id: Any, auth: Any, endpoint: Any, subnets: Any) -> Conn | None:
+        """None when a field cannot be read for sure (the deployed connection then goes)."""
+        if not isinstance(subnets, list) or not all(isinstance(x, str) for x in subnets):
+            return None
+        try:
+            nets = frozenset(normalise(x) for x in subnets)
+        except ValueError:
+            return None
+        return Conn(
+            id=ike_id if isinstance(ike_id, str) else None,
+            auth=auth if isinstance(auth, str) else None,
+            endpoint=endpoint if isinstance(endpoint, str) else None,
+            subnets=nets,
+        )
+
     peers: dict[str, PeerNow] = {}
     if snap.key.kind == "IPsecGateway":
         psk = ref(section("auth").get("pskSecretRef"))
-        for name in names("tunnels"):
-            peers[name] = PeerNow(secret=psk)
+        tunnels = spec.get("tunnels")
+        for t in tunnels if isinstance(tunnels, list) else []:
+            if not isinstance(t, Mapping) or not isinstance(t.get("name"), str):
+                continue
+            peer = t.get("peer")
+            peer = peer if isinstance(peer, Mapping) else {}
+            made = conn(peer.get("id"), "psk", peer.get("address"), t.get("remoteSubnets"))
+            peers[t["name"]] = PeerNow(secret=psk, conn=made)
         return StillAsked(peers, names("exposures"), names("reverseExposures"), legacy=True)
     default_psk = ref(section("ipsec").get("pskSecretRef"))
     for doc in snap.peers:
@@ -252,8 +275,16 @@ def still_asked(snap: Snapshot, valid_peers: set[str]) -> StillAsked:
         authz = pspec.get("authorization") or {}
         grants = {("exposure", e) for e in authz.get("exposures") or []}
         grants |= {("reverse", e) for e in authz.get("reverseExposures") or []}
-        secret = ref(pw.get("presharedKeySecretRef")) if pw else (ref(pi.get("pskSecretRef")) or default_psk)
-        peers[name] = PeerNow(secret=secret, public_key=pw.get("publicKey"), grants=frozenset(grants))
+        site = pspec.get("endpoint") if pspec.get("type") == "site" else None
+        if pw:
+            secret = ref(pw.get("presharedKeySecretRef"))
+            made = conn(None, None, site, pw.get("allowedIPs"))
+        else:
+            secret = ref(pi.get("pskSecretRef")) or default_psk
+            made = conn(pi.get("id"), pi.get("auth") or "psk", site, pi.get("remoteSubnets"))
+        peers[name] = PeerNow(
+            secret=secret, public_key=pw.get("publicKey"), grants=frozenset(grants), conn=made
+        )
     return StillAsked(peers, names("exposures"), names("reverseExposures"))
 
 

@@ -529,6 +529,36 @@ def render_documents(docs: Sequence[Mapping[str, Any]], options: RenderOptions |
 
 
 @dataclass(frozen=True)
+class Conn:
+    """What a peer's connection is made of: who it is (the IKE id and how it authenticates), where it
+    is dialled, and what it routes. The deployed plan's and the object's are compared: any change and
+    the deployed connection is no longer what is asked (an id changed because the old one leaked must
+    not keep authenticating)."""
+
+    id: str | None = None
+    auth: str | None = None
+    endpoint: str | None = None
+    """The host a site peer is dialled at (None: a road warrior)."""
+    subnets: frozenset[str] = frozenset()
+
+
+def deployed_conn(item: gwplan.Tunnel | gwplan.WgPeer) -> Conn:
+    """What the deployed plan's tunnel (or WireGuard peer) was rendered from."""
+    if isinstance(item, gwplan.WgPeer):
+        host = item.endpoint.rsplit(":", 1)[0] if item.endpoint else None
+        return Conn(endpoint=host, subnets=frozenset(item.allowed_ips))
+    body = item.conn.get(item.name) or {}
+    remote = body.get("remote") or {}
+    addrs = body.get("remote_addrs") or ["%any"]
+    return Conn(
+        id=remote.get("id"),
+        auth=remote.get("auth"),
+        endpoint=None if addrs == ["%any"] else str(addrs[0]),
+        subnets=frozenset(c.remote_subnet for c in item.children),
+    )
+
+
+@dataclass(frozen=True)
 class PeerNow:
     """A peer (legacy: a tunnel) as its object says now, read however invalid the gateway is."""
 
@@ -537,6 +567,8 @@ class PeerNow:
     public_key: str | None = None
     grants: frozenset[tuple[str, str]] = frozenset()
     """(kind, exposure) it is granted now (VPNPeer only; a legacy tunnel is granted every exposure)."""
+    conn: Conn | None = None
+    """What its connection is made of now (None: unreadable, and the deployed one goes)."""
 
 
 @dataclass(frozen=True)
@@ -555,7 +587,8 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
     """The deployed plan without what was removed or revoked since it was rendered (pure): a gateway
     field that became invalid may keep the previous plan, but never a peer, a grant or a Secret that
     is gone. A peer whose key reference or public key changed goes whole (its old key is revoked
-    material); an exposure that is gone takes its grants with it."""
+    material), as does one whose id, endpoint or subnets changed (``Conn``); an exposure that is gone
+    takes its grants with it."""
     ipsec, wireguard = previous.ipsec, previous.wireguard
     kept: set[str] = set()
     if ipsec is not None:
@@ -564,7 +597,7 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
         for t in ipsec.tunnels:
             now = still.peers.get(t.name)
             ref = refs.get(f"psk-{t.name}")
-            if now is None or (ref is not None and ref != now.secret):
+            if now is None or (ref is not None and ref != now.secret) or now.conn != deployed_conn(t):
                 continue
             tunnels.append(t)
             kept.add(t.name)
@@ -577,7 +610,12 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
         wg_peers = []
         for p in wireguard.peers:
             now = still.peers.get(p.name)
-            if now is None or now.public_key != p.public_key or now.secret != p.preshared_key_ref:
+            if (
+                now is None
+                or now.public_key != p.public_key
+                or now.secret != p.preshared_key_ref
+                or now.conn != deployed_conn(p)
+            ):
                 continue
             wg_peers.append(p)
             kept.add(p.name)

@@ -586,6 +586,36 @@ def test_an_invalid_gateway_keeps_the_deployed_plan_but_nothing_removed_or_revok
     assert "ConfigMap" not in written(unchanged)
 
 
+@pytest.mark.parametrize(
+    ("docs", "i", "path", "value"),
+    [
+        pytest.param(IPSEC, 1, ["spec", "ipsec", "id"], "s1-new.lab.example", id="ipsec-id"),
+        pytest.param(IPSEC, 1, ["spec", "ipsec", "remoteSubnets"], ["203.0.113.0/28"], id="ipsec-subnets"),
+        pytest.param(IPSEC, 1, ["spec", "endpoint"], "198.51.100.9", id="ipsec-endpoint"),
+        pytest.param(IPSEC, 1, ["spec", "type"], "roadWarrior", id="ipsec-site-to-road-warrior"),
+        pytest.param(
+            WIREGUARD, 1, ["spec", "wireguard", "allowedIPs"], ["10.99.0.2/32"], id="wg-allowed-ips"
+        ),
+        pytest.param(LEGACY, 0, ["spec", "tunnels", 0, "peer", "id"], "s1-new.lab.example", id="legacy-id"),
+        pytest.param(
+            LEGACY, 0, ["spec", "tunnels", 0, "remoteSubnets"], ["198.19.1.16/28"], id="legacy-subnets"
+        ),
+    ],
+)
+def test_an_invalid_gateway_drops_a_peer_whose_connection_changed_since(
+    docs: list[dict[str, Any]], i: int, path: list[str | int], value: Any
+) -> None:
+    """An id changed because the old one leaked, a subnet taken back: the deployed connection is no
+    longer what is asked, so it goes with the gateway refused; its unchanged sibling stays."""
+    owned = applied(run(snapshot(docs)))
+    bad = edit(docs, 0, ["spec", "serviceCIDR"], "198.18.0.0/33")
+    kept = written_plan(run(snapshot(edit(bad, i, path, value), owned=owned)), owned)
+    names = [t.name for t in kept.ipsec.tunnels] if kept.ipsec else [p.name for p in kept.wireguard.peers]  # type: ignore[union-attr]
+    assert names == (["laptop"] if docs is WIREGUARD else ["s2"])
+    unchanged = run(snapshot(bad, owned=owned))
+    assert "ConfigMap" not in written(unchanged), "nothing changed: the deployed plan stays whole"
+
+
 def test_a_gateway_too_large_for_a_config_map_keeps_its_plan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
