@@ -59,6 +59,8 @@ class CloudState:
     nic: Nic2 | None
     public_ip: str | None
     conditions: tuple[Condition, ...]
+    failed: bool = False
+    """A step after the NIC failed (the routes): the state stands, and the reconcile is retried."""
 
 
 class Cloud(Protocol):
@@ -70,9 +72,10 @@ class Cloud(Protocol):
         """Delete everything held for ``key`` (idempotent)."""
         ...
 
-    async def transit_cidrs(self) -> tuple[str, ...]:
+    async def transit_cidrs(self) -> tuple[str, ...] | None:
         """The networks gateways' NIC2s sit on (no serviceCIDR may overlap them: a virtual IP there could
-        claim another gateway's NIC2 address); () while unknown (the cloud cannot be asked yet)."""
+        claim another gateway's NIC2 address); None while unknown (the cloud cannot be asked yet: nothing
+        new is rendered then, as no serviceCIDR can be checked)."""
         ...
 
 
@@ -106,7 +109,7 @@ class StaticCloud:
     async def release(self, key: GatewayKey) -> None:
         return None
 
-    async def transit_cidrs(self) -> tuple[str, ...]:
+    async def transit_cidrs(self) -> tuple[str, ...] | None:
         return tuple(sorted({str(ipaddress.IPv4Interface(n.address).network) for n in self.nics.values()}))
 
 

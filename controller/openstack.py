@@ -51,6 +51,15 @@ from controller.names import GatewayKey
 from controller.status import Condition
 
 log = logging.getLogger(__name__)
+
+ROUTER_INTERFACE_OWNERS = frozenset(
+    {
+        "network:router_interface",
+        "network:router_interface_distributed",
+        "network:ha_router_replicated_interface",
+    }
+)
+"""A router's port on a subnet (neutron_lib.constants: ROUTER_INTERFACE_OWNERS)."""
 T = TypeVar("T")
 PROVIDER_ID = re.compile(r"^openstack://[^/]*/([0-9A-Fa-f-]{36})$")
 
@@ -111,13 +120,13 @@ class OpenStackCloud:
     async def release(self, key: GatewayKey) -> None:
         await anyio.to_thread.run_sync(self._release, key)
 
-    async def transit_cidrs(self) -> tuple[str, ...]:
-        """The gateway subnet's CIDR (looked up once); () while Neutron cannot be asked (the reconcile's
-        cloud step then fails and says so)."""
+    async def transit_cidrs(self) -> tuple[str, ...] | None:
+        """The gateway subnet's CIDR (looked up once); None while Neutron cannot be asked."""
         try:
             return (str((await anyio.to_thread.run_sync(self._network))[3]),)
-        except CloudError:
-            return ()
+        except CloudError as exc:
+            log.warning("cloud.transit_unknown step=%s error=%r", exc.step, str(exc))
+            return None
 
     # --- steps ----------------------------------------------------------------------------------
 
@@ -292,11 +301,26 @@ class OpenStackCloud:
             self._sleep(delay)
             delay = min(delay * 2, 2.0)
 
+    def _transit_routers(self) -> set[str]:
+        """The routers with an interface on the gateway subnet: the only ones a route to a gateway's
+        port can be on (Neutron refuses an extra route whose next hop is on no subnet of the router, and
+        removing such an interface while a route uses it)."""
+        net_id, subnet_id, *_ = self._network()
+        return {
+            str(p.device_id)
+            for p in self.conn.network.ports(network_id=net_id)
+            if p.device_owner in ROUTER_INTERFACE_OWNERS
+            and any(ip.get("subnet_id") == subnet_id for ip in p.fixed_ips or [])
+        }
+
     def _routes(self, routers: tuple[str, ...], vips: tuple[str, ...], nexthop: str) -> None:
         net = self.conn.network
         with _Step("Routes"):
             want = {(r["destination"], r["nexthop"]) for r in routes(vips, nexthop)}
+            transit = self._transit_routers()
             for router in net.routers():
+                if router.id not in transit:  # another network's router: a route with our next hop
+                    continue  # address there is someone else's (the same address on their subnet)
                 have = {
                     (r["destination"], r["nexthop"])
                     for r in router.routes or []
@@ -310,10 +334,12 @@ class OpenStackCloud:
                 if remove:
                     net.remove_extra_routes_from_router(router, {"router": {"routes": [
                         {"destination": d, "nexthop": n} for d, n in sorted(remove)]}})  # fmt: skip
-            missing = set(routers) - {r.id for r in net.routers()}
+            missing = set(routers) - transit
             if missing:
                 raise CloudError(
-                    "RoutesFailed", f"Routes: ClusterLink router(s) {', '.join(sorted(missing))} not found"
+                    "RoutesFailed",
+                    f"Routes: ClusterLink router(s) {', '.join(sorted(missing))} not found or without an "
+                    "interface on the gateway subnet",
                 )
 
     def _ensure(self, want: CloudWant) -> CloudState:
@@ -326,13 +352,6 @@ class OpenStackCloud:
         fip = self._floating_ip(want.key, port)
         address = str(port.fixed_ips[0]["ip_address"])
         nic = Nic2(str(port.mac_address), f"{address}/{prefix}", str(gateway_ip))
-        conds = [scope_condition(cp)]
-        try:
-            self._routes(cp.routers, cp.vips, address)
-            conds.append(routing_condition(cp, True))
-        except CloudError as exc:
-            conds.append(routing_condition(cp, False, str(exc)))
-            raise
         server = server_of(want.provider_id)
         if want.node is not None:
             if server is None:
@@ -341,16 +360,22 @@ class OpenStackCloud:
                 )
             port = self._attach(port, server)
         where = f"attached to server {server}" if want.node is not None else "not attached (no node)"
-        conds.insert(
-            0,
-            Condition(
-                CLOUD_READY,
-                True,
-                "Ready",
-                f"port {port.id} {address}, floating IP {fip.floating_ip_address}, {where}",
-            ),
+        ready = Condition(
+            CLOUD_READY,
+            True,
+            "Ready",
+            f"port {port.id} {address}, floating IP {fip.floating_ip_address}, {where}",
         )
-        return CloudState(nic, str(fip.floating_ip_address), tuple(conds))
+        # Routes last: a router that refuses them (a ClusterLink's, the tenant's choice) must not keep the
+        # gateway's own port from its node; RoutingReady says why, and the reconcile is retried.
+        try:
+            self._routes(cp.routers, cp.vips, address)
+        except CloudError as exc:
+            log.warning("cloud.failed gateway=%s step=%s error=%r", want.key, exc.step, str(exc))
+            conds = (ready, scope_condition(cp), routing_condition(cp, False, str(exc)))
+            return CloudState(nic, str(fip.floating_ip_address), conds, failed=True)
+        conds = (ready, scope_condition(cp), routing_condition(cp, True))
+        return CloudState(nic, str(fip.floating_ip_address), conds)
 
     def _release(self, key: GatewayKey) -> None:
         net, compute = self.conn.network, self.conn.compute

@@ -124,12 +124,18 @@ class Rendered:
         return self.plan if self.plan is not None else self.kept
 
 
-def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str, ...] = ()) -> Rendered:
+TRANSIT_UNKNOWN = "TransitNetworkUnknown"
+
+
+def render_gateway(
+    snap: Snapshot, settings: Settings, transit_cidrs: tuple[str, ...] | None = ()
+) -> Rendered:
     """Fail closed per item: a schema-invalid peer, or a peer, exposure or grant that breaks a rule, is
     left out and named, the rest rendered. A gateway that is itself invalid renders nothing: the deployed
     plan stays, without what was removed or revoked since (``keep_only_still_asked``).
 
-    ``transit_cidrs``: NIC2's networks, from the cloud (``Cloud.transit_cidrs``)."""
+    ``transit_cidrs``: NIC2's networks, from the cloud (``Cloud.transit_cidrs``; None: unknown, and
+    nothing new is rendered, as no serviceCIDR can be checked against them)."""
     previous: gwplan.Plan | None = None
     previous_error = None
     cm = snap.owned.get("ConfigMap")
@@ -185,6 +191,20 @@ def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str,
                 ),
             ),
         ]
+    if transit_cidrs is None:
+        refused = [
+            *refused,
+            Problem(
+                str(snap.key),
+                FieldError(
+                    "spec.serviceCIDR",
+                    "cannot be checked against the gateways' transit network: the cloud cannot be asked "
+                    "for it yet (retried; CloudReady says why)",
+                    None,
+                    TRANSIT_UNKNOWN,
+                ),
+            ),
+        ]
     if refused:
         return keep([*refused, *left_out])
     gateway = parse(stored_gateway)
@@ -195,7 +215,7 @@ def render_gateway(snap: Snapshot, settings: Settings, transit_cidrs: tuple[str,
         previous=previous,
         nic=gwplan.Nic(),
         wireguard_interface=settings.wireguard_interface,
-        transit_cidrs=transit_cidrs,
+        transit_cidrs=transit_cidrs or (),
         neighbours=snap.neighbours,
         exposure_targets=allowance.exposure_targets,
         secrets=snap.secrets,

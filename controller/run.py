@@ -48,6 +48,7 @@ from controller.names import (
 )
 from controller.placement import ready
 from controller.reconcile import (
+    TRANSIT_UNKNOWN,
     Claim,
     Rendered,
     Snapshot,
@@ -396,6 +397,10 @@ class Operator:
             self.pins.pop(key, None)
             where = placement.Placement(None, "NotRendered", "nothing to serve until the gateway renders")
             cloud = CloudState(None, None, (Condition(CLOUD_READY, False, "NotRendered", where.message),))
+            if transit is None:  # the cloud cannot be asked: say so, and try again with the backoff
+                why = "the cloud cannot be asked for the gateways' transit network (see the controller's log)"
+                cloud = CloudState(None, None, (Condition(CLOUD_READY, False, TRANSIT_UNKNOWN, why),))
+                cloud_failed = True
         else:
             async with self._place_lock:
                 snap = self.snapshot(key, gateway, tenant)  # the pins of reconciles that placed meanwhile
@@ -432,7 +437,8 @@ class Operator:
     ) -> tuple[CloudState, bool]:
         """The cloud's answer, and whether a step failed (then what the deployed plan says stands in)."""
         try:
-            return await self.cloud.ensure(want), False
+            state = await self.cloud.ensure(want)
+            return state, state.failed
         except CloudError as exc:
             log.warning("cloud.failed gateway=%s step=%s error=%r", key, exc.step, str(exc))
             state = CloudState(

@@ -12,6 +12,7 @@ recovered; release leaves nothing tagged.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import signal
 import threading
 import time
@@ -510,3 +511,51 @@ def test_a_rule_someone_else_created_meanwhile_is_a_success_not_a_failure(lab: O
     assert site2 <= ingress(lab)
     statuses = [r.status for r in lab.neutron_proxy.calls("POST", r"^/v2\.0/security-group-rules$")]
     assert statuses[0] == 409 and statuses.count(409) == 2 and statuses.count(201) == 2
+
+
+def test_a_router_off_the_transit_subnet_gets_no_route_and_never_keeps_the_port_from_its_node(
+    lab: OpenStackLab,
+) -> None:
+    """Routes come last and only on routers with an interface on the gateway subnet: a ClusterLink router
+    without one is named in RoutingReady (the reconcile retried) while the port is attached all the same;
+    and a router of another network, whose route's next hop is our port's address on THEIR subnet, is
+    left alone (found by review: any router with a route to that address counted as ours)."""
+    direct = lab.connect(direct=True).network
+    net = direct.create_network(name="elsewhere-net")
+    router = sub = None
+    try:
+        sub = direct.create_subnet(
+            network_id=net.id,
+            ip_version=4,
+            cidr="192.0.2.0/26",
+            gateway_ip="192.0.2.1",
+            is_dhcp_enabled=False,
+        )
+        router = direct.create_router(name="elsewhere-router")
+        direct.add_interface_to_router(router, subnet=sub.id)
+        cloud = backend(lab)
+        w = want(lab)
+        state = ensure(cloud, dataclasses.replace(w, routers=(*w.routers, router.id)))
+        (port,) = tagged(lab, "ports")
+        addr = port.fixed_ips[0]["ip_address"]
+        assert state.failed and state.nic is not None and state.nic.mac == port.mac_address
+        assert port.device_id == server_of(lab.cloud.nodes[0].provider_id), "attached all the same"
+        conds = {c.type: c for c in state.conditions}
+        assert conds["CloudReady"].status and not conds["RoutingReady"].status
+        assert (
+            f"{router.id} not found or without an interface on the gateway subnet"
+            in conds["RoutingReady"].message
+        )
+        assert any(r["nexthop"] == addr for r in routes_on(lab, lab.cloud.clusters[0].router_id))
+        theirs = {"destination": "10.77.0.0/24", "nexthop": addr}
+        direct.add_extra_routes_to_router(router, {"router": {"routes": [theirs]}})
+        ensure(cloud, want(lab, links=0))  # no ClusterLink now: our routes go
+        assert not any(r["nexthop"] == addr for r in routes_on(lab, lab.cloud.clusters[0].router_id))
+        assert theirs in routes_on(lab, router.id), "another network's route with the same next hop stays"
+    finally:
+        if router is not None:
+            direct.update_router(router, routes=[])
+            if sub is not None:
+                direct.remove_interface_from_router(router, subnet=sub.id)
+            direct.delete_router(router)
+        direct.delete_network(net)

@@ -22,7 +22,7 @@ from controller.reconcile import (
 )
 from controller.settings import Allowance, NetworkPolicySettings, Settings, SettingsError, from_config
 from tests.examples import edit, example_docs
-from tests.unit.test_controller_desired import run, snapshot, written
+from tests.unit.test_controller_desired import applied, run, snapshot, written
 
 IPSEC = example_docs("ipsec.yaml")
 FABRIC = Allowance(exposure_targets=("192.0.2.64/26",))
@@ -152,6 +152,18 @@ def test_a_peer_routing_a_reserved_range_is_left_out_and_its_sibling_served(subn
     (problem,) = [p for p in rendered.problems if p.reason == "ReservedRange"]
     assert str(problem.item) == "peer s2" and problem.error.path == "spec.ipsec.remoteSubnets[0]"
     assert what in str(problem)
+
+
+def test_an_unknown_transit_network_renders_nothing_new_and_keeps_what_is_deployed() -> None:
+    """No serviceCIDR can be checked against a network the cloud cannot name yet (Neutron down at the
+    controller's start): nothing new is rendered, the deployed plan stays."""
+    rendered = render_gateway(snapshot(IPSEC), SETTINGS, None)
+    assert rendered.plan is None and rendered.in_force is None
+    assert [p.reason for p in rendered.problems] == ["TransitNetworkUnknown"]
+    owned = applied(run(snapshot(IPSEC), SETTINGS))
+    kept = render_gateway(snapshot(IPSEC, owned=owned), SETTINGS, None)
+    assert kept.plan is None and kept.in_force is not None and kept.in_force.ipsec is not None
+    assert [t.name for t in kept.in_force.ipsec.tunnels] == ["s1", "s2"]
 
 
 # --- what a namespace may reach ------------------------------------------------------------------------
