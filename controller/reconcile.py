@@ -30,7 +30,15 @@ from controller.api.validate import InvalidInput, Item, Neighbour, Problem, admi
 from controller.cloud import CLOUD_READY, CloudState
 from controller.cloudplan import ROUTING_READY
 from controller.desired import HOME_KINDS, TENANT_SLOTS, Desired, Inputs, desired, plan_of, too_large
-from controller.names import FINALIZER, LABEL_TENANT, TENANT_ENABLED, GatewayKey, selector_labels
+from controller.names import (
+    FINALIZER,
+    LABEL_OWNER_UID,
+    LABEL_TENANT,
+    TENANT_ENABLED,
+    GatewayKey,
+    owner_of,
+    selector_labels,
+)
 from controller.plan.render import (
     Conn,
     PeerNow,
@@ -614,6 +622,19 @@ def cleanup(snap: Snapshot) -> list[diff.Delete]:
     RoleBinding in its own namespace go with it (garbage collector)."""
     home = [o for slot, o in snap.owned.items() if slot in HOME_KINDS]
     return diff.deletions([*home, *snap.leftovers], snap.uid, "the gateway is deleted")
+
+
+def orphans(key: GatewayKey, home: Sequence[Mapping[str, Any]]) -> list[diff.Delete]:
+    """What the gateway namespace holds for ``key`` while no such gateway exists (its finalizer removed
+    by hand, its CRD deleted): nothing there can carry an ownerReference to the CR, so no garbage
+    collector takes it, and a privileged pod must not outlive its gateway. Each goes with its own uid as
+    the precondition."""
+    out: list[diff.Delete] = []
+    for obj in home:
+        uid = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_OWNER_UID)
+        if uid and owner_of(obj) == key:
+            out += diff.deletions([obj], str(uid), "its gateway no longer exists")
+    return out
 
 
 def pod_selector(key: GatewayKey) -> str:

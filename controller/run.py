@@ -59,6 +59,7 @@ from controller.reconcile import (
     holds,
     my_claim,
     neighbours,
+    orphans,
     peers_of,
     place,
     provider_id,
@@ -373,6 +374,14 @@ class Operator:
         gateway = self.informers[key.kind].get(key.namespace, key.name)
         if gateway is None:
             self.pins.pop(key, None)
+            if self.settings.namespace not in (None, key.namespace):
+                return "gone"  # not watched here: its gateway's existence is unknown
+            home = self.settings.gateway_namespace
+            objs = [{**o, "kind": k} for k in HOME_KINDS if (o := self.informers[k].get(home, key.home_name))]
+            gone = orphans(key, objs)
+            if gone:
+                log.warning("gateway.orphans gateway=%s objects=%d", key, len(gone))
+                await execute.delete_all(self.kube, gone)
             return "gone"
         gateway = {**gateway, "kind": key.kind}
         snap = self.snapshot(key, gateway)
@@ -480,9 +489,13 @@ class Operator:
                 self.metrics.queue_depth.set(len(self.queue))
 
     def enqueue_all(self) -> None:
-        """Every gateway, behind any change (the resync; docs/controller.md)."""
-        for gw in self._gateways():
-            self.queue.add(self._key(gw), background=True)
+        """Every gateway, behind any change (the resync; docs/controller.md), and every gateway the
+        gateway namespace holds objects of (those of a gateway gone go: ``orphans``)."""
+        keys = {self._key(gw) for gw in self._gateways()}
+        for kind in HOME_KINDS:
+            keys |= {k for o in self.informers[kind].items() if (k := owner_of(o)) is not None}
+        for key in sorted(keys, key=str):
+            self.queue.add(key, background=True)
 
     def _gauge_ready(self) -> None:
         tally: Tally[str] = Tally()

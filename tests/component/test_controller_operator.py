@@ -336,6 +336,23 @@ def test_deleting_the_gateway_releases_the_finalizer_and_the_objects_go_with_it(
     )
 
 
+def test_a_gateway_gone_without_its_finalizer_leaves_no_pod_behind(cluster: Cluster) -> None:
+    """Its finalizer removed by hand while the controller was away (or its CRD deleted): nothing in the
+    gateway namespace can carry an ownerReference to the CR, so the controller deletes what names it."""
+    ctl = start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: converged(cluster), 20, "every owned object")
+    ctl.stop()
+    cluster.kube.patch(VPN, "VPNGateway", "acme", {"metadata": {"finalizers": None}}, NS)
+    cluster.kube.delete(VPN, "VPNGateway", "acme", NS)
+    assert cluster.get(VPN, "VPNGateway", "acme", NS) is None
+    assert all(cluster.owned(a, k, "acme", NS) for a, k in OWNED), "left behind while the controller is away"
+    start(cluster)
+    wait_for(
+        lambda: not any(cluster.owned(a, k, "acme", NS) for a, k in OWNED), 20, "the orphans deleted at start"
+    )
+
+
 def pinned_to(cluster: Cluster, node: str) -> bool:
     return bool(gateway(cluster)["status"].get("nodeName") == node)
 
