@@ -34,6 +34,24 @@ def metadata_only(obj: Obj) -> Obj:
     return {k: obj[k] for k in ("apiVersion", "kind", "metadata") if k in obj}
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def lean(obj: Obj) -> Obj:
+    """``obj`` without what the controller never reads and each copy would hold: ``managedFields``
+    (often larger than the spec) and kubectl's last-applied copy of the whole object."""
+    md = obj.get("metadata")
+    if not isinstance(md, Mapping) or (
+        "managedFields" not in md and LAST_APPLIED not in (md.get("annotations") or {})
+    ):
+        return obj
+    md = {k: v for k, v in md.items() if k != "managedFields"}
+    annotations = md.get("annotations")
+    if isinstance(annotations, Mapping) and LAST_APPLIED in annotations:
+        md["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return {**obj, "metadata": md}
+
+
 def obj_key(obj: Mapping[str, Any]) -> ObjKey:
     md = obj.get("metadata") or {}
     return (str(md.get("namespace") or ""), str(md.get("name")))

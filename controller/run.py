@@ -32,7 +32,7 @@ import gwplan
 from controller import execute, placement
 from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
 from controller.desired import HOME_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, plan_of
-from controller.informer import Informer, metadata_only
+from controller.informer import Informer, lean, metadata_only
 from controller.names import (
     GATEWAY_KINDS,
     LABEL_GATEWAY,
@@ -168,16 +168,18 @@ class Operator:
                 **kw,
             )
 
-        self.informers: dict[str, Informer] = {k: inf(BY_KIND[k]) for k in GATEWAY_KINDS}
-        self.informers["VPNPeer"] = inf(VPNPEERS)
-        self.informers["ClusterLink"] = inf(CLUSTERLINKS)
+        # What others write is cached ``lean``: a tenant's kubectl apply of 1,000 peers would otherwise
+        # hold each one three times (spec, last-applied copy, managedFields).
+        self.informers: dict[str, Informer] = {k: inf(BY_KIND[k], transform=lean) for k in GATEWAY_KINDS}
+        self.informers["VPNPeer"] = inf(VPNPEERS, transform=lean)
+        self.informers["ClusterLink"] = inf(CLUSTERLINKS, transform=lean)
         # The gateways' own objects and pods: in the gateway namespace, and nowhere else.
         for kind in HOME_KINDS:
             self.informers[kind] = inf(BY_KIND[kind], namespace=home, selector=owned_selector)
-        self.informers["Pod"] = inf(PODS, namespace=home, selector=owned_selector)
-        self.informers["Node"] = inf(NODES, namespace=None)
+        self.informers["Pod"] = inf(PODS, namespace=home, selector=owned_selector, transform=lean)
+        self.informers["Node"] = inf(NODES, namespace=None, transform=lean)
         self.informers["Namespace"] = inf(
-            NAMESPACES, namespace=None, selector=f"{LABEL_TENANT}={TENANT_ENABLED}"
+            NAMESPACES, namespace=None, selector=f"{LABEL_TENANT}={TENANT_ENABLED}", transform=lean
         )
         self.tenants: dict[str, TenantCaches] = {}
         """Per enabled tenant namespace: what the controller reads there (``TenantCaches``)."""

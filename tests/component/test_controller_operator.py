@@ -399,8 +399,17 @@ def test_legacy_and_wireguard_gateways_are_served_by_the_same_machinery(cluster:
     wait_for(
         lambda: converged(cluster, "legacy", "tenant-old", "IPsecGateway"), 20, "the legacy gateway's objects"
     )
-    legacy = gateway(cluster, "legacy", "tenant-old", "IPsecGateway")
-    assert condition(legacy, "ConfigRendered")["status"] == "True"  # type: ignore[index]
+    # The status follows the objects (one reconcile writes both: the objects first).
+    wait_for(
+        lambda: (
+            (condition(gateway(cluster, "legacy", "tenant-old", "IPsecGateway"), "ConfigRendered") or {}).get(
+                "status"
+            )
+            == "True"
+        ),
+        10,
+        "the legacy gateway's ConfigRendered",
+    )
     dep = cluster.owned("apps/v1", "Deployment", "acme-wg", "tenant-wg")
     names = [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]]  # type: ignore[index]
     assert names == ["init-nat-watch", "status-agent", "exporter"]
