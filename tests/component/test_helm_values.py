@@ -266,7 +266,7 @@ def test_the_monitors_select_the_controller_and_the_gateways(helm: str) -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
     assert svc["spec"]["ports"][0]["name"] == "http"
-    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["vpngw-gateways"]}, "ours only"
     # (the gateway pods the controller creates match it: tests/component/test_helm_install.py)
     assert pm["spec"]["selector"]["matchLabels"]["vpn.bnerd.net/operator"] == "vpngw"
     netpol = one(docs, "NetworkPolicy")
@@ -338,6 +338,9 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
 BAD_TEMPLATES: list[tuple[dict[str, Any], str]] = [
     ({"gateway": {"nadTemplate": '{"hwaddr": "$mac"'}}, "gateway.nadTemplate: not a JSON object"),
     ({"gateway": {"nadTemplate": '{"hwaddr": "$mac", "x": "$cluster"}'}}, "gateway.nadTemplate: only $mac"),
+    # (the commands run without -n: the release's namespace is "default")
+    ({"gateway": {"namespace": "default"}}, "gateway.namespace: default is the release's namespace"),
+    ({"tenants": {"namespaces": ["vpngw-gateways"]}}, "tenants.namespaces: vpngw-gateways is the gateway"),
 ]
 """Refused by the templates' own checks (what a JSON schema cannot say): at install, upgrade and template.
 ``helm lint`` does not run a template's ``fail`` (Helm 4's lint mode logs it at INFO and passes)."""

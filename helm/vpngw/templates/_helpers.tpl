@@ -118,6 +118,13 @@ check_nad_template; it refuses to start otherwise): the NAD template substitutes
 $namespace ($$ is a literal $) and is a JSON object once they are substituted.
 */}}
 {{- define "vpngw.checks" -}}
+{{- $gw := include "vpngw.gatewayNamespace" . -}}
+{{- if eq $gw .Release.Namespace -}}
+{{- fail (printf "gateway.namespace: %s is the release's namespace; the gateway pods run privileged (Pod Security privileged) and need a namespace of their own" $gw) -}}
+{{- end -}}
+{{- if has $gw (.Values.tenants.namespaces | default list) -}}
+{{- fail (printf "tenants.namespaces: %s is the gateway namespace; a tenant namespace must never hold the gateway pods (they run privileged)" $gw) -}}
+{{- end -}}
 {{- $t := .Values.gateway.nadTemplate -}}
 {{- $probe := $t | replace "$$" "" -}}
 {{- $probe = regexReplaceAll "\\$\\{mac\\}|\\$mac\\b" $probe "fa:16:3e:00:00:01" -}}
