@@ -40,6 +40,7 @@ import anyio.abc
 from agent.ipsec import link
 from agent.ipsec.link import Attempt, Conn, Initiate
 from agent.ipsec.plan import (
+    UNKNOWN,
     Desired,
     Loaded,
     PlanRejected,
@@ -306,8 +307,8 @@ class Keeper:
         conns = await control.call("get-conns")
         shared = await control.call("get-shared")
         self.loaded = Loaded(
-            conns={str(n): "unknown" for n in conns.get("conns") or []},
-            secrets={str(i): SecretState((), "unknown") for i in shared.get("keys") or []},
+            conns={str(n): UNKNOWN for n in conns.get("conns") or []},
+            secrets={str(i): SecretState((), UNKNOWN) for i in shared.get("keys") or []},
         )
         await self._apply(control, force_log=True)
 
@@ -372,6 +373,7 @@ class Keeper:
             self.applied = want
             return False
         conns = dict(self.loaded.conns)
+        bodies = dict(self.loaded.bodies)
         secrets = dict(self.loaded.secrets)
         creds = dict(self.loaded.creds)
         for key in changes.load_creds:
@@ -392,11 +394,11 @@ class Keeper:
             except ViciCommandFailed as exc:  # charon's message never echoes the key
                 self.secret_rejected[sid] = f"load-shared {sid}: {exc.message}"
                 log.error("secret.rejected id=%s error=%r", sid, exc.message)
-                secrets[sid] = SecretState(s.owners, version)  # the same input would fail again
+                secrets[sid] = SecretState(s.owners, version, s.ref)  # the same input would fail again
                 continue
             self.secret_rejected.pop(sid, None)
-            rotated = sid in self.loaded.secrets and self.loaded.secrets[sid].version != "unknown"
-            secrets[sid] = SecretState(s.owners, version)
+            rotated = sid in self.loaded.secrets and self.loaded.secrets[sid].version != UNKNOWN
+            secrets[sid] = SecretState(s.owners, version, s.ref)
             log.info(
                 "secret.loaded id=%s version=%s owners=%d rotated=%s",
                 sid,
@@ -418,9 +420,11 @@ class Keeper:
                 self.errors[name] = f"load-conn: {exc.message}"
                 log.error("conn.rejected name=%s error=%r", name, exc.message)
                 conns[name] = digest  # the same payload would fail again: wait for the next plan
+                bodies[name] = want.conns[name][name]
                 continue
             was = self.loaded.conns.get(name)
             conns[name] = digest
+            bodies[name] = want.conns[name][name]
             if self.errors.get(name, "").startswith("load-conn:"):
                 self.errors.pop(name)
             log.info(
@@ -437,11 +441,12 @@ class Keeper:
                 timeout=self.timing.terminate_timeout + self.timing.call_timeout,
             )
             conns.pop(name, None)
+            bodies.pop(name, None)
             self.errors.pop(name, None)
             self.attempts.pop(name, None)
             self.carry.pop(name, None)
             log.info("conn.removed name=%s", name)
-        self.loaded = Loaded(conns, secrets, creds)
+        self.loaded = Loaded(conns, secrets, creds, bodies)
         self.applied = want
         if changes.load_secrets or changes.load_conns or changes.load_creds:
             self.attempts.clear()  # new keys or config: retry failed tunnels now, not after their backoff
