@@ -456,14 +456,8 @@ class Keeper:
             )
         for name in changes.unload_conns:
             await control.call("unload-conn", {"name": name}, check=False)
-            # unload-conn leaves established SAs running (LAB-FACTS): terminate them too.
-            await control.stream(
-                "terminate",
-                {"ike": name, "timeout": str(int(self.timing.terminate_timeout * 1000))},
-                "control-log",
-                check=False,
-                timeout=self.timing.terminate_timeout + self.timing.call_timeout,
-            )
+            # unload-conn leaves established SAs running (LAB-FACTS): terminate them too, at once.
+            await self._terminate_ike(control, name)
             conns.pop(name, None)
             bodies.pop(name, None)
             self.errors.pop(name, None)

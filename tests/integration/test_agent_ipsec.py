@@ -355,6 +355,23 @@ async def sa_ids(lab: Lab) -> dict[str, tuple[str, str]]:
     return {str(sa["uniqueid"]): (name, str(sa["state"])) for e in events for name, sa in e.items()}
 
 
+async def test_a_removed_tunnel_whose_peer_does_not_answer_is_gone_at_once(lab: Lab, agent: Agent) -> None:
+    """A removed peer that ignores the DELETE (its charon stopped) must not keep its SA: a plain terminate
+    leaves it DELETING, its CHILD_SA installed, until charon's retransmissions run out (~165 s by default)."""
+    s1, s2 = await bring_up(lab, agent, 2)
+    before = ike_ids(await gw_sas(lab))
+    assert s1.charon is not None
+    s1.charon.pause()
+    try:
+        agent.write_plan(make_plan(lab, [s2]))
+        await eventually(lambda: "conn.removed name=s1" in agent.log(), 10, "s1 removed")
+        ids = await sa_ids(lab)
+        assert s1.role not in {n for n, _ in ids.values()}, ids
+    finally:
+        s1.charon.resume()
+    assert (await sa_ids(lab)).get(before[s2.role]) == (s2.role, "ESTABLISHED")
+
+
 OTHER_PSK = SecretRef("other-psk", "psk")
 
 
