@@ -276,7 +276,7 @@ class Keeper:
                     await registered.wait()
                 if not registered.is_set():
                     raise ViciTimeout("event registration: no answer from charon")
-                await self._push(control)
+                await self._push(control, same_daemon=not fresh)
                 self.conn = link.step(self.conn, "pushed")
                 self.daemon_error = None
                 assert self.plan is not None
@@ -304,13 +304,22 @@ class Keeper:
             log.warning("tunnel.error name=%s reason=%r", name, reason)
             self._poke()
 
-    async def _push(self, control: ViciSession) -> None:
-        """Start from what charon says it has (nothing, if it restarted) and converge on the plan."""
-        conns = await control.call("get-conns")
-        shared = await control.call("get-shared")
+    async def _push(self, control: ViciSession, *, same_daemon: bool = False) -> None:
+        """Start from what charon says it has (nothing, if it restarted) and converge on the plan.
+
+        ``same_daemon``: reconnected to the charon we loaded (a hang, not a restart: its SAs are still
+        there), so what we know we loaded into it stands for what it still reports (creds, which VICI
+        does not list, too). A change made meanwhile is then applied as a change, and cut when it must
+        be; starting from ``unknown`` would load it without the cut. The rest is ``unknown``: loaded
+        again, cutting nothing."""
+        conns = [str(n) for n in (await control.call("get-conns")).get("conns") or []]
+        keys = [str(i) for i in (await control.call("get-shared")).get("keys") or []]
+        known = self.loaded if same_daemon else Loaded()
         self.loaded = Loaded(
-            conns={str(n): UNKNOWN for n in conns.get("conns") or []},
-            secrets={str(i): SecretState((), UNKNOWN) for i in shared.get("keys") or []},
+            conns={n: known.conns.get(n, UNKNOWN) for n in conns},
+            secrets={i: known.secrets.get(i, SecretState((), UNKNOWN)) for i in keys},
+            creds=dict(known.creds),
+            bodies={n: b for n, b in known.bodies.items() if n in conns},
         )
         await self._apply(control, force_log=True)
 

@@ -422,6 +422,31 @@ async def test_psk_rotation_cuts_the_sa_it_comes_back_with_the_new_key_mismatch_
         assert secret not in agent.log() and secret not in agent.status_file.read_text()
 
 
+async def test_a_key_rotated_while_charon_hung_is_cut_once_it_answers_again(lab: Lab, agent: Agent) -> None:
+    """The rotation lands while charon is stopped (the agent's calls time out and it reconnects): the same
+    daemon still holds the SA set up with the old key, so the agent, which knows what it loaded into it,
+    cuts it once charon answers again, instead of re-pushing as if it knew nothing."""
+    (site,) = await bring_up(lab, agent, 1)
+    before = ike_ids(await gw_sas(lab))
+    await setup_site(lab, site, psk=PSK2)
+    assert lab.gw.charon is not None
+    lab.gw.charon.pause()
+    try:
+        agent.write_psk(PSK2)
+        await eventually(lambda: "vici.lost" in agent.log(), 15, "the agent noticed the hang")
+    finally:
+        lab.gw.charon.resume()
+
+    async def replaced() -> bool:
+        ids = await sa_ids(lab)
+        return before[site.role] not in ids and (site.role, "ESTABLISHED") in ids.values()
+
+    await eventually(replaced, 20, "the old IKE_SA gone and a new one established with the new key")
+    assert "fresh=False" in agent.log(), "the same daemon, reconnected"
+    assert "tunnel.cut name=s1 why=psk-rotated:psk-s1 " in agent.log()
+    agent.wait_for(all_established([site.role]), 10, "Established with the new key")
+
+
 RW_ID = "rw.lab.example"
 
 
