@@ -40,11 +40,14 @@ import anyio.abc
 from agent.ipsec import link
 from agent.ipsec.link import Attempt, Conn, Initiate
 from agent.ipsec.plan import (
+    UNKNOWN,
+    Cut,
     Desired,
     Loaded,
     PlanRejected,
     SecretState,
     conn_digest,
+    cuts,
     desired,
     diff,
     stale_children,
@@ -273,7 +276,7 @@ class Keeper:
                     await registered.wait()
                 if not registered.is_set():
                     raise ViciTimeout("event registration: no answer from charon")
-                await self._push(control)
+                await self._push(control, same_daemon=not fresh)
                 self.conn = link.step(self.conn, "pushed")
                 self.daemon_error = None
                 assert self.plan is not None
@@ -301,13 +304,22 @@ class Keeper:
             log.warning("tunnel.error name=%s reason=%r", name, reason)
             self._poke()
 
-    async def _push(self, control: ViciSession) -> None:
-        """Start from what charon says it has (nothing, if it restarted) and converge on the plan."""
-        conns = await control.call("get-conns")
-        shared = await control.call("get-shared")
+    async def _push(self, control: ViciSession, *, same_daemon: bool = False) -> None:
+        """Start from what charon says it has (nothing, if it restarted) and converge on the plan.
+
+        ``same_daemon``: reconnected to the charon we loaded (a hang, not a restart: its SAs are still
+        there), so what we know we loaded into it stands for what it still reports (creds, which VICI
+        does not list, too). A change made meanwhile is then applied as a change, and cut when it must
+        be; starting from ``unknown`` would load it without the cut. The rest is ``unknown``: loaded
+        again, cutting nothing."""
+        conns = [str(n) for n in (await control.call("get-conns")).get("conns") or []]
+        keys = [str(i) for i in (await control.call("get-shared")).get("keys") or []]
+        known = self.loaded if same_daemon else Loaded()
         self.loaded = Loaded(
-            conns={str(n): "unknown" for n in conns.get("conns") or []},
-            secrets={str(i): SecretState((), "unknown") for i in shared.get("keys") or []},
+            conns={n: known.conns.get(n, UNKNOWN) for n in conns},
+            secrets={i: known.secrets.get(i, SecretState((), UNKNOWN)) for i in keys},
+            creds=dict(known.creds),
+            bodies={n: b for n, b in known.bodies.items() if n in conns},
         )
         await self._apply(control, force_log=True)
 
@@ -371,7 +383,11 @@ class Keeper:
         if changes.empty:
             self.applied = want
             return False
+        # Decided before anything is loaded: what the tunnels' SAs were set up under is self.loaded.
+        cut = cuts(self.loaded, want, versions, cred_versions)
+        cut_names = {c.tunnel for c in cut}
         conns = dict(self.loaded.conns)
+        bodies = dict(self.loaded.bodies)
         secrets = dict(self.loaded.secrets)
         creds = dict(self.loaded.creds)
         for key in changes.load_creds:
@@ -391,12 +407,22 @@ class Keeper:
                 )
             except ViciCommandFailed as exc:  # charon's message never echoes the key
                 self.secret_rejected[sid] = f"load-shared {sid}: {exc.message}"
-                log.error("secret.rejected id=%s error=%r", sid, exc.message)
-                secrets[sid] = SecretState(s.owners, version)  # the same input would fail again
+                # A key the plan withdrew (rotated, moved) must not stay in force because its successor
+                # was refused: the tunnels it keys are cut below and must not come back with it.
+                withdrawn = any(w.endswith(f":{sid}") for c in cut for w in c.why)
+                if withdrawn:
+                    await control.call("unload-shared", {"id": sid}, check=False)
+                log.error(
+                    "secret.rejected id=%s error=%r old=%s",
+                    sid,
+                    exc.message,
+                    "unloaded" if withdrawn else "kept",
+                )
+                secrets[sid] = SecretState(s.owners, version, s.ref)  # the same input would fail again
                 continue
             self.secret_rejected.pop(sid, None)
-            rotated = sid in self.loaded.secrets and self.loaded.secrets[sid].version != "unknown"
-            secrets[sid] = SecretState(s.owners, version)
+            rotated = sid in self.loaded.secrets and self.loaded.secrets[sid].version != UNKNOWN
+            secrets[sid] = SecretState(s.owners, version, s.ref)
             log.info(
                 "secret.loaded id=%s version=%s owners=%d rotated=%s",
                 sid,
@@ -416,11 +442,22 @@ class Keeper:
                 await control.call("load-conn", dict(want.conns[name]))
             except ViciCommandFailed as exc:
                 self.errors[name] = f"load-conn: {exc.message}"
-                log.error("conn.rejected name=%s error=%r", name, exc.message)
+                # The old config is what the plan withdrew (e.g. a removed proposal): refused its successor,
+                # it must not stay loaded, or the cut tunnel would come back (or be accepted) under it.
+                if name in cut_names:
+                    await control.call("unload-conn", {"name": name}, check=False)
+                log.error(
+                    "conn.rejected name=%s error=%r old=%s",
+                    name,
+                    exc.message,
+                    "unloaded" if name in cut_names else "kept",
+                )
                 conns[name] = digest  # the same payload would fail again: wait for the next plan
+                bodies[name] = want.conns[name][name]
                 continue
             was = self.loaded.conns.get(name)
             conns[name] = digest
+            bodies[name] = want.conns[name][name]
             if self.errors.get(name, "").startswith("load-conn:"):
                 self.errors.pop(name)
             log.info(
@@ -428,32 +465,68 @@ class Keeper:
             )
         for name in changes.unload_conns:
             await control.call("unload-conn", {"name": name}, check=False)
-            # unload-conn leaves established SAs running (LAB-FACTS): terminate them too.
-            await control.stream(
-                "terminate",
-                {"ike": name, "timeout": str(int(self.timing.terminate_timeout * 1000))},
-                "control-log",
-                check=False,
-                timeout=self.timing.terminate_timeout + self.timing.call_timeout,
-            )
+            # unload-conn leaves established SAs running (LAB-FACTS): terminate them too, at once.
+            await self._terminate_ike(control, name)
             conns.pop(name, None)
+            bodies.pop(name, None)
             self.errors.pop(name, None)
             self.attempts.pop(name, None)
             self.carry.pop(name, None)
             log.info("conn.removed name=%s", name)
-        self.loaded = Loaded(conns, secrets, creds)
+        # Only now, with the new config and key loaded: a site the watchdog brings back uses them.
+        for c in cut:
+            await self._cut(control, c, want)
+        self.loaded = Loaded(conns, secrets, creds, bodies)
         self.applied = want
         if changes.load_secrets or changes.load_conns or changes.load_creds:
             self.attempts.clear()  # new keys or config: retry failed tunnels now, not after their backoff
-        if force_log or changes.load_conns or changes.unload_conns:
+        if force_log or changes.load_conns or changes.unload_conns or cut:
             log.info(
-                "ipsec.applied conns_loaded=%d conns_removed=%d secrets_loaded=%d secrets_removed=%d",
+                "ipsec.applied conns_loaded=%d conns_removed=%d secrets_loaded=%d secrets_removed=%d "
+                "tunnels_cut=%d",
                 len(changes.load_conns),
                 len(changes.unload_conns),
                 len(changes.load_secrets),
                 len(changes.unload_secrets),
+                len(cut),
             )
         return True
+
+    async def _cut(self, control: ViciSession, cut: Cut, want: Desired) -> None:
+        """Terminate a tunnel's IKE_SA(s): they were set up under a config or key the plan withdrew, and
+        charon keeps them across a reload (plan.cuts). A site comes back through the watchdog with what is
+        loaded now (its backoff reset); a road warrior dials again."""
+        terminated = await self._terminate_ike(control, cut.tunnel)
+        self.attempts.pop(cut.tunnel, None)
+        self.carry.pop(cut.tunnel, None)  # a new SA: its counters start from 0, as after any tunnel down
+        site = any(t.initiate for t in want.tunnels if t.name == cut.tunnel)
+        log.info(
+            "tunnel.cut name=%s why=%s ike_sas=%d then=%s",
+            cut.tunnel,
+            ",".join(cut.why),
+            terminated,
+            "initiate" if site else "await-peer",
+        )
+
+    async def _terminate_ike(self, control: ViciSession, name: str) -> int:
+        """Terminate every IKE_SA of conn ``name`` at once: ``force`` with ``timeout -1`` makes charon send
+        the DELETE and destroy the SA, its CHILD_SAs with it, within the call (controller.c terminate_ike
+        forces only without a wait; with one it first waits for the peer's answer). A peer that does not
+        answer cannot hold it: measured on charon 5.9.8, a plain terminate left the IKE_SA DELETING with
+        its CHILD_SA still INSTALLED until the retransmissions ran out (7.2 s in the lab, ~165 s with
+        charon's defaults), and ``force`` with a 2 s timeout held this call for the 2 s. Returns how many
+        IKE_SAs charon terminated."""
+        _, reply = await control.stream(
+            "terminate",
+            {"ike": name, "force": "yes", "timeout": "-1"},
+            "control-log",
+            check=False,
+            timeout=self.timing.terminate_timeout + self.timing.call_timeout,
+        )
+        try:
+            return int(reply.get("terminated", 0))
+        except (TypeError, ValueError):
+            return 0
 
     async def _serve(self, control: ViciSession, tg: anyio.abc.TaskGroup) -> None:
         next_resync = 0.0

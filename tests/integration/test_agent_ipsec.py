@@ -23,7 +23,7 @@ import pytest
 
 from gwkit.vici import ViciSession
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel, dumps
-from lab.peers import configure_site, site_conn
+from lab.peers import configure_site, psk_conn, site_conn
 from lab.world import SERVICE_CIDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -32,6 +32,7 @@ PSK = "agent-lab-psk-7d41e0"  # test-only values
 PSK2 = "agent-lab-psk-rotated-55aa"
 GW_ID = "gw.lab.example"
 GATEWAY = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-a", "gw")
+TENANT_PSK = SecretRef("tenant-psk", "psk")
 
 
 def site_id(site: Host) -> str:
@@ -63,13 +64,19 @@ def gw_tunnel(lab: Lab, site: Host, child_options: dict[str, str] | None = None)
     return Tunnel(site.role, True, children, conn)
 
 
-def make_plan(lab: Lab, sites: list[Host], child_options: dict[str, str] | None = None) -> Plan:
+def make_plan(
+    lab: Lab,
+    sites: list[Host],
+    child_options: dict[str, str] | None = None,
+    refs: dict[str, SecretRef] | None = None,
+) -> Plan:
+    """``refs``: site role -> its PSK's Secret (default: every site on ``tenant-psk``)."""
     return Plan(
         gateway=GATEWAY,
         type="ipsec",
         ipsec=Ipsec(
             secrets=tuple(
-                IkeSecret(f"psk-{s.role}", (site_id(s),), SecretRef("tenant-psk", "psk")) for s in sites
+                IkeSecret(f"psk-{s.role}", (site_id(s),), (refs or {}).get(s.role, TENANT_PSK)) for s in sites
             ),
             tunnels=tuple(gw_tunnel(lab, s, child_options) for s in sites),
         ),
@@ -113,10 +120,11 @@ class Agent:
         tmp.write_bytes(dumps(plan))
         os.replace(tmp, self.plan_file)
 
-    def write_psk(self, psk: str) -> None:
-        tmp = self.secrets / "tenant-psk" / ".psk.tmp"
+    def write_psk(self, psk: str, ref: SecretRef = TENANT_PSK) -> None:
+        (self.secrets / ref.name).mkdir(parents=True, exist_ok=True)
+        tmp = self.secrets / ref.name / f".{ref.key}.tmp"
         tmp.write_text(psk)
-        os.replace(tmp, self.secrets / "tenant-psk" / "psk")
+        os.replace(tmp, self.secrets / ref.name / ref.key)
 
     def start(self, *extra: str) -> None:
         assert self.lab.gw.charon is not None
@@ -339,41 +347,193 @@ async def test_reload_adding_and_removing_tunnels_leaves_the_others_alone(lab: L
     assert {n: ike_ids(sas)[n] for n in ("s2", "s3", "s4")} == {n: after[n] for n in ("s2", "s3", "s4")}
 
 
-async def test_psk_rotation_keeps_the_sa_reauth_uses_the_new_key_mismatch_reported(
+async def sa_ids(lab: Lab) -> dict[str, tuple[str, str]]:
+    """Every IKE_SA of the gateway's charon: uniqueid -> (conn name, state); two of one name both show."""
+    assert lab.gw.charon is not None
+    async with await ViciSession.connect(lab.gw.charon.vici_socket) as v:
+        events, _ = await v.stream("list-sas", {}, "list-sa")
+    return {str(sa["uniqueid"]): (name, str(sa["state"])) for e in events for name, sa in e.items()}
+
+
+async def test_a_removed_tunnel_whose_peer_does_not_answer_is_gone_at_once(lab: Lab, agent: Agent) -> None:
+    """A removed peer that ignores the DELETE (its charon stopped) must not keep its SA: a plain terminate
+    leaves it DELETING, its CHILD_SA installed, until charon's retransmissions run out (~165 s by default)."""
+    s1, s2 = await bring_up(lab, agent, 2)
+    before = ike_ids(await gw_sas(lab))
+    assert s1.charon is not None
+    s1.charon.pause()
+    try:
+        agent.write_plan(make_plan(lab, [s2]))
+        await eventually(lambda: "conn.removed name=s1" in agent.log(), 10, "s1 removed")
+        ids = await sa_ids(lab)
+        assert s1.role not in {n for n, _ in ids.values()}, ids
+    finally:
+        s1.charon.resume()
+    assert (await sa_ids(lab)).get(before[s2.role]) == (s2.role, "ESTABLISHED")
+
+
+OTHER_PSK = SecretRef("other-psk", "psk")
+
+
+async def test_psk_rotation_cuts_the_sa_it_comes_back_with_the_new_key_mismatch_reported(
     lab: Lab, agent: Agent
 ) -> None:
-    (site,) = await bring_up(lab, agent, 1)
-    assert lab.gw.charon is not None
-    first = ike_ids(await gw_sas(lab))[site.role]
-    # Rotate on both sides: the site's admin loads the new key, our Secret file changes.
-    await setup_site(lab, site, psk=PSK2)
+    """A rotated key means the old one may be known to someone else: the IKE_SA authenticated with it is cut
+    (rekeys never use the PSK again, so it would outlive the rotation), and the site tunnel comes back with
+    the new key. A sibling on another Secret keeps its IKE_SA."""
+    s1, s2 = start_sites(lab, 2)
+    for s in (s1, s2):
+        await setup_site(lab, s)
+    agent.write_psk(PSK)
+    agent.write_psk(PSK, OTHER_PSK)
+    agent.write_plan(make_plan(lab, [s1, s2], refs={s2.role: OTHER_PSK}))
+    agent.start()
+    agent.wait_for(all_established([s1.role, s2.role]), 30, "both up")
+    before = ike_ids(await gw_sas(lab))
+    # Rotate on both sides: the site's admin loads the new key, then our Secret file changes.
+    await setup_site(lab, s1, psk=PSK2)
+    t0 = time.monotonic()
     agent.write_psk(PSK2)
-    await eventually(lambda: "rotated=yes" in agent.log(), 4, "the changed secret pushed")
-    assert ike_ids(await gw_sas(lab))[site.role] == first, "rotation alone does not disturb the SA"
-    async with await ViciSession.connect(lab.gw.charon.vici_socket) as v:
-        await v.call("rekey", {"ike": site.role, "reauth": "yes"})
 
-    async def reauthenticated() -> bool:
-        sa = (await gw_sas(lab)).get(site.role, {})
-        new = str(sa.get("uniqueid", first)) != first and sa.get("state") == "ESTABLISHED"
-        return new and agent.tunnels()[site.role]["state"] == "Established"
+    async def replaced() -> bool:
+        ids = await sa_ids(lab)
+        return before[s1.role] not in ids and (s1.role, "ESTABLISHED") in ids.values()
 
-    await eventually(reauthenticated, 10, "reauth with the new key")
-    sas = await gw_sas(lab)
-    assert sas[site.role]["state"] == "ESTABLISHED" and str(sas[site.role]["uniqueid"]) != first, (
-        "the forced reauth authenticated with the new key"
+    await eventually(replaced, 15, "the old IKE_SA gone and a new one established with the new key")
+    print(f"agent.measured what=rotation_to_new_sa_established seconds={time.monotonic() - t0:.3f}")
+    agent.wait_for(all_established([s1.role]), 10, "Established again with the new key")
+    ids = await sa_ids(lab)
+    assert ids.get(before[s2.role]) == (s2.role, "ESTABLISHED"), (
+        "the sibling on another Secret keeps its IKE_SA"
     )
-    # Now the site alone changes its key: the next reauth fails with charon's reason.
-    await setup_site(lab, site, psk="site-only-key-0b9e")
-    async with await ViciSession.connect(lab.gw.charon.vici_socket) as v:
-        await v.call("rekey", {"ike": site.role, "reauth": "yes"})
+    assert [n for n, _ in ids.values()].count(s1.role) == 1, ids
+    assert "tunnel.cut name=s1 " in agent.log() and "tunnel.cut name=s2 " not in agent.log()
+    # Our Secret rotates to a key the site does not have: cut, and it stays down with charon's reason.
+    agent.write_psk("gateway-only-key-0b9e")
     agent.wait_for(
-        lambda ts: "AUTHENTICATION_FAILED" in (ts[site.role].get("lastError") or ""), 20, "mismatch reported"
+        lambda ts: "AUTHENTICATION_FAILED" in (ts[s1.role].get("lastError") or ""), 20, "mismatch reported"
     )
-    t = agent.tunnels()[site.role]
-    assert t["state"] in ("Failed", "Connecting"), t
-    for secret in (PSK, PSK2, "site-only-key-0b9e"):
+    t = agent.tunnels()[s1.role]
+    assert t["state"] in ("Failed", "Connecting", "Down"), t
+    ids = await sa_ids(lab)
+    assert (s1.role, "ESTABLISHED") not in ids.values(), ids
+    assert ids.get(before[s2.role]) == (s2.role, "ESTABLISHED")
+    for secret in (PSK, PSK2, "gateway-only-key-0b9e"):
         assert secret not in agent.log() and secret not in agent.status_file.read_text()
+
+
+async def test_a_key_rotated_while_charon_hung_is_cut_once_it_answers_again(lab: Lab, agent: Agent) -> None:
+    """The rotation lands while charon is stopped (the agent's calls time out and it reconnects): the same
+    daemon still holds the SA set up with the old key, so the agent, which knows what it loaded into it,
+    cuts it once charon answers again, instead of re-pushing as if it knew nothing."""
+    (site,) = await bring_up(lab, agent, 1)
+    before = ike_ids(await gw_sas(lab))
+    await setup_site(lab, site, psk=PSK2)
+    assert lab.gw.charon is not None
+    lab.gw.charon.pause()
+    try:
+        agent.write_psk(PSK2)
+        await eventually(lambda: "vici.lost" in agent.log(), 15, "the agent noticed the hang")
+    finally:
+        lab.gw.charon.resume()
+
+    async def replaced() -> bool:
+        ids = await sa_ids(lab)
+        return before[site.role] not in ids and (site.role, "ESTABLISHED") in ids.values()
+
+    await eventually(replaced, 20, "the old IKE_SA gone and a new one established with the new key")
+    assert "fresh=False" in agent.log(), "the same daemon, reconnected"
+    assert "tunnel.cut name=s1 why=psk-rotated:psk-s1 " in agent.log()
+    agent.wait_for(all_established([site.role]), 10, "Established with the new key")
+
+
+RW_ID = "rw.lab.example"
+
+
+def rw_tunnel(lab: Lab, rw: Host, remote_id: str, **extra: str) -> Tunnel:
+    """A road warrior: any address, only responds; its laptop dials in."""
+    child = Child(f"{rw.role}-0", rw.lans[0])
+    conn = {
+        rw.role: {
+            "version": "2",
+            "local_addrs": [lab.gw.addresses[0]],
+            "remote_addrs": ["%any"],
+            "proposals": ["aes256-sha256-modp2048"],
+            "local": {"auth": "psk", "id": GW_ID},
+            "remote": {"auth": "psk", "id": remote_id},
+            "children": {
+                child.name: {
+                    "local_ts": [SERVICE_CIDR],
+                    "remote_ts": [rw.lans[0]],
+                    "esp_proposals": ["aes256gcm16-modp2048"],
+                }
+            },
+            **extra,
+        }
+    }
+    return Tunnel(rw.role, False, (child,), conn)
+
+
+def rw_plan(lab: Lab, site: Host, rw: Host, rw_id: str, **extra: str) -> Plan:
+    return Plan(
+        gateway=GATEWAY,
+        type="ipsec",
+        ipsec=Ipsec(
+            secrets=(
+                IkeSecret(f"psk-{site.role}", (site_id(site),), TENANT_PSK),
+                IkeSecret(f"psk-{rw.role}", (rw_id,), OTHER_PSK),
+            ),
+            tunnels=(gw_tunnel(lab, site), rw_tunnel(lab, rw, rw_id, **extra)),
+        ),
+    )
+
+
+async def test_a_changed_remote_id_cuts_the_road_warriors_sa_and_nothing_else(lab: Lab, agent: Agent) -> None:
+    """The plan changes the road warrior's identity: the session established by the old identity is cut
+    (loading the changed conn alone leaves it, LAB-FACTS). A change that does not touch who the peer is or
+    what it may reach (a rekey time) cuts nothing, and the site beside it keeps its IKE_SA."""
+    site = lab.add_site()
+    rw = lab.add_site("rw")
+    for h in (lab.gw, site, rw):
+        lab.start_charon(h)
+    await setup_site(lab, site)
+    assert rw.charon is not None
+    async with await ViciSession.connect(rw.charon.vici_socket) as v:
+        await v.call("load-shared", {"id": "k", "type": "IKE", "data": PSK2, "owners": [RW_ID]})
+        await v.call(
+            "load-conn",
+            psk_conn("gw", local_addr=rw.addresses[0], remote_addr=lab.gw.addresses[0], local_id=RW_ID,
+                     remote_id=GW_ID, children={"rw-0": (rw.lans, [SERVICE_CIDR])}),
+        )  # fmt: skip
+    agent.write_psk(PSK)
+    agent.write_psk(PSK2, OTHER_PSK)
+    agent.write_plan(rw_plan(lab, site, rw, RW_ID))
+    agent.start()
+    agent.wait_for(all_established([site.role]), 30, "the site up")
+    await eventually(lambda: "conn.loaded name=rw " in agent.log(), 10, "the road warrior's conn loaded")
+    async with await ViciSession.connect(rw.charon.vici_socket) as v:
+        await v.stream("initiate", {"child": "rw-0", "timeout": "10000"}, "control-log", timeout=15)
+    agent.wait_for(all_established([site.role, rw.role]), 10, "the road warrior dialled in")
+    before = ike_ids(await gw_sas(lab))
+
+    agent.write_plan(rw_plan(lab, site, rw, RW_ID, rekey_time="7200"))
+    await eventually(lambda: agent.log().count("conn.loaded name=rw ") == 2, 10, "the rekey time loaded")
+    await anyio.sleep(1)
+    assert ike_ids(await gw_sas(lab)) == before, "a rekey time is no reason to cut anyone"
+
+    agent.write_plan(rw_plan(lab, site, rw, "rw-renamed.lab.example"))
+
+    async def old_sa_gone() -> bool:
+        return before[rw.role] not in await sa_ids(lab)
+
+    await eventually(old_sa_gone, 10, "the road warrior's old IKE_SA gone")
+    ids = await sa_ids(lab)
+    assert rw.role not in {n for n, _ in ids.values()}, "nobody presents the new identity: no SA"
+    assert ids.get(before[site.role]) == (site.role, "ESTABLISHED"), "the site keeps its IKE_SA"
+    agent.wait_for(lambda ts: ts[rw.role]["state"] == "Down", 10, "the road warrior reported Down")
+    assert "tunnel.cut name=rw " in agent.log() and f"tunnel.cut name={site.role} " not in agent.log()
+    for secret in (PSK, PSK2):
+        assert secret not in agent.log()
 
 
 async def test_child_rekey_never_shows_zero_bytes_or_a_non_established_state(lab: Lab, agent: Agent) -> None:

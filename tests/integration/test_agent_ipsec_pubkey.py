@@ -3,8 +3,8 @@
 The gateway's plan references a ``kubernetes.io/tls`` Secret (tls.crt, tls.key, ca.crt); the agent loads
 them with load-cert / load-key and the tunnel authenticates with certificates issued by a test CA made
 here with openssl. A renewed certificate (the Secret's files replaced, as cert-manager does) is loaded
-again without touching the running SA, and the next reauth uses it. The private key never reaches the
-agent's log or status.
+again and the SA set up with the old one is cut: the site tunnel comes back at once with the renewed
+certificate (agent.ipsec.plan.cuts). The private key never reaches the agent's log or status.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def plan(lab: Lab, site: Host) -> Plan:
     ))  # fmt: skip
 
 
-async def test_certificate_tunnel_comes_up_and_a_renewed_certificate_is_used_at_reauth(
+async def test_certificate_tunnel_comes_up_and_a_renewed_certificate_brings_it_back_with_the_new_one(
     lab: Lab, tmp_path: Path
 ) -> None:
     pki = tmp_path / "pki"
@@ -169,24 +169,22 @@ async def test_certificate_tunnel_comes_up_and_a_renewed_certificate_is_used_at_
         before = (await gw_sas(lab))[site.role]
         assert before["local-id"] == GW_ID and before["remote-id"] == site_id(site)
 
-        # cert-manager renews the gateway's certificate (new key, new serial): loaded again, SA untouched.
+        # cert-manager renews the gateway's certificate (new key, new serial): loaded again, and the SA
+        # authenticated with the old one is cut; the watchdog brings the site back with the renewed one.
         new_cert, new_key = issue(pki, "gw2", GW_ID, 12)
         write_tls_secret(agent.secrets, new_cert, new_key, ca)
         await eventually(
             lambda: agent.log().count("credential.loaded id=cert/gateway") >= 2, 10, "renewal loaded"
         )
-        assert (await gw_sas(lab))[site.role]["uniqueid"] == before["uniqueid"]
-
-        # A reauth authenticates again, now with the renewed certificate: charon lists it by serial.
-        assert lab.gw.charon is not None
-        lab.gw.charon.swanctl("--rekey", "--ike", site.role, "--reauth")
 
         async def reauthenticated() -> bool:
             sa = (await gw_sas(lab)).get(site.role, {})
             return sa.get("state") == "ESTABLISHED" and sa.get("uniqueid") != before["uniqueid"]
 
         await eventually(reauthenticated, 30, "a new IKE_SA authenticated with the renewed certificate")
-        agent.wait_for(all_established([site.role]), 10, "Established after the reauth")
+        assert f"tunnel.cut name={site.role} why=cert/gateway" in agent.log()
+        agent.wait_for(all_established([site.role]), 10, "Established with the renewed certificate")
+        assert lab.gw.charon is not None
         certs = lab.gw.charon.swanctl("--list-certs").stdout.decode()
         assert "0c" in certs.lower(), "the renewed certificate (serial 12 = 0x0c) is in charon's store"
 

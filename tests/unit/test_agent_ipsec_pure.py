@@ -87,7 +87,7 @@ def test_diff_loads_new_and_changed_unloads_removed_and_leaves_the_rest() -> Non
     b2 = tunnel("b", extra={"rekey_time": "1h"})
     loaded = Loaded(
         conns={"a": conn_digest(a.conn), "b": conn_digest(b.conn), "old": "x"},
-        secrets={"psk-a": SecretState(("a",), "v1"), "gone": SecretState((), "v0")},
+        secrets={"psk-a": SecretState(("a",), "v1", PSK_A.ref), "gone": SecretState((), "v0")},
     )
     changes = diff(loaded, desired(plan(a, b2, c, secrets=(PSK_A,))), {"psk-a": "v1"})
     assert changes.load_conns == ("b", "c")
@@ -96,16 +96,19 @@ def test_diff_loads_new_and_changed_unloads_removed_and_leaves_the_rest() -> Non
 
 
 @pytest.mark.parametrize(
-    "versions, loaded_version, expected",
+    "versions, loaded_version, loaded_ref, expected",
     [
-        pytest.param({"psk-a": "v2"}, "v1", ("psk-a",), id="rotated"),
-        pytest.param({"psk-a": "v1"}, "v1", (), id="unchanged"),
-        pytest.param({}, "v1", (), id="unreadable-keeps-the-loaded-key"),
-        pytest.param({"psk-a": "v1"}, "unknown", ("psk-a",), id="after-reconnect"),
+        pytest.param({"psk-a": "v2"}, "v1", PSK_A.ref, ("psk-a",), id="rotated"),
+        pytest.param({"psk-a": "v1"}, "v1", PSK_A.ref, (), id="unchanged"),
+        pytest.param({"psk-a": "v1"}, "v1", SecretRef("t", "k"), ("psk-a",), id="moved-same-value"),
+        pytest.param({}, "v1", PSK_A.ref, (), id="unreadable-keeps-the-loaded-key"),
+        pytest.param({"psk-a": "v1"}, "unknown", None, ("psk-a",), id="after-reconnect"),
     ],
 )
-def test_secret_changes(versions: dict[str, str], loaded_version: str, expected: tuple[str, ...]) -> None:
-    loaded = Loaded(secrets={"psk-a": SecretState(("a",), loaded_version)})
+def test_secret_changes(
+    versions: dict[str, str], loaded_version: str, loaded_ref: SecretRef | None, expected: tuple[str, ...]
+) -> None:
+    loaded = Loaded(secrets={"psk-a": SecretState(("a",), loaded_version, loaded_ref)})
     changes = diff(loaded, desired(plan(secrets=(PSK_A,))), versions)
     assert changes.load_secrets == expected and changes.unload_secrets == ()
 
