@@ -8,7 +8,7 @@ APT_PACKAGES=(
   strongswan-charon strongswan-swanctl libstrongswan-standard-plugins libcharon-extra-plugins
   libstrongswan-extra-plugins
   wireguard-go wireguard-tools iptables conntrack iproute2 procps kmod prometheus make
-  ca-certificates unzip iputils-ping socat curl
+  ca-certificates unzip iputils-ping socat curl python3-venv
 )
 # `setup.sh --print-packages`: the Debian packages it installs, one per line (the install-drift test reads
 # them; nodejs/npm only where the machine has no npm of its own).
