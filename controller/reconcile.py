@@ -420,8 +420,8 @@ def links_condition(links: Links, namespace: str) -> Condition | None:
         ROUTING_READY,
         False,
         "RouterNotAllowed",
-        f"{names}: the operator's allowances for namespace {namespace} do not include the router; "
-        "no route was programmed on it",
+        f"{names}: the operator's allowances for namespace {namespace} do not include the router "
+        f"(the chart's allowances.namespaces.{namespace}.clusterLinkRouters); no route was programmed on it",
     )
 
 

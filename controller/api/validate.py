@@ -429,9 +429,9 @@ def _reverse_exposures(gateway: Gateway, around: Surroundings) -> tuple[set[str]
                 gw,
                 f"spec.reverseExposures[{i}]",
                 e.name,
-                "needs the operator's internalSourceCIDRs (--internal-source-cidrs, "
-                "IPSEC_INTERNAL_SOURCE_CIDRS): without them nothing constrains who reaches a reverse "
-                "exposure",
+                "needs the operator's internalSourceCIDRs (the chart's internalSourceCIDRs; "
+                "--internal-source-cidrs, IPSEC_INTERNAL_SOURCE_CIDRS): without them nothing constrains "
+                "who reaches a reverse exposure",
                 REVERSE_NEEDS_INTERNAL,
                 Item("reverse", e.name),
             )
@@ -470,7 +470,8 @@ def _exposures(gateway: Gateway, service: _Net, around: Surroundings) -> tuple[s
                     path,
                     e.address,
                     f"is not inside the exposure targets the operator allows for "
-                    f"namespace {gateway.meta.namespace} ({', '.join(around.exposure_targets) or 'none'})",
+                    f"namespace {gateway.meta.namespace} ({', '.join(around.exposure_targets) or 'none'}; "
+                    f"the chart's allowances.namespaces.{gateway.meta.namespace}.exposureTargets)",
                     "ExposureTargetNotAllowed",
                     item,
                 )
