@@ -11,6 +11,7 @@ a Secret no longer referenced leaves the directory; the mounted copy is the plan
 from __future__ import annotations
 
 import base64
+import gzip
 import dataclasses
 import os
 import signal
@@ -223,8 +224,9 @@ def test_a_secret_its_owner_did_not_opt_in_is_never_read_nor_granted(
 def test_a_plan_planted_in_the_configmap_is_never_taken(
     world: tuple[Cluster, Controller], tmp_path: Path
 ) -> None:
-    """Someone adds a second plan in binaryData (which a reader preferring it would take): the agent
-    refuses a ConfigMap holding anything but one plan key, and the controller removes the extra key."""
+    """Someone adds a second plan under another key (the API server refuses the plan's own key in both
+    data and binaryData): the agent refuses a ConfigMap holding anything but one plan key, and the
+    controller removes the extra key."""
     c, ctl = world
     agent = start_agent(c, tmp_path)
     try:
@@ -232,7 +234,7 @@ def test_a_plan_planted_in_the_configmap_is_never_taken(
         planted = gwplan.dumps(dataclasses.replace(good, nat=dataclasses.replace(good.nat, grants=())))
         ctl.proc.send_signal(signal.SIGSTOP)  # the agent alone, for a while, with the planted ConfigMap
         try:
-            extra = {"binaryData": {"plan.json": base64.b64encode(planted).decode()}}
+            extra = {"binaryData": {"plan.json.gz": base64.b64encode(gzip.compress(planted)).decode()}}
             c.kube.patch("v1", "ConfigMap", HOME, extra, HOME_NS)
             wait_for(lambda: "follow.plan_refused" in (tmp_path / "agent.log").read_text(), 10, "the refusal")
             assert live_plan(tmp_path) == good, "the planted plan reached the pod"
