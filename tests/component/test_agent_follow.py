@@ -11,8 +11,8 @@ a Secret no longer referenced leaves the directory; the mounted copy is the plan
 from __future__ import annotations
 
 import base64
-import gzip
 import dataclasses
+import gzip
 import os
 import signal
 import subprocess
