@@ -13,8 +13,10 @@ computes an unchanged status and the controller writes nothing:
 * ``CloudReady``: the cloud backend has NIC2 (and, with OpenStack, the port, floating IP, attachment)
   for the gateway; the reason names the step that failed.
 * ``PodReady``: the gateway pod runs on its pinned node and its agents are ready.
-* ``Ready``: all of the above.
+* ``Ready``: all of the above, but the advisory ones (``ADVISORY``).
 * (with OpenStack) ``RoutingReady``, ``SecurityGroupScoped``: passed through from the cloud backend.
+  ``SecurityGroupScoped`` False says the IKE/WireGuard port is open wider than the peers' addresses
+  (a peer known by hostname); the gateway still serves, so it does not make ``Ready`` False.
 """
 
 from __future__ import annotations
@@ -57,12 +59,17 @@ class StatusEvent:
     message: str
 
 
+ADVISORY = frozenset({"SecurityGroupScoped"})
+"""Conditions that say something worth knowing but do not stop the gateway serving: not part of Ready."""
+
+
 def conditions(
     parts: Sequence[Condition], previous: Sequence[Mapping[str, Any]], generation: int, now: str
 ) -> list[Obj]:
-    """The conditions to store, with ``Ready`` first (``parts`` plus Ready computed from them), each keeping
-    its previous ``lastTransitionTime`` while its status is unchanged."""
-    failing = [c for c in parts if not c.status]
+    """The conditions to store, with ``Ready`` first (``parts`` plus Ready computed from them, the
+    ``ADVISORY`` ones aside), each keeping its previous ``lastTransitionTime`` while its status is
+    unchanged."""
+    failing = [c for c in parts if not c.status and c.type not in ADVISORY]
     ready = Condition(
         "Ready",
         not failing,

@@ -30,7 +30,7 @@ from controller.placement import Placement
 from controller.podspec import INITNAT_CAPS, IPSEC_CAPS, READONLY_DIR
 from controller.reconcile import Decision, Snapshot, cleanup, decide, peers_of, render_gateway
 from controller.settings import Allowance, GatewayPod, Settings, StaticNic
-from controller.status import Condition
+from controller.status import Condition, conditions
 from tests.examples import edit, example_docs, mutate
 
 NIC = Nic2("fa:16:3e:00:00:01", "192.0.2.2/26", "192.0.2.1")
@@ -663,6 +663,20 @@ def test_conditions_keep_their_transition_time_and_events_come_only_with_changes
     assert conds["ConfigRendered"]["lastTransitionTime"] == NOW, "unchanged status keeps its time"
     assert conds["Ready"]["status"] == "True"
     assert sorted(e.reason for e in later.events) == ["PodReady", "Ready"]
+
+
+def test_an_open_security_group_is_said_but_does_not_make_the_gateway_unready() -> None:
+    parts = [
+        Condition("ConfigRendered", True, "Rendered", "ok"),
+        Condition("SecurityGroupScoped", False, "HostnameEndpointOpensPort", "peer b: 0.0.0.0/0"),
+    ]
+    conds = {c["type"]: c for c in conditions(parts, [], 1, NOW)}
+    assert conds["SecurityGroupScoped"]["status"] == "False"
+    assert conds["Ready"]["status"] == "True"
+    routing = [*parts, Condition("RoutingReady", False, "RouterNotAllowed", "router r")]
+    ready = conditions(routing, [], 1, NOW)[0]
+    assert ready["status"] == "False" and ready["reason"] == "RouterNotAllowed"
+    assert "SecurityGroupScoped" not in ready["message"]
 
 
 def test_without_nic2_nothing_that_needs_it_is_made_and_a_running_pod_is_left_alone() -> None:
