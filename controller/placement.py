@@ -20,7 +20,7 @@ class Placement:
     node: str | None
     reason: str
     """``Pinned`` (sticky), ``Placed`` (chosen now), ``Repinned`` (moved off a node that cannot keep it),
-    ``NoSchedulableNode``."""
+    ``NoSchedulableNode``, ``NotRendered`` (nothing to serve: no slot taken)."""
     message: str
     moved_from: str | None = None
 

@@ -500,10 +500,11 @@ def config_condition(rendered: Rendered) -> Condition:
 
 
 def pod_condition(snap: Snapshot, node: str | None, nic: bool, where: placement.Placement) -> Condition:
+    if node is None:
+        # No node (none can take it, or nothing renders): NIC2 follows a node, so the node is the cause.
+        return Condition(POD_READY, False, where.reason, where.message)
     if not nic:
         return Condition(POD_READY, False, "NoNIC2", "waiting for the cloud to provide NIC2")
-    if node is None:
-        return Condition(POD_READY, False, where.reason, where.message)
     pods = [
         p
         for p in snap.pods

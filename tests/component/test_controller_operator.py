@@ -497,6 +497,7 @@ def test_a_gateway_in_a_namespace_not_enabled_takes_no_node_and_no_cloud_until_e
         "the refusal in the status",
     )
     assert (condition(gw, "CloudReady") or {}).get("reason") == "NotRendered"
+    assert (condition(gw, "PodReady") or {}).get("reason") == "NotRendered", "not 'waiting for NIC2'"
     assert not gw["status"].get("publicIP") and not gw["status"].get("nodeName")
     assert cluster.owned("apps/v1", "Deployment", "acme", NS) is None
     assert cluster.owned("v1", "ConfigMap", "acme", NS) is None
