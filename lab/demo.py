@@ -367,6 +367,8 @@ def status_table(
 
 def user_commands(kubeconfig: Path, kubectl_dir: Path, example: Example, log_dir: Path) -> str:
     """What the user can paste in another terminal while the demo runs."""
+    from lab.cluster import GATEWAY_NAMESPACE
+
     ns, gw = example.namespace, example.gateway
     last = example.sites[-1].name
     patch = shlex.quote(json.dumps({"spec": {"authorization": {"exposures": []}}}))
@@ -375,9 +377,9 @@ def user_commands(kubeconfig: Path, kubectl_dir: Path, example: Example, log_dir
             "demo: kubectl against the emulated cluster, from another terminal while the demo runs:",
             f"    export KUBECONFIG={kubeconfig} PATH={kubectl_dir}:$PATH",
             f"    kubectl get vpngateways,vpnpeers -n {ns}",
-            f"    kubectl get pods -n {ns} -w",
+            f"    kubectl get pods -n {GATEWAY_NAMESPACE} -w             # gateway pods run there",
             f"    kubectl get vpngateway {gw} -n {ns} -o yaml        # status.tunnels, conditions",
-            f"    kubectl get deployments,configmaps,networkpolicies -n {ns}",
+            f"    kubectl get deployments,configmaps,networkpolicies -n {GATEWAY_NAMESPACE}",
             f"    kubectl patch vpnpeer {last} -n {ns} --type=merge -p {patch}   # revoke {last}'s grants",
             f"    tail -f {log_dir}/pods/*/status-agent-0.log",
         ]
