@@ -101,7 +101,8 @@ def add_run_parser(sub: Any) -> None:
         type=Path,
         default=env(ENV["config"]),
         help="YAML settings: gatewayPod (resources, tolerations, nodeSelector, nadTemplate, "
-        f"priorityClassName), staticNICs, networkPolicy (${ENV['config']}; docs/controller.md)",
+        "priorityClassName), staticNICs, networkPolicy, internalSourceCIDRs, "
+        f"allowances (per tenant namespace) (${ENV['config']}; docs/controller.md)",
     )
     r.add_argument(
         "--cloud",
@@ -119,7 +120,7 @@ def add_run_parser(sub: Any) -> None:
     r.add_argument(
         "--gateway-subnet",
         default=env("VPNGW_GATEWAY_SUBNET"),
-        help="its subnet (default: its only IPv4 subnet)",
+        help="its subnet (default: its only IPv4 subnet; $VPNGW_GATEWAY_SUBNET)",
     )
     r.add_argument(
         "--external-network",
