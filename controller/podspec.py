@@ -306,6 +306,8 @@ def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str) 
         spec["nodeSelector"] = dict(pod.node_selector)
     if pod.priority_class_name:
         spec["priorityClassName"] = pod.priority_class_name
+    if pod.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in pod.image_pull_secrets]
     return spec
 
 

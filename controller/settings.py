@@ -68,6 +68,8 @@ class GatewayPod:
     max_gateways_per_node: int = 0
     """Nova's per-instance interface limit: a node holding this many gateways is skipped (0: no cap)."""
     priority_class_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets in the gateway namespace the gateway pods pull their image with."""
     resources: Mapping[str, ContainerResources] = field(default_factory=lambda: dict(DEFAULT_RESOURCES))
     nad_template: str = DEFAULT_NAD_TEMPLATE
     sysctls: SysctlMode = "pod"
@@ -290,6 +292,22 @@ def _allowance(doc: Any, what: str) -> Allowance:
     )
 
 
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _pull_secrets(value: Any, what: str) -> tuple[str, ...]:
+    """Secret names, as a list of names or of ``{name: ...}`` (the pod spec's and Helm's form)."""
+    if not isinstance(value, list):
+        raise SettingsError(f"{what}: expected a list of Secret names")
+    out = []
+    for i, item in enumerate(value):
+        name = item.get("name") if isinstance(item, Mapping) else item
+        if not isinstance(name, str) or len(name) > 253 or not _SUBDOMAIN.fullmatch(name):
+            raise SettingsError(f"{what}[{i}]: {name!r} is not a Secret name (a DNS-1123 subdomain)")
+        out.append(name)
+    return tuple(out)
+
+
 def _allowances(doc: Any, what: str) -> tuple[Allowance, dict[str, Allowance]]:
     if not isinstance(doc, Mapping):
         raise SettingsError(f"{what}: expected a mapping with default and namespaces")
@@ -344,6 +362,10 @@ def from_config(doc: Any, base: Settings | None = None) -> Settings:
         p = replace(p, resources=_resources(pod["resources"], "config.gatewayPod.resources"))
     if "priorityClassName" in pod:
         p = replace(p, priority_class_name=str(pod["priorityClassName"]) or None)
+    if "imagePullSecrets" in pod:
+        p = replace(
+            p, image_pull_secrets=_pull_secrets(pod["imagePullSecrets"], "config.gatewayPod.imagePullSecrets")
+        )
     s = replace(s, pod=p)
     if "staticNICs" in doc:
         s = replace(s, static_nics=_static_nics(doc["staticNICs"], "config.staticNICs"))

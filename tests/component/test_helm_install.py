@@ -237,6 +237,7 @@ def test_helm_template_applied_with_kubectl_then_the_controller_runs_as_the_char
         assert charon["resources"] == values["gateway"]["resources"]["charon"]
         assert values["gateway"]["tolerations"][0] in pod["tolerations"]
         assert pod["priorityClassName"] == "system-node-critical"
+        assert pod["imagePullSecrets"] == [{"name": "gateway-pull"}]  # the gateway pods' own
         assert {s["name"] for s in pod["securityContext"]["sysctls"]} == {
             "net.ipv4.ip_forward",
             "net.ipv4.conf.all.rp_filter",

@@ -140,6 +140,7 @@ def test_the_controllers_command_line_and_config_carry_the_static_values(
     assert s.pod.resources["charon"].to_api() == values["gateway"]["resources"]["charon"]
     assert s.pod.resources["exporter"].requests  # the controller's default for a container not named
     assert s.pod.priority_class_name == "system-node-critical"
+    assert s.pod.image_pull_secrets == ("gateway-pull",)
     assert s.network_policy.api_server == (("198.18.0.10/32", 6443),)
     assert s.network_policy.monitoring_namespace == "monitoring"
     assert s.static_nics["tenant-acme/acme"] == StaticNic(

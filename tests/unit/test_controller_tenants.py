@@ -225,6 +225,11 @@ def test_a_cluster_link_naming_a_router_outside_the_allowance_programs_no_route(
             "default.serviceCIDRs: expected a list",
         ),
         ({"allowances": {"namespaces": {"t": {"serviceCIDRs": ["10.0.0.0/40"]}}}}, "t.serviceCIDRs[0]"),
+        (
+            {"gatewayPod": {"imagePullSecrets": [{"name": "Reg_Cred"}]}},
+            "config.gatewayPod.imagePullSecrets[0]: 'Reg_Cred' is not a Secret name",
+        ),
+        ({"gatewayPod": {"imagePullSecrets": "regcred"}}, "imagePullSecrets: expected a list"),
     ],
 )
 def test_allowances_in_the_config_are_checked_naming_the_field(config: dict[str, Any], message: str) -> None:

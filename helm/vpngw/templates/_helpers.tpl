@@ -102,6 +102,7 @@ when set, so the controller's own defaults (gateway resources, ...) stay in forc
 {{- with $g.tolerations }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
 {{- with $g.resources }}{{ $_ := set $pod "resources" . }}{{ end -}}
 {{- with $g.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
+{{- with $g.imagePullSecrets }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
 {{- $cfg := dict "gatewayPod" $pod -}}
 {{- $netpol := dict "monitoringNamespace" $np.monitoringNamespace "dnsNamespace" $np.dnsNamespace "dnsPodLabels" $np.dnsPodLabels -}}
 {{- with (include "vpngw.apiServer" . | fromJsonArray) }}{{ $_ := set $netpol "apiServer" . }}{{ end -}}
