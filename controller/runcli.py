@@ -63,7 +63,7 @@ def add_run_parser(sub: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     env = os.environ.get
-    r.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+    r.add_argument("--kubeconfig", type=Path, help="kubeconfig file (unset: in-cluster, else $KUBECONFIG)")
     r.add_argument(
         "--namespace", default=env(ENV["namespace"]), help=f"watch only this namespace (${ENV['namespace']})"
     )
@@ -78,7 +78,12 @@ def add_run_parser(sub: Any) -> None:
         default=env(ENV["gateway_image"], GatewayPod.image),
         help=f"the gateway pods' image (${ENV['gateway_image']})",
     )
-    r.add_argument("--image-pull-policy", choices=("Always", "IfNotPresent", "Never"), default="IfNotPresent")
+    r.add_argument(
+        "--image-pull-policy",
+        choices=("Always", "IfNotPresent", "Never"),
+        default="IfNotPresent",
+        help="the gateway pods' containers' imagePullPolicy",
+    )
     r.add_argument(
         "--node-selector",
         default=env(ENV["node_selector"], ""),
@@ -94,8 +99,13 @@ def add_run_parser(sub: Any) -> None:
         "allow net.ipv4.ip_forward and net.ipv4.conf.all.rp_filter), a privileged init container, or the "
         "node's runtime",
     )
-    r.add_argument("--wireguard-mode", choices=("kernel", "wireguard-go"), default="kernel")
-    r.add_argument("--wireguard-interface", default="wg0")
+    r.add_argument(
+        "--wireguard-mode",
+        choices=("kernel", "wireguard-go"),
+        default="kernel",
+        help="WireGuard gateways: the node's kernel module, or a wireguard-go container in the pod",
+    )
+    r.add_argument("--wireguard-interface", default="wg0", help="the WireGuard device's name in the pod")
     r.add_argument(
         "--config",
         type=Path,
@@ -133,7 +143,7 @@ def add_run_parser(sub: Any) -> None:
         default="",
         metavar="CIDR:PORT[,...]",
         help="the API server's endpoints, for the gateway pods' egress NetworkPolicy "
-        "(default: any address on 443 and 6443)",
+        "(empty: any address on 443 and 6443)",
     )
     r.add_argument(
         "--instance",
@@ -153,7 +163,12 @@ def add_run_parser(sub: Any) -> None:
         help="delete gateway objects an earlier release made in tenant namespaces (needs the chart's "
         "migration rights)",
     )
-    r.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    r.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold a Lease before reconciling (more replicas wait as standbys)",
+    )
     r.add_argument(
         "--leader-election-namespace",
         default=env(ENV["leader_election_namespace"], "vpngw-system"),
