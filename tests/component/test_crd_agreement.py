@@ -1,7 +1,8 @@
 """Admission (the generated CRDs) and Validate() agree: same verdict for every object of one corpus.
 
-No kube-apiserver is installable here, so admission is EMULATED from the generated CRD documents alone,
-with the same engines the API server uses where they exist in Python:
+This tier EMULATES admission from the generated CRD documents alone (tests/integration/test_crds_real.py
+checks the same verdicts against the real kube-apiserver), with the same engines the API server uses
+where they exist in Python:
 
 * structural schema: ``jsonschema`` over ``openAPIV3Schema`` with patterns matched by ``google-re2``
   (Go's regexp is RE2: ``$`` is end of text, no look-arounds), unknown fields rejected (kubectl's default
