@@ -77,12 +77,16 @@ class WatchEvent:
         return str(self.object.get("metadata", {}).get("resourceVersion", ""))
 
 
-METADATA_ONLY = (
+METADATA_LIST = (
     "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
     "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 )
-"""The Accept of a list or watch that wants objects' metadata only (the server converts; the trailing
-plain JSON is what a server that cannot answers instead)."""
+"""The Accept of a list that wants objects' metadata only (the server converts; the trailing plain JSON
+is what a server that cannot answers instead)."""
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+"""The same for a watch, whose events are single objects: a watch negotiated as PartialObjectMetadataList
+(the list's Accept) ends at its first event without sending it on a real kube-apiserver, so an informer
+using it never sees a change (found against v1.35; client-go's metadata client asks the same way)."""
 
 
 class KubeClient:
@@ -131,10 +135,10 @@ class KubeClient:
 
     # --- plumbing -----------------------------------------------------------------------------------
 
-    def _headers(self, content_type: str | None = None, *, metadata_only: bool = False) -> dict[str, str]:
+    def _headers(self, content_type: str | None = None, *, accept: str | None = None) -> dict[str, str]:
         h: dict[str, str] = {}
-        if metadata_only:
-            h["Accept"] = METADATA_ONLY
+        if accept:
+            h["Accept"] = accept
         if self.config.token is not None:
             h["Authorization"] = f"Bearer {self.config.token()}"
         if content_type:
@@ -170,7 +174,7 @@ class KubeClient:
                 path,
                 params=dict(params or {}),
                 content=content,
-                headers=self._headers(content_type, metadata_only=metadata_only),
+                headers=self._headers(content_type, accept=METADATA_LIST if metadata_only else None),
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 extensions=self._extensions(),
             )
@@ -259,7 +263,7 @@ class KubeClient:
                 "GET",
                 path,
                 params=params,
-                headers=self._headers(metadata_only=metadata_only),
+                headers=self._headers(accept=METADATA_WATCH if metadata_only else None),
                 timeout=timeout,
                 extensions=self._extensions(),
             ) as stream:

@@ -143,6 +143,17 @@ def _accepts(accept: str, what: str) -> bool:
     return any(f"as={what}" in part.replace(" ", "") for part in accept.split(","))
 
 
+def _first_as(accept: str) -> str | None:
+    """The ``as=`` of the media type content negotiation picks: the Accept header's first JSON one
+    (``None``: plain objects). kube-apiserver takes the first type it can serve, in order
+    (apimachinery's negotiation.NegotiateMediaTypeOptions)."""
+    for part in accept.split(","):
+        params = [p.strip() for p in part.split(";")]
+        if params[0] in ("application/json", "*/*"):
+            return next((p[3:] for p in params[1:] if p.startswith("as=")), None)
+    return None
+
+
 def _warning(text: str) -> str:
     """An RFC 7234 Warning header value as kube-apiserver writes it (code 299, agent "-")."""
     return '299 - "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -722,6 +733,11 @@ class ApiServer:
         accept = request.headers.get("Accept", "")
         as_table = _accepts(accept, "Table")
         as_meta = _accepts(accept, "PartialObjectMetadata")
+        # A watch negotiated as PartialObjectMetadataList (a list type first in Accept) cannot encode its
+        # first event, a single object: the real server ends the stream there without sending it
+        # (apiserver handlers/response.go asPartialObjectMetadataList "the requested object is not a
+        # list"; handlers/watch.go serveWatch returns on the Encode error). So does the emulator.
+        as_list = _first_as(accept) == "PartialObjectMetadataList"
         bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
         send_initial = q.get("sendInitialEvents") == "true"
         if send_initial and (q.get("resourceVersionMatch") != "NotOlderThan" or not bookmarks):
@@ -841,11 +857,15 @@ class ApiServer:
                         if request.transport is None or request.transport.is_closing():
                             break
                         if bookmarks and anyio.current_time() >= next_bookmark:
+                            if as_list:
+                                break
                             await resp.write(encode("BOOKMARK", bookmark()))
                             next_bookmark = anyio.current_time() + interval
                         continue
                     etype, obj = item
                     if etype == CLOSE:
+                        break
+                    if as_list:
                         break
                     if etype == "INITIAL-END":
                         await resp.write(encode("BOOKMARK", bookmark(initial_end=True)))
