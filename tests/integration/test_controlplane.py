@@ -9,14 +9,11 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
@@ -33,6 +30,7 @@ from lab.controlplane.flags import (
     controller_manager_argv,
     etcd_argv,
 )
+from lab.controlplane.nodeagent import NodeAgent
 
 pytestmark = pytest.mark.lab
 
@@ -252,80 +250,6 @@ def test_owner_references_permission_enforcement(controlplane: ControlPlane, nam
         ),
         timeout=10,
     )
-
-
-class NodeAgent:
-    """What a kubelet does for its Node object, nothing more: registers it (with the node's own
-    client certificate), posts Ready and renews its Lease every ``interval`` until ``silence()``."""
-
-    def __init__(self, cp: ControlPlane, name: str, interval: float = 1.0) -> None:
-        self.cp, self.name, self.interval = cp, name, interval
-        self.kubeconfig = cp.node_kubeconfig(name)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"node-{name}", daemon=True)
-        self.errors: list[str] = []
-
-    def register(self, *, ready: bool = True) -> None:
-        """Create the Node and its Lease; with ``ready``, post Ready and start heart-beating (else
-        ``start()`` does, as a kubelet that registers before its first status)."""
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name}},
-        }
-        self.cp.kubectl("create", "-f", "-", kubeconfig=self.kubeconfig, input=json.dumps(node))
-        lease = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": "kube-node-lease"},
-            "spec": {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": _now()},
-        }
-        self.cp.kubectl("create", "-f", "-", kubeconfig=self.kubeconfig, input=json.dumps(lease))
-        if ready:
-            self.start()
-
-    def start(self) -> None:
-        with self.cp.client(self.kubeconfig) as c:
-            self._heartbeat(c)
-        self._thread.start()
-
-    def _heartbeat(self, c: httpx.Client) -> None:
-        now = _now()
-        ready = {
-            "type": "Ready",
-            "status": "True",
-            "reason": "KubeletReady",
-            "message": "lab node agent",
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": now,
-        }
-        r = c.patch(
-            f"/api/v1/nodes/{self.name}/status",
-            json={"status": {"conditions": [ready]}},
-            headers={"Content-Type": "application/strategic-merge-patch+json"},
-        )
-        if r.status_code != 200:
-            self.errors.append(f"status {r.status_code} {r.text[:200]}")
-        r = c.patch(
-            f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}",
-            json={"spec": {"renewTime": now}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        if r.status_code != 200:
-            self.errors.append(f"lease {r.status_code} {r.text[:200]}")
-
-    def _run(self) -> None:
-        with self.cp.client(self.kubeconfig) as c:
-            while not self._stop.wait(self.interval):
-                self._heartbeat(c)
-
-    def silence(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def test_silent_node_goes_not_ready_tainted_and_its_pods_evicted(
