@@ -168,7 +168,19 @@ def render_gateway(
     def keep(problems: Sequence[Problem]) -> Rendered:
         kept = None
         if previous is not None:
-            kept = keep_only_still_asked(previous, still_asked(snap, {p.meta.name for p in peers}))
+            asked = still_asked(snap, {p.meta.name for p in peers})
+            if not snap.namespace_enabled:
+                # Its namespace no longer enabled: nothing of it is served (no tunnel, no grant); the pod,
+                # NIC2 and the public address stay until the namespace is enabled again or the CR goes.
+                asked = dataclasses.replace(asked, peers={})
+            # What the operator allows now holds for a kept plan too: narrowing an allowance must not
+            # wait for a tenant to make its gateway valid again.
+            asked = dataclasses.replace(
+                asked,
+                exposure_targets=settings.allowance(snap.key.namespace).exposure_targets,
+                internal_source_cidrs=settings.internal_source_cidrs,
+            )
+            kept = keep_only_still_asked(previous, asked)
         return Rendered(None, previous, tuple(problems), previous_error, kept)
 
     if not snap.namespace_enabled:

@@ -581,6 +581,12 @@ class StillAsked:
     exposures: frozenset[str]
     reverse_exposures: frozenset[str]
     legacy: bool = False
+    exposure_targets: tuple[str, ...] | None = None
+    """The operator's allowance for the namespace NOW (None: any target): a narrowed allowance takes
+    effect on a refused gateway too, or a tenant could keep its gateway refused to keep its targets."""
+    internal_source_cidrs: tuple[str, ...] | None = None
+    """The operator's internalSourceCIDRs NOW (None: as deployed): reverse exposures' sources follow
+    them; none left, no reverse exposure stays."""
 
 
 def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Plan:
@@ -621,8 +627,21 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
             kept.add(p.name)
         wireguard = dataclasses.replace(wireguard, peers=tuple(wg_peers))
     nat = previous.nat
-    exposures = tuple(e for e in nat.exposures if e.name in still.exposures)
-    reverse = tuple(e for e in nat.reverse_exposures if e.name in still.reverse_exposures)
+    allowed = (
+        None if still.exposure_targets is None else tuple(normalise(c) for c in still.exposure_targets)
+    )
+    internal = (
+        nat.internal_source_cidrs
+        if still.internal_source_cidrs is None
+        else tuple(normalise(c) for c in still.internal_source_cidrs)
+    )
+    exposures = tuple(
+        e
+        for e in nat.exposures
+        if e.name in still.exposures
+        and (allowed is None or e.target_address is None or inside(e.target_address, allowed))
+    )
+    reverse = tuple(e for e in nat.reverse_exposures if e.name in still.reverse_exposures and internal)
     live = {("exposure", e.name) for e in exposures} | {("reverse", e.name) for e in reverse}
 
     def granted(g: gwplan.Grant) -> bool:
@@ -634,6 +653,12 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
         nat,
         exposures=exposures,
         reverse_exposures=reverse,
-        grants=tuple(g for g in nat.grants if granted(g)),
+        internal_source_cidrs=internal,
+        grants=tuple(
+            g if g.kind != "reverse" else dataclasses.replace(g, sources=internal)
+            for g in nat.grants
+            if granted(g)
+        ),
+        allowed_targets=allowed if still.exposure_targets is not None else nat.allowed_targets,
     )
     return dataclasses.replace(previous, ipsec=ipsec, wireguard=wireguard, nat=nat)

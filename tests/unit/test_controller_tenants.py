@@ -22,7 +22,7 @@ from controller.reconcile import (
 )
 from controller.settings import Allowance, NetworkPolicySettings, Settings, SettingsError, from_config
 from tests.examples import edit, example_docs
-from tests.unit.test_controller_desired import applied, run, snapshot, written
+from tests.unit.test_controller_desired import applied, run, snapshot, written, written_plan
 
 IPSEC = example_docs("ipsec.yaml")
 FABRIC = Allowance(exposure_targets=("192.0.2.64/26",))
@@ -188,6 +188,40 @@ def test_an_exposure_outside_the_namespaces_allowance_is_left_out() -> None:
     assert render_gateway(snapshot(outside), own).problems == ()
     nothing = render_gateway(snapshot(IPSEC), Settings(internal_source_cidrs=("192.0.2.64/26",)))
     assert nothing.plan is not None and nothing.plan.nat.exposures == (), "the default allows no target"
+
+
+def test_a_refused_gateway_keeps_nothing_the_operator_no_longer_allows() -> None:
+    """Found by review: a tenant that keeps its gateway refused kept, in its deployed plan, the exposures,
+    grants and reverse exposures the operator had since taken away (a narrowed allowance, no more
+    internalSourceCIDRs): what the operator allows now holds for a kept plan too."""
+    owned = applied(run(snapshot(IPSEC), SETTINGS))
+    refused = edit(IPSEC, 0, ["spec", "serviceCIDR"], "198.18.0.0/33")
+    assert "ConfigMap" not in written(run(snapshot(refused, owned=owned), SETTINGS)), "nothing taken away"
+    only_web = Settings(
+        internal_source_cidrs=("192.0.2.64/27",),
+        default_allowance=Allowance(exposure_targets=("192.0.2.66/32",)),
+    )
+    d = run(snapshot(refused, owned=owned), only_web)
+    assert conditions(d)["ConfigRendered"]["status"] == "False"
+    kept = written_plan(d, owned)
+    assert [e.name for e in kept.nat.exposures] == ["web"] and kept.nat.allowed_targets == ("192.0.2.66/32",)
+    assert {g.exposure for g in kept.nat.grants} == {"web", "printer"}
+    assert kept.nat.internal_source_cidrs == ("192.0.2.64/27",)
+    assert {g.sources for g in kept.nat.grants if g.kind == "reverse"} == {("192.0.2.64/27",)}
+    assert kept.ipsec is not None and [t.name for t in kept.ipsec.tunnels] == ["s1", "s2"]
+    nothing = Settings(internal_source_cidrs=(), default_allowance=Allowance())
+    bare = written_plan(run(snapshot(refused, owned=owned), nothing), owned)
+    assert bare.nat.exposures == () and bare.nat.reverse_exposures == () and bare.nat.grants == ()
+
+
+def test_a_namespace_no_longer_enabled_serves_no_peer() -> None:
+    """Found by review: the label taken off a served namespace left its tunnels and grants in force."""
+    owned = applied(run(snapshot(IPSEC), SETTINGS))
+    d = run(snapshot(IPSEC, owned=owned, namespace_enabled=False), SETTINGS)
+    assert conditions(d)["ConfigRendered"]["reason"] == "NamespaceNotEnabled"
+    kept = written_plan(d, owned)
+    assert kept.ipsec is not None and kept.ipsec.tunnels == () and kept.ipsec.secrets == ()
+    assert kept.nat.grants == ()
 
 
 def link(name: str, router: str, gateways: list[str], ns: str = "tenant-acme") -> dict[str, Any]:
