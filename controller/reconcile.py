@@ -387,14 +387,33 @@ def my_claim(key: GatewayKey, gateway: Mapping[str, Any], deployed_cidr: str | N
     return asked
 
 
-def holds(claim: Claim, enabled: bool, allowed: Sequence[str] | None) -> bool:
+def holds(claim: Claim, enabled: bool, allowed: Sequence[str] | None, refused: bool = False) -> bool:
     """Whether ``claim`` keeps other gateways off its range: a served range always does; a range only
-    asked for does from an enabled namespace and inside the namespace's allowance (``allowed``: its
-    ``serviceCIDRs``, None: any), else a CR that can never render would block a range others need."""
+    asked for does from an enabled namespace, inside the namespace's allowance (``allowed``: its
+    ``serviceCIDRs``, None: any), and while its gateway is not refused (``refused``, from its status:
+    ``refused_as_is``), else a CR that can never render would block a range others need."""
     if claim.deployed:
         return True
     net = ipaddress.IPv4Network(claim.service_cidr)
-    return enabled and (allowed is None or any(net.subnet_of(ipaddress.IPv4Network(c)) for c in allowed))
+    inside_allowance = allowed is None or any(net.subnet_of(ipaddress.IPv4Network(c)) for c in allowed)
+    return enabled and inside_allowance and not refused
+
+
+def refused_as_is(gateway: Mapping[str, Any]) -> bool:
+    """Whether the gateway's status says this very generation was refused whole (``ConfigRendered`` False
+    for a reason of its own, not parts left out). Found by review: a WireGuard gateway whose private key
+    is never opted in held its range forever without rendering, against every younger gateway. A status
+    of another generation (or none yet) says nothing: the claim holds meanwhile."""
+    md, status = gateway.get("metadata") or {}, gateway.get("status") or {}
+    for c in status.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == CONFIG_RENDERED:
+            return (
+                c.get("status") == "False"
+                and c.get("reason") != LEFT_OUT
+                and c.get("observedGeneration") is not None
+                and c.get("observedGeneration") == md.get("generation")
+            )
+    return False
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ from controller.reconcile import (
     cluster_links,
     decide,
     holds,
+    refused_as_is,
     my_claim,
     neighbours,
     orphans,
@@ -334,7 +335,8 @@ class Operator:
             k = self._key(g)
             c = claim_of(k, g, self._deployed_cidr(k)) if k != key else None
             enabled = self.informers["Namespace"].get("", k.namespace) is not None
-            if c is not None and holds(c, enabled, self.settings.allowance(k.namespace).service_cidrs):
+            allowed = self.settings.allowance(k.namespace).service_cidrs
+            if c is not None and holds(c, enabled, allowed, refused_as_is(g)):
                 others.append(c)
         links = cluster_links(
             key, self.informers["ClusterLink"].items(), self.settings.allowance(key.namespace).routers

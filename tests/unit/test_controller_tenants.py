@@ -18,6 +18,7 @@ from controller.reconcile import (
     holds,
     my_claim,
     neighbours,
+    refused_as_is,
     render_gateway,
 )
 from controller.settings import Allowance, NetworkPolicySettings, Settings, SettingsError, from_config
@@ -125,6 +126,24 @@ def test_only_a_served_range_or_one_asked_from_an_enabled_namespace_within_its_a
     assert not holds(asked, True, ("198.18.1.0/24",)), "outside the namespace's serviceCIDRs"
     served = Claim(key("a"), "198.18.0.0/24", True, "2026-01-01T00:00:00Z")
     assert holds(served, False, ("10.0.0.0/8",)), "what a pod serves holds until it stops"
+    assert not holds(asked, True, None, refused=True), "a gateway refused as it is"
+    assert holds(served, True, None, refused=True), "a refused gateway's deployed plan still serves it"
+
+
+def test_a_gateway_whose_status_says_it_was_refused_holds_no_range() -> None:
+    """Found by review: a gateway that can never render (a private key never opted in) squatted its
+    range against every younger gateway. Its own status says so; a status of another generation, or parts
+    left out, does not."""
+    snap = snapshot(example_docs("wireguard.yaml")[:1], secrets=frozenset())  # its private key, not opted in
+    stored_gateway = dict(snap.gateway)
+    d = run(snap, SETTINGS)
+    refused = {**stored_gateway, "status": d.status}
+    assert conditions(d)["ConfigRendered"]["status"] == "False"
+    assert conditions(d)["ConfigRendered"]["observedGeneration"] == stored_gateway["metadata"]["generation"]
+    assert refused_as_is(refused)
+    assert not refused_as_is({**refused, "metadata": {**refused["metadata"], "generation": 4}})
+    fine = {**stored_gateway, "status": run(snapshot(example_docs("wireguard.yaml")[:1]), SETTINGS).status}
+    assert not refused_as_is(fine) and not refused_as_is(stored_gateway)
 
 
 @pytest.mark.parametrize(
