@@ -57,13 +57,13 @@ from controller.reconcile import (
     cluster_links,
     decide,
     holds,
-    refused_as_is,
     my_claim,
     neighbours,
     orphans,
     peers_of,
     place,
     provider_id,
+    refused_as_is,
     render_gateway,
 )
 from controller.settings import Settings
