@@ -627,9 +627,7 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
             kept.add(p.name)
         wireguard = dataclasses.replace(wireguard, peers=tuple(wg_peers))
     nat = previous.nat
-    allowed = (
-        None if still.exposure_targets is None else tuple(normalise(c) for c in still.exposure_targets)
-    )
+    allowed = None if still.exposure_targets is None else tuple(normalise(c) for c in still.exposure_targets)
     internal = (
         nat.internal_source_cidrs
         if still.internal_source_cidrs is None
