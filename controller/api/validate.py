@@ -394,6 +394,31 @@ def _gateway_itself(gateway: Gateway, service: _Net, around: Surroundings) -> li
                     "OverlapsServiceCIDR",
                 )
             )
+        # The tunnel subnet is a route into wg0 in the pod: it must not take the pod's own traffic (the
+        # API server, the metadata service, loopback) nor NIC2's network (found by review).
+        elsewhere = [
+            *((r, what, "ReservedRange") for r, what in _reserved(around)),
+            *(
+                (_net(c, "", ""), "the gateways' transit network (NIC2's subnet)", "OverlapsTransitNetwork")
+                for c in around.transit_cidrs
+            ),
+            *(  # as for peers: internal sources reach a gateway only through its reverse exposures
+                (_net(c, "", ""), "the operator's internalSourceCIDRs", "OverlapsInternalSourceCIDRs")
+                for c in (around.internal_source_cidrs if gateway.reverse_exposures else ())
+            ),
+        ]
+        hit = next(((r, what, reason) for r, what, reason in elsewhere if _meets(tunnel, r)), None)
+        if hit is not None:
+            problems.append(
+                _problem(
+                    gw,
+                    tunnel.path,
+                    tunnel.text,
+                    f"overlaps {hit[0].text}, {hit[1]}: the tunnel subnet is routed into the WireGuard "
+                    "device",
+                    hit[2],
+                )
+            )
     # Ranges the serviceCIDR must stay out of: (range, the rule, the reason).
     taken = [
         *(

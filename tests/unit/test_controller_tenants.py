@@ -103,6 +103,43 @@ def test_a_service_cidr_on_the_transit_network_is_refused() -> None:
     assert render_gateway(snapshot(IPSEC), SETTINGS, ("192.0.2.0/26",)).plan is not None
 
 
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("169.254.1.1/24", "ReservedRange"),  # the metadata service would be routed into wg0
+        ("100.64.0.1/24", "ReservedRange"),  # the API server's endpoint (networkPolicy.apiServer)
+        ("192.0.2.1/28", "OverlapsTransitNetwork"),
+    ],
+)
+def test_a_wireguard_tunnel_subnet_must_not_take_the_pods_own_routes(address: str, reason: str) -> None:
+    """Found by review: spec.wireguard.address was checked against the serviceCIDR alone, yet its
+    subnet becomes a route into wg0 in the pod."""
+    wg = edit(example_docs("wireguard.yaml"), 0, ["spec", "wireguard", "address"], address)
+    settings = Settings(
+        internal_source_cidrs=("192.0.2.64/26",),
+        default_allowance=FABRIC,
+        network_policy=NetworkPolicySettings(api_server=(("100.64.0.10/32", 6443),)),
+    )
+    rendered = render_gateway(snapshot(wg), settings, ("192.0.2.0/27",))
+    assert rendered.plan is None
+    (problem,) = [p for p in rendered.problems if p.item.kind == "gateway"]
+    assert (problem.reason, problem.error.path) == (reason, "spec.wireguard.address")
+    fine = render_gateway(snapshot(example_docs("wireguard.yaml")), settings, ("192.0.2.0/27",))
+    assert fine.plan is not None
+
+
+def test_a_wireguard_tunnel_subnet_meets_internal_sources_only_through_reverse_exposures() -> None:
+    wg = edit(example_docs("wireguard.yaml"), 0, ["spec", "wireguard", "address"], "192.0.2.65/28")
+    assert render_gateway(snapshot(wg), SETTINGS).plan is not None, "no reverse exposure: they never meet"
+    printer = IPSEC[0]["spec"]["reverseExposures"]
+    with_reverse = edit(wg, 0, ["spec", "reverseExposures"], printer)
+    rendered = render_gateway(snapshot(with_reverse), SETTINGS)
+    assert rendered.plan is None
+    assert [p.reason for p in rendered.problems if p.item.kind == "gateway"] == [
+        "OverlapsInternalSourceCIDRs"
+    ]
+
+
 def test_a_service_cidr_outside_the_namespaces_allowance_is_refused_naming_the_chart_value() -> None:
     only = Settings(
         internal_source_cidrs=("192.0.2.64/26",),
