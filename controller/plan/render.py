@@ -68,6 +68,12 @@ from controller.plan.allocate import (
 SITE_DPD_DELAY = "30s"
 ROAD_WARRIOR_DPD_DELAY = "60s"
 ALLOCATION_FAILED = "AllocationFailed"
+TOO_MANY_RULES = "TooManyRules"
+MAX_GRANT_RULES = 50_000
+"""init-nat writes one filter rule per grant, source and port: a few kilobytes of plan can ask for
+millions (found by review: 160 exposures of 64 ports granted to a peer of 64 subnets, a 533 KB plan, are
+655,360 rules and 331 MB in init-nat, OOM-killed against its 128 Mi limit, the old rules left in force).
+Grants past this many rules are left out (those the deployed plan holds come first)."""
 BAD_PREVIOUS = "PreviousPlanInvalid"
 DEFAULT_KEEPALIVE = 25
 """Seconds; WireGuard site peers keep NAT mappings alive."""
@@ -294,6 +300,16 @@ def render_parts(
                 for e in gateway.reverse_exposures
                 if inside(e.address, t.remote_subnets)
             ]
+    ports = {("exposure", e.name): len(e.ports) for e in exposures}
+    ports |= {("reverse", e.name): len(e.ports) for e in reverse}
+    wanted, over, rules = rule_budget(wanted, ports, previous, MAX_GRANT_RULES)
+    if over:
+        why = (
+            f"is left out: {gateway.meta}'s grants would need {rules} filter rules in the gateway pod (each "
+            f"grant: its sources times its exposure's ports), more than the {MAX_GRANT_RULES} it takes; "
+            "grant fewer sources or ports, or split the peers over more gateways"
+        )
+        left_out += _grants_left_out(*written, over, why, TOO_MANY_RULES)
     try:
         grants = _grants(wanted, previous, mask)
     except MarksExhausted as exc:
@@ -388,10 +404,46 @@ def _marks_exhausted(
         f"gets no conntrack mark: {gateway.meta}'s grants need {exc.needed} marks, the mark mask "
         f"{mask:#x} holds {exc.available}; remove grants"
     )
+    return _grants_left_out(gateway, peers, exc.grants, why, ALLOCATION_FAILED)
+
+
+def rule_budget(
+    wanted: Sequence[tuple[GrantKey, tuple[str, ...]]],
+    ports: Mapping[tuple[str, str], int],
+    previous: gwplan.Plan | None,
+    budget: int = MAX_GRANT_RULES,
+) -> tuple[list[tuple[GrantKey, tuple[str, ...]]], tuple[GrantKey, ...], int]:
+    """(the grants within ``budget`` filter rules, those left out, the rules all would need): each costs
+    its sources times its exposure's ports (``ports``: (kind, exposure) -> count); what the deployed plan
+    grants comes first, then by peer, kind and exposure (pure)."""
+    held = set()
+    if previous is not None:
+        held = {(g.kind, g.peer, g.exposure) for g in previous.nat.grants}
+
+    def cost(w: tuple[GrantKey, tuple[str, ...]]) -> int:
+        (kind, _, exposure), sources = w
+        return len(sources) * ports.get((kind, exposure), 0)
+
+    within: list[tuple[GrantKey, tuple[str, ...]]] = []
+    out: list[GrantKey] = []
+    used = 0
+    for w in sorted(wanted, key=lambda w: (w[0] not in held, w[0][1], w[0][0], w[0][2])):
+        if used + cost(w) <= budget:
+            within.append(w)
+            used += cost(w)
+        else:
+            out.append(w[0])
+    return within, tuple(out), sum(cost(w) for w in wanted)
+
+
+def _grants_left_out(
+    gateway: Gateway, peers: Sequence[VPNPeer], keys: Sequence[GrantKey], why: str, reason: str
+) -> list[Problem]:
+    """One problem per grant in ``keys``, at the field that asked for it."""
     by_peer = {p.meta.name: p for p in peers}
     tunnels = {t.name: i for i, t in enumerate(gateway.tunnels)} if isinstance(gateway, IPsecGateway) else {}
     problems: list[Problem] = []
-    for key in sorted(exc.grants, key=lambda k: (k[1], k[0], k[2])):
+    for key in sorted(keys, key=lambda k: (k[1], k[0], k[2])):
         kind, owner, name = key
         item = Item("grant", grant_key_text(key))
         peer = by_peer.get(owner)
@@ -402,16 +454,16 @@ def _marks_exhausted(
                 else ("reverseExposures", peer.reverse_exposures)
             )
             error = FieldError(
-                f"spec.authorization.{field_name}[{granted.index(name)}]", why, show(name), ALLOCATION_FAILED
+                f"spec.authorization.{field_name}[{granted.index(name)}]", why, show(name), reason
             )
             problems.append(Problem(str(peer.meta), error, item))
         else:
             what = "exposure" if kind == "exposure" else "reverse exposure"
             error = FieldError(
                 f"spec.tunnels[{tunnels[owner]}].name",
-                f"{why} (every tunnel is granted every exposure; its grant of {what} {name!r} has none)",
+                f"{why} (every tunnel is granted every exposure; this is its grant of {what} {name!r})",
                 show(owner),
-                ALLOCATION_FAILED,
+                reason,
             )
             problems.append(Problem(str(gateway.meta), error, item))
     return problems

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import gwplan
 from controller.api.model import Gateway, VPNPeer, parse
 from controller.api.validate import InvalidInput, select
+from controller.plan import render as render_module
 from controller.plan.render import RenderOptions, child_name, render_documents, render_parts
 from controller.plan.swanctl import UnsafeValue, _value, render_swanctl
 from tests.examples import edit, example_docs
@@ -280,9 +281,38 @@ def test_mark_exhaustion_names_every_grant_left_without_and_keeps_the_rest() -> 
         ("IPsecGateway/tenant-old/legacy", "spec.tunnels[0].name"),
         ("IPsecGateway/tenant-old/legacy", "spec.tunnels[1].name"),
     ]
-    assert "its grant of reverse exposure 'printer' has none" in str(rendering.left_out[0])
+    assert "this is its grant of reverse exposure 'printer'" in str(rendering.left_out[0])
     assert all(p.reason == "AllocationFailed" for p in rendering.left_out)
     assert len(rendering.plan.nat.grants) == 1
+
+
+def test_grants_past_the_rule_budget_are_left_out_and_deployed_ones_come_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: rules are grants x sources x ports, so a small plan could ask init-nat for
+    millions. Here the budget is 4 rules: s1's web and db (2 subnets x 1 port each) fill it."""
+    monkeypatch.setattr(render_module, "MAX_GRANT_RULES", 4)
+    rendering = render_parts(*_parsed(IPSEC), OPTS)
+    assert [(g.peer, g.kind, g.exposure) for g in rendering.plan.nat.grants] == [
+        ("s1", "exposure", "db"),
+        ("s1", "exposure", "web"),
+    ]
+    assert {(p.resource, p.error.path, p.reason) for p in rendering.left_out} == {
+        ("VPNPeer/tenant-acme/s1", "spec.authorization.reverseExposures[0]", "TooManyRules"),
+        ("VPNPeer/tenant-acme/s2", "spec.authorization.exposures[0]", "TooManyRules"),
+    }
+    assert "would need 6 filter rules in the gateway pod" in str(rendering.left_out[0])
+    # What the deployed plan grants keeps its place: s2's web, deployed, stays; s1's db gives way.
+    monkeypatch.setattr(render_module, "MAX_GRANT_RULES", 10**6)
+    deployed = render_documents(edit(IPSEC, 1, ["spec", "authorization", "exposures"], ["web"]), OPTS)
+    monkeypatch.setattr(render_module, "MAX_GRANT_RULES", 4)
+    again = render_parts(*_parsed(IPSEC), RenderOptions(internal_source_cidrs=INTERNAL, previous=deployed))
+    assert {(g.peer, g.exposure) for g in again.plan.nat.grants} == {
+        ("s1", "printer"),
+        ("s1", "web"),
+        ("s2", "web"),
+    }
+    assert [(p.error.value, p.reason) for p in again.left_out] == [('"db"', "TooManyRules")]
 
 
 @pytest.mark.parametrize(
