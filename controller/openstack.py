@@ -82,6 +82,26 @@ def server_of(provider_id: str | None) -> str | None:
     return m.group(1).lower() if m else None
 
 
+def neutron_error_type(exc: BaseException) -> str | None:
+    """The ``NeutronError.type`` of an openstacksdk HTTP error (``OverQuota``, ``SecurityGroupRuleExists``,
+    ...), None when the answer carries none."""
+    response = getattr(exc, "response", None)
+    try:
+        body = response.json() if response is not None else None
+    except ValueError:
+        return None
+    error = body.get("NeutronError") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _rule_exists(exc: BaseException) -> bool:
+    """A 409 that says the rule exists, and only that: Neutron's OverQuota is a 409 too (neutron_lib
+    exceptions.OverQuota is a Conflict), and counting it as done left peers' ports closed with CloudReady
+    True (found by review against the real Neutron)."""
+    return getattr(exc, "status_code", None) == 409 and neutron_error_type(exc) == "SecurityGroupRuleExists"
+
+
 class _Step:
     """Translates whatever a step raises into a CloudError naming the step (once, here)."""
 
@@ -205,13 +225,13 @@ class OpenStackCloud:
                 try:  # one bulk POST (Neutron creates all or none)
                     list(net.create_security_group_rules(data=missing))
                 except Exception as exc:
-                    if getattr(exc, "status_code", None) != 409:
+                    if not _rule_exists(exc):
                         raise
-                    for body in missing:  # someone created one of them meanwhile: one by one, 409 is success
+                    for body in missing:  # someone created one of them meanwhile: one by one, it is done
                         try:
                             net.create_security_group_rule(**body)
                         except Exception as one:
-                            if getattr(one, "status_code", None) != 409:
+                            if not _rule_exists(one):
                                 raise
             for rule, ids in have.items():
                 for rid in ids[0 if rule not in wanted else 1 :]:

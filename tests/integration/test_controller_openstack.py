@@ -30,6 +30,7 @@ from controller.reconcile import Snapshot, peers_of, render_gateway
 from controller.settings import Allowance, Settings
 from lab.cluster import wait_for
 from lab.openstack.fixtures import OpenStackLab
+from lab.openstack.neutron import ADMIN_PROJECT
 from lab.openstack.proxy import Fault
 from tests.examples import example_docs
 
@@ -511,6 +512,28 @@ def test_a_rule_someone_else_created_meanwhile_is_a_success_not_a_failure(lab: O
     assert site2 <= ingress(lab)
     statuses = [r.status for r in lab.neutron_proxy.calls("POST", r"^/v2\.0/security-group-rules$")]
     assert statuses[0] == 409 and statuses.count(409) == 2 and statuses.count(201) == 2
+
+
+def test_a_full_rule_quota_is_a_failure_not_a_rule_that_exists(lab: OpenStackLab) -> None:
+    """Found by review: Neutron's OverQuota is a 409 like SecurityGroupRuleExists, and every 409 counted
+    as done: the ensure succeeded with the new peer's IKE/ESP rules missing. With the project's rule quota
+    full, the step fails naming the quota, and succeeds once there is room."""
+    d = docs(hostname_peer=False, road_warrior=False)
+    cloud = backend(lab)
+    ensure(cloud, want(lab, d[:2]))  # s1 only
+    conn = lab.connect(direct=True)
+    project = ADMIN_PROJECT
+    used = len(list(conn.network.security_group_rules(project_id=project)))
+    conn.network.update_quota(project, security_group_rules=used)
+    try:
+        with pytest.raises(CloudError) as err:
+            ensure(cloud, want(lab, d))  # s2's three rules do not fit
+        assert err.value.step == "SecurityGroupFailed" and "quota" in str(err.value).lower()
+        assert ("udp", 500, "198.51.100.6/32") not in ingress(lab)
+    finally:
+        conn.network.update_quota(project, security_group_rules=-1)
+    ensure(cloud, want(lab, d))
+    assert ("udp", 500, "198.51.100.6/32") in ingress(lab)
 
 
 def test_a_router_off_the_transit_subnet_gets_no_route_and_never_keeps_the_port_from_its_node(
