@@ -275,5 +275,6 @@ class WithInitNat:
             doc = json.loads(await anyio.Path(self.path).read_bytes())
         except (OSError, ValueError):
             doc = None
-        report = init_nat_report(doc)
-        await self.sink.publish({**status, "initNat": report} if report else dict(status))
+        # None when there is nothing to report: the status is merge-patched, so only an explicit null
+        # takes an earlier report off the CR (found by review: it stayed there forever).
+        await self.sink.publish({**status, "initNat": init_nat_report(doc)})
