@@ -4,14 +4,22 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
-from gwkit.kube.client import NAMESPACES, SECRETS, KubeClient
+from controller import execute
+from controller.api.crds import crds
+from controller.execute import Requeue
+from controller.names import FINALIZER, key_of
+from controller.reconcile import Decision
+from gwkit.kube.client import NAMESPACES, SECRETS, VPNGATEWAYS, KubeClient
 from gwkit.kube.config import from_kubeconfig
-from gwkit.kube.errors import Conflict
+from gwkit.kube.errors import Conflict, NotFound
+from tests.examples import example_docs
 
 SELECTOR = "vpn.bnerd.net/gateway-secret=true"
 
@@ -48,3 +56,55 @@ async def metadata_watch_sees_a_new_secret(kubeconfig: Path, namespace: str) -> 
         assert events, "the metadata-only watch delivered no event"
         assert events[0].type == "ADDED"
         return dict(events[0].object)
+
+
+CRDS_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+async def _with_crds(kube: KubeClient) -> None:
+    """Our CRDs installed (idempotent; their endpoints serve a moment after: the caller retries a 404)."""
+    for crd in crds():
+        with contextlib.suppress(Conflict):
+            await kube.request("POST", CRDS_PATH, body=crd)
+
+
+async def a_stale_finalizer_write_is_requeued(kubeconfig: Path, namespace: str) -> None:
+    """The controller adds and removes its finalizer on the version of the CR it read: when the CR moved
+    on meanwhile the write must fail as a Requeue (decide again), never as an error nor a blind write."""
+    async with KubeClient(from_kubeconfig(kubeconfig)) as kube:
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        with contextlib.suppress(Conflict):
+            await kube.create(NAMESPACES, ns)
+        await _with_crds(kube)
+        doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
+        doc["metadata"]["namespace"] = namespace
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    created = await kube.create(VPNGATEWAYS, doc, namespace)
+                    break
+                except NotFound:  # the endpoint is not served yet
+                    await anyio.sleep(0.2)
+        key = key_of(created)
+        name = key.name
+        add = Decision((), (), None, (), True, None)
+
+        async def moved() -> None:
+            await kube.patch(
+                VPNGATEWAYS, name, {"metadata": {"labels": {"touched": str(anyio.current_time())}}}, namespace
+            )
+
+        await moved()
+        with pytest.raises(Requeue):
+            await execute.apply(kube, key, created, add, now="2026-01-01T00:00:00Z", reporter="test")
+        fresh = await kube.get(VPNGATEWAYS, name, namespace)
+        await execute.apply(kube, key, fresh, add, now="2026-01-01T00:00:00Z", reporter="test")
+        fresh = await kube.get(VPNGATEWAYS, name, namespace)
+        assert FINALIZER in fresh["metadata"]["finalizers"]
+        await moved()
+        with pytest.raises(Requeue):
+            await execute.remove_finalizer(kube, key, fresh)
+        await execute.remove_finalizer(kube, key, await kube.get(VPNGATEWAYS, name, namespace))
+        after = await kube.get(VPNGATEWAYS, name, namespace)
+        assert FINALIZER not in (after["metadata"].get("finalizers") or [])
+        await kube.delete(VPNGATEWAYS, name, namespace)

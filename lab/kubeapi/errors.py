@@ -168,13 +168,13 @@ def invalid(rtype: ResourceType, name: str, errors: Sequence[FieldError]) -> Api
 
 
 def patch_failed(message: str) -> ApiError:
-    """A JSON patch that does not apply (e.g. a failed ``test``): what patch.go answers, a generic 422."""
-    return ApiError(
-        422,
-        "Invalid",
-        "the server rejected our request due to an error in our request",
-        {"causes": [{"reason": "UnexpectedServerResponse", "message": message}]},
-    )
+    """A JSON patch that does not apply (e.g. a failed ``test``): what patch.go answers, a generic 422
+    with empty details (handlers/patch.go applyJSPatch: errors.NewGenericServerResponse(422, ...,
+    err.Error(), 0, false): the message is dropped, no causes; seen from kube-apiserver v1.35.4 as
+    ``{"message":"the server rejected our request due to an error in our request","reason":"Invalid",
+    "details":{},"code":422}``). ``message`` says why, for the emulator's log only."""
+    del message
+    return ApiError(422, "Invalid", "the server rejected our request due to an error in our request", {})
 
 
 def forbidden(group: str, resource: str, name: str, message: str) -> ApiError:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from lab.kubeapi import KubeAPIThread
-from tests.kube_contract import metadata_watch_sees_a_new_secret
+from tests.kube_contract import a_stale_finalizer_write_is_requeued, metadata_watch_sees_a_new_secret
 
 
 @pytest.fixture
@@ -48,3 +48,7 @@ def test_a_watch_negotiated_as_a_metadata_list_ends_without_its_events(api: Kube
             )
             assert res.status_code == 200
             assert len([line for line in res.text.splitlines() if line.strip()]) == events, (accept, res.text)
+
+
+def test_a_stale_finalizer_write_is_requeued(api: KubeAPIThread) -> None:
+    anyio.run(a_stale_finalizer_write_is_requeued, api.kubeconfig, "tenant-c")

@@ -104,7 +104,8 @@ def server(_controlplane_session: ControlPlane) -> Iterator[Server]:
             time.sleep(0.2)
         yield srv
     cp.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-    cp.kubectl("delete", "-f", "-", "--wait=false", input=yaml.safe_dump_all(docs), check=False)
+    # Waited for: the next test that installs them (helm) must not meet them Terminating.
+    cp.kubectl("delete", "-f", "-", "--timeout=30s", input=yaml.safe_dump_all(docs), check=False)
 
 
 def test_the_real_server_installs_the_crds_with_their_cel_rules(server: Server) -> None:

@@ -103,7 +103,7 @@ def installed(controlplane: ControlPlane, helm: str, node: NodeAgent, tmp_path: 
             cp.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
         for crd in crds():  # helm keeps what crds/ installed
             name = crd["metadata"]["name"]
-            cp.kubectl("delete", "crd", name, "--wait=false", "--ignore-not-found", check=False)
+            cp.kubectl("delete", "crd", name, "--timeout=30s", "--ignore-not-found", check=False)
         cp.kubectl(
             "delete", "-f", str(MANIFESTS / "network-attachment-definition.yaml"), "--wait=false", check=False
         )
