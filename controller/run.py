@@ -198,6 +198,15 @@ class Operator:
     def _keys(self, kind: str, old: Obj | None, new: Obj | None) -> set[GatewayKey]:
         objs = [o for o in (old, new) if o is not None]
         keys: set[GatewayKey] = set()
+        if (
+            kind in (*GATEWAY_KINDS, "VPNPeer")
+            and old is not None
+            and new is not None
+            and status_only(old, new)
+        ):
+            # The agents' status (counters every ~30 s per gateway) and our own status writes: nothing a
+            # reconcile reads, so no reconcile (each one asks the cloud; the resync still comes).
+            return keys
         if kind in GATEWAY_KINDS:
             keys |= {key_of({**o, "kind": kind}) for o in objs}
         elif kind == "VPNPeer":
@@ -230,11 +239,19 @@ class Operator:
                 return keys
             names = {str(o["metadata"]["name"]) for o in objs}
             keys |= {k for k, node in self.pins.items() if node in names}
-            if new is not None and ready(new):  # a node that can take gateways: the unpinned ones look again
-                keys |= {self._key(g) for g in self._gateways() if self._key(g) not in self.pins}
+            if new is not None and ready(new):
+                # A node that can take gateways: those without a node look again, and those pinned to a node
+                # that cannot keep them (found when status writes stopped driving reconciles: a gateway
+                # whose node died while no other was Ready stayed there once one was).
+                keys |= {self._key(g) for g in self._gateways() if not self._pinned_to_ready(self._key(g))}
         else:
             keys |= {k for k in (owner_of(o) for o in objs) if k is not None}
         return keys
+
+    def _pinned_to_ready(self, key: GatewayKey) -> bool:
+        node = self.pins.get(key)
+        obj = self.informers["Node"].get("", node) if node is not None else None
+        return obj is not None and ready(obj)
 
     @staticmethod
     def _key(gw: Mapping[str, Any]) -> GatewayKey:
@@ -634,6 +651,20 @@ class TenantCaches:
 
     def opted_in(self) -> frozenset[str]:
         return frozenset(str(o["metadata"]["name"]) for o in self.items("Secret"))
+
+
+def status_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``old`` and ``new`` differ only in ``status`` (and the resourceVersion every write moves)."""
+
+    def rest(o: Mapping[str, Any]) -> dict[str, Any]:
+        md = {
+            k: v
+            for k, v in (o.get("metadata") or {}).items()
+            if k not in ("resourceVersion", "managedFields")
+        }
+        return {**{k: v for k, v in o.items() if k != "status"}, "metadata": md}
+
+    return rest(old) == rest(new)
 
 
 def _placement_relevant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
