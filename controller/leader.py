@@ -7,8 +7,9 @@ lease runs out. The rules:
   candidates cannot both win one version).
 * A candidate takes the lease only after it has seen the same lease record, unrenewed, for a whole
   ``lease_duration`` on its OWN monotonic clock (the other side's clock is never compared with ours).
-* A leader that could not renew for ``renew_deadline`` (< lease_duration) stops leading at once, before
-  anyone else may take over: two leaders never act at the same time. It stays a candidate and leads
+* A leader that could not renew for ``renew_deadline`` (< lease_duration), counted from when its last
+  successful renewal was SENT, stops leading at once, before anyone else may take over, even while a
+  renewal is still in flight: two leaders never act at the same time. It stays a candidate and leads
   again when it can (an API server away for 30 s costs leadership for a while, never the process).
 """
 
@@ -123,13 +124,22 @@ class LeaderElector:
     async def run(self) -> None:
         while True:
             ok = False
+            started = self._mono()
+            # A leader's attempt may not outlast its renew deadline (client-go bounds each renewal the
+            # same way): a request hanging for the client's timeout would otherwise keep it leading
+            # after a standby took over (found by review).
+            budget = self.renew_deadline
+            if self.leading and self._renewed_at is not None:
+                budget = max(0.0, self._renewed_at + self.renew_deadline - started)
             try:
-                ok = await self.try_acquire_or_renew()
+                with anyio.move_on_after(budget):
+                    ok = await self.try_acquire_or_renew()
             except KubeError as exc:
                 log.warning("leader.renew_failed lease=%s/%s error=%r", self.namespace, self.name, str(exc))
             now = self._mono()
             if ok:
-                self._renewed_at = now
+                # From when the renewal was sent: what others saw of it is no older than that.
+                self._renewed_at = started
                 self._flip(True, "acquired" if not self.leading else "renewed")
             elif self.leading and (self._renewed_at is None or now - self._renewed_at >= self.renew_deadline):
                 self._flip(False, f"not renewed for {self.renew_deadline:g} s")
