@@ -186,33 +186,52 @@ CONFIG_MAP_MAX = 1024 * 1024
 """core.MaxSecretSize: what a ConfigMap's data and binaryData may hold together."""
 
 
+def _config_key_errors(key: str) -> list[str]:
+    """``IsConfigMapKey`` (apimachinery pkg/util/validation/validation.go), its messages word for word."""
+    errs = []
+    if len(key) > 253:
+        errs.append("must be no more than 253 characters")
+    if not _CONFIG_KEY.fullmatch(key):
+        errs.append(
+            "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  "
+            "or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"
+        )
+    if key == ".":
+        errs.append("must not be '.'")
+    elif key == "..":
+        errs.append("must not be '..'")
+    elif key.startswith(".."):
+        errs.append("must not start with '..'")
+    return errs
+
+
 def validate_config_map(obj: Mapping[str, Any]) -> list[FieldError]:
-    """``ValidateConfigMap`` (kubernetes pkg/apis/core/validation/validation.go): every key a config key
-    (``IsConfigMapKey``: ``[-._a-zA-Z0-9]+``, at most 253, not ``.`` or ``..``), no key in both ``data``
-    and ``binaryData``, and the values together, ``binaryData`` decoded, at most 1 MiB."""
+    """``ValidateConfigMap`` (kubernetes pkg/apis/core/validation/validation.go), in its order and words:
+    every key a config key, a ``data`` key also in ``binaryData`` reported at ``data[key]``, and the values
+    together, ``binaryData`` decoded, at most 1 MiB (reported at the empty path, printed ``[]``). Checked
+    against kube-apiserver v1.35.4 by tests/integration/test_kube_differential.py."""
     errs: list[FieldError] = []
     data, binary = obj.get("data") or {}, obj.get("binaryData") or {}
     total = 0
-    for field, values in (("data", data), ("binaryData", binary)):
-        for key, value in values.items():
-            if not _CONFIG_KEY.fullmatch(key) or len(key) > 253 or key in (".", ".."):
-                detail = "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
-                errs.append(FieldError(f"{field}[{key}]", "Invalid value", detail, key, True))
-            if field == "binaryData":
-                if key in data:
-                    errs.append(
-                        FieldError(
-                            "binaryData", "Invalid value", "duplicate of key present in data", key, True
-                        )
-                    )
-                try:
-                    total += len(base64.b64decode(str(value), validate=True))
-                except (binascii.Error, ValueError):
-                    total += len(str(value))
-            else:
-                total += len(str(value).encode())
+    for key, value in data.items():
+        errs += [FieldError(f"data[{key}]", "Invalid value", m, key, True) for m in _config_key_errors(key)]
+        if key in binary:
+            errs.append(
+                FieldError(
+                    f"data[{key}]", "Invalid value", "duplicate of key present in binaryData", key, True
+                )
+            )
+        total += len(str(value).encode())
+    for key, value in binary.items():
+        errs += [
+            FieldError(f"binaryData[{key}]", "Invalid value", m, key, True) for m in _config_key_errors(key)
+        ]
+        try:
+            total += len(base64.b64decode(str(value), validate=True))
+        except (binascii.Error, ValueError):
+            total += len(str(value))
     if total > CONFIG_MAP_MAX:
-        errs.append(FieldError("", "Too long", f"may not be more than {CONFIG_MAP_MAX} bytes"))
+        errs.append(FieldError("[]", "Too long", f"may not be more than {CONFIG_MAP_MAX} bytes"))
     return errs
 
 

@@ -840,7 +840,10 @@ class Store:
                 tok = json.loads(base64.urlsafe_b64decode(continue_token.encode() + b"=="))
                 list_rv, start = int(tok["rv"]), (str(tok["start"][0]), str(tok["start"][1]))
             except (ValueError, KeyError, TypeError, IndexError):
-                raise bad_request("continue key is not valid: illegal base64 data") from None
+                # The real server's words, up to the decoder's own (kube-apiserver v1.35.4, storage/etcd3).
+                raise bad_request(
+                    "invalid continue token: continue key is not valid: illegal base64 data"
+                ) from None
             if list_rv < self.compacted_rv:
                 raise gone(
                     "The provided continue parameter is too old to display a consistent list result. "

@@ -443,12 +443,12 @@ def test_store_gc_background_foreground_orphan() -> None:
     [
         pytest.param(
             {"data": {"plan.json": "{}"}, "binaryData": {"plan.json": "e30="}},
-            'binaryData: Invalid value: "plan.json": duplicate of key present in data',
+            'data[plan.json]: Invalid value: "plan.json": duplicate of key present in binaryData',
             id="key-in-both",
         ),
         pytest.param(
             {"binaryData": {"plan.json": base64.b64encode(b"x" * (1024 * 1024 + 1)).decode()}},
-            ": Too long: may not be more than 1048576 bytes",
+            "[]: Too long: may not be more than 1048576 bytes",
             id="binary-over-1MiB-decoded",
         ),
         pytest.param(

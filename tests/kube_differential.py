@@ -1,0 +1,242 @@
+"""Scenarios of requests the project's code makes, observed on an API server: status codes, reasons,
+messages and the fields our code reads. tests/integration/test_kube_differential.py runs each against the
+real kube-apiserver and the emulator and requires the same observations; a difference is fixed in the
+emulator or written down in docs/kubeapi.md ("Differences from the real server")."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from gwkit.kube import ApiError, KubeClient
+from gwkit.kube.client import CONFIGMAPS, NAMESPACES, VPNGATEWAYS
+from gwkit.kube.config import from_kubeconfig
+from gwkit.kube.errors import Conflict, NotFound
+from tests.examples import example_docs
+from tests.kube_contract import _with_crds
+
+Observations = dict[str, Any]
+
+
+class Observer:
+    """Records what each labelled call gave: ``("ok", what)`` or ``(code, reason, message)``."""
+
+    def __init__(self, kube: KubeClient, namespace: str) -> None:
+        self.kube = kube
+        self.ns = namespace
+        self.seen: Observations = {}
+
+    async def call(
+        self,
+        label: str,
+        call: Awaitable[dict[str, Any]],
+        keep: Callable[[dict[str, Any]], Any] = lambda o: None,
+    ) -> dict[str, Any] | None:
+        try:
+            out = await call
+        except ApiError as exc:
+            self.seen[label] = (exc.code, exc.reason, _plain(str(exc), self.ns))
+            return None
+        self.seen[label] = ("ok", keep(out))
+        return out
+
+
+def _plain(message: str, namespace: str) -> str:
+    """A message without what differs by run (the namespace's name)."""
+    return message.replace(namespace, "<ns>")
+
+
+async def _fresh(kube: KubeClient, namespace: str) -> None:
+    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    with contextlib.suppress(Conflict):
+        await kube.create(NAMESPACES, ns)
+
+
+def _cm(name: str, namespace: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace},
+        **fields,
+    }
+
+
+async def config_maps(kube: KubeClient, ns: str) -> Observations:
+    """The plan's ConfigMap: size limit, keys, data vs binaryData; a stale PUT."""
+    o = Observer(kube, ns)
+    await o.call("1MiB+1", kube.create(CONFIGMAPS, _cm("big", ns, data={"a": "x" * (1024 * 1024 + 1)}), ns))
+    await o.call(
+        "1MiB-1k", kube.create(CONFIGMAPS, _cm("fits", ns, data={"a": "x" * (1024 * 1024 - 1024)}), ns)
+    )
+    await o.call("key with a slash", kube.create(CONFIGMAPS, _cm("slash", ns, data={"a/b": "x"}), ns))
+    await o.call(
+        "key in both",
+        kube.create(CONFIGMAPS, _cm("both", ns, data={"k": "x"}, binaryData={"k": "eA=="}), ns),
+    )
+    made = await o.call("create", kube.create(CONFIGMAPS, _cm("plan", ns, data={"k": "1"}), ns))
+    assert made is not None
+    await kube.patch(CONFIGMAPS, "plan", {"data": {"k": "2"}}, ns)
+    stale = copy.deepcopy(made)
+    stale["data"] = {"k": "3"}
+    await o.call("stale PUT", kube.replace(CONFIGMAPS, stale, ns))
+    no_rv = copy.deepcopy(made)
+    del no_rv["metadata"]["resourceVersion"]
+    await o.call("PUT without resourceVersion", kube.replace(CONFIGMAPS, no_rv, ns), lambda x: x["data"])
+    await o.call("create again", kube.create(CONFIGMAPS, _cm("plan", ns, data={"k": "1"}), ns))
+    await o.call("get missing", kube.get(CONFIGMAPS, "nothing", ns))
+    return o.seen
+
+
+async def gateway_status_and_finalizers(kube: KubeClient, ns: str) -> Observations:
+    """The CR's status subresource, generation, finalizers and deletion as the controller uses them."""
+    await _with_crds(kube)
+    o = Observer(kube, ns)
+    doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
+    doc["metadata"]["namespace"] = ns
+    doc["status"] = {"publicIP": "203.0.113.99"}
+    with anyio.fail_after(30):
+        while True:
+            try:
+                made = await kube.create(VPNGATEWAYS, doc, ns)
+                break
+            except NotFound:  # a moment after the CRD is Established
+                await anyio.sleep(0.2)
+    name = made["metadata"]["name"]
+    o.seen["status on create"] = made.get("status")
+    o.seen["generation on create"] = made["metadata"].get("generation")
+
+    def gen(x: dict[str, Any]) -> Any:
+        return (x["metadata"].get("generation"), x.get("status"), x["spec"].get("serviceCIDR"))
+
+    await o.call(
+        "status through the main resource",
+        kube.patch(VPNGATEWAYS, name, {"status": {"publicIP": "203.0.113.98"}}, ns),
+        gen,
+    )
+    await o.call(
+        "spec through status",
+        kube.patch(
+            VPNGATEWAYS,
+            name,
+            {"spec": {"serviceCIDR": "198.18.9.0/24"}, "status": {"publicIP": "203.0.113.97"}},
+            ns,
+            subresource="status",
+        ),
+        gen,
+    )
+    await o.call("label", kube.patch(VPNGATEWAYS, name, {"metadata": {"labels": {"a": "b"}}}, ns), gen)
+    await o.call("spec", kube.patch(VPNGATEWAYS, name, {"spec": {"serviceCIDR": "198.18.9.0/24"}}, ns), gen)
+    await o.call(
+        "status null",
+        kube.patch(VPNGATEWAYS, name, {"status": {"publicIP": None}}, ns, subresource="status"),
+        gen,
+    )
+    await o.call(
+        "finalizer",
+        kube.patch(VPNGATEWAYS, name, {"metadata": {"finalizers": ["vpn.bnerd.net/cleanup"]}}, ns),
+        lambda x: (x["metadata"].get("finalizers"), x["metadata"].get("generation")),
+    )
+    await o.call(
+        "delete with a finalizer",
+        kube.delete(VPNGATEWAYS, name, ns),
+        lambda x: (x.get("kind"), "deletionTimestamp" in x.get("metadata", {})),
+    )
+    await o.call(
+        "after delete",
+        kube.get(VPNGATEWAYS, name, ns),
+        lambda x: ("deletionTimestamp" in x["metadata"], x["metadata"].get("generation")),
+    )
+    await o.call(
+        "a new finalizer while deleting",
+        kube.patch(
+            VPNGATEWAYS, name, {"metadata": {"finalizers": ["vpn.bnerd.net/cleanup", "x.example/y"]}}, ns
+        ),
+        lambda x: x["metadata"].get("finalizers"),
+    )
+    await o.call(
+        "finalizers removed",
+        kube.patch(VPNGATEWAYS, name, {"metadata": {"finalizers": []}}, ns),
+        lambda x: x.get("kind"),
+    )
+    await o.call("gone", kube.get(VPNGATEWAYS, name, ns))
+    return o.seen
+
+
+async def lists(kube: KubeClient, ns: str) -> Observations:
+    """Pagination as the informers list (limit, continue, remainingItemCount) and label selectors."""
+    o = Observer(kube, ns)
+    # The real namespace has one ConfigMap more, kube-root-ca.crt (kube-controller-manager publishes it):
+    # ours sit before it in name order, and the counts say how many follow.
+    for i in range(5):
+        await kube.create(CONFIGMAPS, _cm(f"c{i}", ns, data={"i": str(i)}), ns)
+        if i % 2:
+            await kube.patch(CONFIGMAPS, f"c{i}", {"metadata": {"labels": {"odd": "yes"}}}, ns)
+    names = [i["metadata"]["name"] for i in (await kube.request("GET", CONFIGMAPS.path(ns)))["items"]]
+    others = len([n for n in names if not n.startswith("c")])
+
+    def ours(remaining: Any) -> Any:
+        return remaining - others if isinstance(remaining, int) else remaining
+
+    page = await o.call(
+        "limit 2",
+        kube.request("GET", CONFIGMAPS.path(ns), params={"limit": "2"}),
+        lambda x: (
+            [i["metadata"]["name"] for i in x["items"]],
+            bool(x["metadata"].get("continue")),
+            ours(x["metadata"].get("remainingItemCount")),
+        ),
+    )
+    assert page is not None
+    await o.call(
+        "next page",
+        kube.request(
+            "GET", CONFIGMAPS.path(ns), params={"limit": "2", "continue": page["metadata"]["continue"]}
+        ),
+        lambda x: (
+            [i["metadata"]["name"] for i in x["items"]],
+            ours(x["metadata"].get("remainingItemCount")),
+        ),
+    )
+    await o.call(
+        "selector and limit",
+        kube.request("GET", CONFIGMAPS.path(ns), params={"labelSelector": "odd=yes", "limit": "1"}),
+        lambda x: (
+            [i["metadata"]["name"] for i in x["items"]],
+            bool(x["metadata"].get("continue")),
+            x["metadata"].get("remainingItemCount"),
+        ),
+    )
+    await o.call(
+        "selector",
+        kube.request("GET", CONFIGMAPS.path(ns), params={"labelSelector": "odd=yes"}),
+        lambda x: sorted(i["metadata"]["name"] for i in x["items"]),
+    )
+    await o.call(
+        "bad selector",
+        kube.request("GET", CONFIGMAPS.path(ns), params={"labelSelector": "odd=="}),
+    )
+    await o.call(
+        "bad continue",
+        kube.request("GET", CONFIGMAPS.path(ns), params={"limit": "2", "continue": "not-a-token"}),
+    )
+    code, reason, message = o.seen["bad continue"]  # the decoder's own words after this are Go's
+    o.seen["bad continue"] = (code, reason, message.split(": continue key is not valid")[0])
+    return o.seen
+
+
+SCENARIOS: dict[str, Callable[[KubeClient, str], Awaitable[Observations]]] = {
+    "config_maps": config_maps,
+    "gateway_status_and_finalizers": gateway_status_and_finalizers,
+    "lists": lists,
+}
+
+
+async def observe(kubeconfig: Path, scenario: str, namespace: str) -> Observations:
+    async with KubeClient(from_kubeconfig(kubeconfig)) as kube:
+        await _fresh(kube, namespace)
+        return await SCENARIOS[scenario](kube, namespace)
