@@ -229,10 +229,50 @@ async def lists(kube: KubeClient, ns: str) -> Observations:
     return o.seen
 
 
+async def owned_objects(kube: KubeClient, ns: str) -> Observations:
+    """The objects the controller writes for a gateway, as each server stores them (its defaults
+    included): the controller compares what it wants with what is stored, so a default the emulator
+    adds differently would be a write on every reconcile against a real cluster, or none at all."""
+    from controller.names import GatewayKey
+    from controller.status import StatusEvent, event_object
+    from gwkit.kube.client import BY_KIND
+    from tests.unit.test_controller_desired import by_kind, run, snapshot
+
+    o = Observer(kube, ns)
+    wanted = by_kind(run(snapshot(example_docs("ipsec.yaml"))))
+    for slot in sorted(wanted):
+        obj = copy.deepcopy(wanted[slot])
+        if obj["kind"] in ("NetworkAttachmentDefinition",) or "namespace" not in obj["metadata"]:
+            continue  # not served by both (the NAD is a Multus CRD)
+        obj["metadata"]["namespace"] = ns
+        obj["metadata"].pop("ownerReferences", None)  # their owner is not there
+        res = BY_KIND[obj["kind"]]
+
+        def stored(x: dict[str, Any]) -> Any:
+            return {k: v for k, v in x.items() if k not in ("metadata", "status")}
+
+        await o.call(f"{obj['kind']} {slot}", kube.create(res, obj, ns), stored)
+    key = GatewayKey("VPNGateway", ns, "acme")
+    event = event_object(
+        key, "uid-1", StatusEvent("Warning", "Invalid", "spec.x: bad"), "2026-01-01T00:00:00Z", "r"
+    )
+    await o.call(
+        "Event",
+        kube.create(BY_KIND["Event"], event, ns),
+        lambda x: {k: x.get(k) for k in ("type", "reason", "count", "source", "reportingComponent")},
+    )
+    elsewhere = event_object(
+        key, "uid-2", StatusEvent("Warning", "Invalid", "x"), "2026-01-01T00:00:00Z", "r", namespace="default"
+    )
+    await o.call("Event in another namespace", kube.create(BY_KIND["Event"], elsewhere, "default"))
+    return o.seen
+
+
 SCENARIOS: dict[str, Callable[[KubeClient, str], Awaitable[Observations]]] = {
     "config_maps": config_maps,
     "gateway_status_and_finalizers": gateway_status_and_finalizers,
     "lists": lists,
+    "owned_objects": owned_objects,
 }
 
 

@@ -112,7 +112,55 @@ def initial_status(rtype: ResourceType) -> dict[str, Any] | None:
     return None
 
 
+def _default_field_ref(ref: Any) -> None:
+    if isinstance(ref, dict):
+        ref.setdefault("apiVersion", "v1")  # SetDefaults_ObjectFieldSelector
+
+
+def _default_probe(probe: Any) -> None:
+    """SetDefaults_Probe and SetDefaults_HTTPGetAction (kubernetes pkg/apis/core/v1/defaults.go)."""
+    if not isinstance(probe, dict):
+        return
+    probe.setdefault("timeoutSeconds", 1)
+    probe.setdefault("periodSeconds", 10)
+    probe.setdefault("successThreshold", 1)
+    probe.setdefault("failureThreshold", 3)
+    get = probe.get("httpGet")
+    if isinstance(get, dict):
+        get.setdefault("path", "/")
+        get.setdefault("scheme", "HTTP")
+
+
+def _default_volume(volume: Any) -> None:
+    """SetDefaults_{ConfigMap,Secret,Projected,DownwardAPI}VolumeSource (mode 0644 = 420),
+    SetDefaults_ServiceAccountTokenProjection (3600 s), field selectors' apiVersion."""
+    if not isinstance(volume, dict):
+        return
+    for kind in ("configMap", "secret", "projected", "downwardAPI"):
+        source = volume.get(kind)
+        if isinstance(source, dict):
+            source.setdefault("defaultMode", 420)
+            for item in source.get("items") or []:
+                if isinstance(item, dict):
+                    _default_field_ref(item.get("fieldRef"))
+    for projection in (volume.get("projected") or {}).get("sources") or []:
+        if not isinstance(projection, dict):
+            continue
+        token = projection.get("serviceAccountToken")
+        if isinstance(token, dict):
+            token.setdefault("expirationSeconds", 3600)
+        for item in (projection.get("downwardAPI") or {}).get("items") or []:
+            if isinstance(item, dict):
+                _default_field_ref(item.get("fieldRef"))
+
+
 def _default_pod_spec(spec: dict[str, Any]) -> None:
+    """SetDefaults_PodSpec and what it reaches (kubernetes pkg/apis/core/v1/defaults.go); checked against
+    kube-apiserver v1.35.4 by tests/integration/test_kube_differential.py (the gateway's Deployment)."""
+    if spec.get("serviceAccountName") and not spec.get("serviceAccount"):
+        spec["serviceAccount"] = spec["serviceAccountName"]  # DeprecatedServiceAccount
+    for v in spec.get("volumes") or []:
+        _default_volume(v)
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("dnsPolicy", "ClusterFirst")
@@ -130,6 +178,11 @@ def _default_pod_spec(spec: dict[str, Any]) -> None:
         for p in c.get("ports", []) or []:
             if isinstance(p, dict):
                 p.setdefault("protocol", "TCP")
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            _default_probe(c.get(probe))
+        for e in c.get("env") or []:
+            if isinstance(e, dict):
+                _default_field_ref((e.get("valueFrom") or {}).get("fieldRef"))
 
 
 def apply_defaults(rtype: ResourceType, obj: dict[str, Any]) -> None:
@@ -203,6 +256,26 @@ def _config_key_errors(key: str) -> list[str]:
     elif key.startswith(".."):
         errs.append("must not start with '..'")
     return errs
+
+
+def validate_event_namespace(obj: Mapping[str, Any]) -> list[FieldError]:
+    """A core/v1 Event's namespace agrees with its involved object's (kubernetes
+    pkg/apis/core/validation/events.go legacyValidateEvent; its other rules are not modelled): without
+    ``eventTime``, a namespaced involved object's namespace must be the Event's, a cluster-scoped one's
+    Event lives in "" or default; with it, a cluster-scoped one's in default or kube-system."""
+    ns = str((obj.get("metadata") or {}).get("namespace") or "")
+    involved = str((obj.get("involvedObject") or {}).get("namespace") or "")
+    if not obj.get("eventTime"):
+        ok = ns in ("", "default") if not involved else ns == involved
+    else:
+        ok = bool(involved) or ns in ("default", "kube-system")
+    if ok:
+        return []
+    return [
+        FieldError(
+            "involvedObject.namespace", "Invalid value", "does not match event.namespace", involved, True
+        )
+    ]
 
 
 def validate_config_map(obj: Mapping[str, Any]) -> list[FieldError]:

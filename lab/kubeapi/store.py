@@ -426,6 +426,8 @@ class Store:
             errs += kinds.fold_secret(obj)
         if rtype.key == ("", "configmaps"):
             errs += kinds.validate_config_map(obj)
+        if rtype.key == ("", "events") and old is None:
+            errs += kinds.validate_event_namespace(obj)
         if old is not None:
             errs += kinds.immutable_violation(rtype, old, obj)
         if rtype.key == CRD_KEY:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -34,9 +35,22 @@ def test_the_emulator_answers_as_the_real_server(
     finally:
         controlplane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     emulated = anyio.run(observe, Path(emulator.kubeconfig), scenario, ns)
-    diff = {
-        k: {"real": real.get(k), "emulator": emulated.get(k)}
-        for k in sorted(set(real) | set(emulated))
-        if json.dumps(real.get(k), default=str) != json.dumps(emulated.get(k), default=str)
-    }
-    assert not diff, json.dumps(diff, indent=1, default=str)
+    diff = differences(json.loads(json.dumps(real)), json.loads(json.dumps(emulated)))
+    assert not diff, "\n".join(f"{path}: real {r!r}, emulator {e!r}" for path, r, e in diff)
+
+
+def differences(real: Any, emulated: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """(path, real, emulated) of every leaf where the two differ (key order aside)."""
+    if isinstance(real, dict) and isinstance(emulated, dict):
+        return [
+            d
+            for k in sorted(set(real) | set(emulated))
+            for d in differences(real.get(k, "<absent>"), emulated.get(k, "<absent>"), f"{path}/{k}")
+        ]
+    if isinstance(real, list) and isinstance(emulated, list) and len(real) == len(emulated):
+        return [
+            d
+            for i, (r, e) in enumerate(zip(real, emulated, strict=True))
+            for d in differences(r, e, f"{path}[{i}]")
+        ]
+    return [] if real == emulated else [(path or "/", real, emulated)]
