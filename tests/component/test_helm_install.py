@@ -120,12 +120,22 @@ def start_pod_process(
     def source(kind: str, obj_name: str) -> dict[str, Any] | None:
         return c.get("v1", kind, obj_name, deployment["metadata"]["namespace"])
 
-    args, env = pod_process(deployment, source, c.workdir / name)
+    ctl = spawn_controller(deployment, source, kubeconfig, c.workdir, name)
+    c.controllers.append(ctl)
+    return ctl
+
+
+def spawn_controller(
+    deployment: Mapping[str, Any], source: Source, kubeconfig: Path, workdir: Path, name: str = "pod"
+) -> Controller:
+    """The controller process of ``deployment``'s pod (``pod_process``), on a free loopback port, with
+    ``kubeconfig`` for cluster access; its log in ``workdir/<name>.log``. The caller stops it."""
+    args, env = pod_process(deployment, source, workdir / name)
     port = free_port()
     args = [a if not a.startswith("--listen=") else f"--listen=127.0.0.1:{port}" for a in args]
     run = args.index("run")
     args[run + 1 : run + 1] = ["--kubeconfig", str(kubeconfig)]
-    log_path = c.workdir / f"{name}.log"
+    log_path = workdir / f"{name}.log"
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "controller", *args],
@@ -134,9 +144,7 @@ def start_pod_process(
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         )
-    ctl = Controller(proc, port, log_path)
-    c.controllers.append(ctl)
-    return ctl
+    return Controller(proc, port, log_path)
 
 
 def token_kubeconfig(c: Cluster, sa: str = "vpngw-controller") -> Path:

@@ -19,10 +19,7 @@ verdict on every object and request (docs/controlplane.md).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,11 +29,11 @@ import yaml
 
 from controller.api.crds import crds
 from controller.names import LABEL_TENANT, TENANT_ENABLED
-from lab.cluster import MANIFESTS, ROOT, Controller, free_port, secrets_for, wait_for
+from lab.cluster import MANIFESTS, ROOT, Controller, secrets_for, wait_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
 from tests.component.test_helm_chart import CHART, NAMESPACE, helm, run_helm
-from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES, condition, pod_process
+from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES, condition, spawn_controller
 
 __all__ = ["helm"]  # the fixture
 
@@ -118,21 +115,7 @@ def start_controller(cp: ControlPlane, kubeconfig: Path, root: Path) -> Controll
     def source(kind: str, name: str) -> Mapping[str, Any] | None:
         return get(cp, kind.lower(), name, "-n", NAMESPACE)  # type: ignore[no-any-return]
 
-    args, env = pod_process(deployment, source, root / "pod")
-    port = free_port()
-    args = [a if not a.startswith("--listen=") else f"--listen=127.0.0.1:{port}" for a in args]
-    run = args.index("run")
-    args[run + 1 : run + 1] = ["--kubeconfig", str(kubeconfig)]
-    log_path = root / "controller.log"
-    with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "controller", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        )
-    return Controller(proc, port, log_path)
+    return spawn_controller(deployment, source, kubeconfig, root, "controller")
 
 
 def waiting(ctl: Controller, cp: ControlPlane, cond: Any, timeout: float, what: str) -> Any:
