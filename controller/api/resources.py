@@ -174,7 +174,10 @@ exposure = Obj(
                     lambda o: _has(o, "address") != _has(o, "host"),
                 ),
             ),
-            description="The fabric-side target: an IPv4 address or a host name init-nat resolves.",
+            description="The fabric-side target: an IPv4 address or a fully qualified host name (e.g. "
+            "db.tenant-a.example.internal) init-nat resolves as an absolute name: the gateway pod runs in "
+            "the operator's gateway namespace, so no search domain applies and a single-label name is "
+            "left out.",
         ),
         "ports": _ports(),
     },
