@@ -190,7 +190,17 @@ class Tunnel:
     agent initiates and keeps them up. Road-warrior peers only respond."""
     children: tuple[Child, ...]
     conn: ViciDict
-    """``load-conn`` payload: ``{name: {...}}``, structured, no secrets."""
+    """``load-conn`` payload: ``{name: {...}}``, structured, no secrets, and no ``cacerts``: the CAs come
+    from ``peer_cas``."""
+    peer_cas: tuple[str, ...] | None = None
+    """For a peer that authenticates with a certificate: the ids of the ``Ipsec.certificates`` (each ``ca``
+    True) its certificate must chain to. The status-agent puts their PEM into ``cacerts`` of the conn's
+    certificate-authenticated remote auth round(s), so charon accepts this peer only through one of them:
+    every CA the gateway's charon holds is a trust anchor for every connection, and a round without
+    ``cacerts`` accepts a chain to any of them (so a CA meant for one peer would vouch for another, and a
+    CA the plan dropped would keep vouching while charon still held it). The agent refuses a plan whose
+    certificate-authenticated tunnel names none, or names an id that is not a CA of the plan. None: the
+    peer authenticates with a PSK (left out of the document, so PSK tunnels serialise as before)."""
 
 
 @dataclass(frozen=True)
@@ -465,6 +475,7 @@ def from_dict(doc: Any) -> Plan:
                         for c in t.subs("children")
                     ),
                     conn=t.get("conn", Mapping),
+                    peer_cas=t.strs("peerCas") if "peerCas" in t.doc else None,
                 )
                 for t in i.subs("tunnels")
             ),

@@ -26,9 +26,11 @@ Secrets: values go from the Secret file straight into ``load-shared`` (field ``d
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +53,7 @@ from agent.ipsec.plan import (
     desired,
     diff,
     stale_children,
+    with_cacerts,
 )
 from agent.ipsec.status import Carry, TunnelStatus, publish_due, reason_from_log, tunnels_status
 from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
@@ -66,7 +69,7 @@ from gwkit.vici.queries import (
     start_drift,
     start_time,
 )
-from gwplan import IkeCertificate, IkePrivateKey, Plan, plan_hash
+from gwplan import IkeCertificate, IkePrivateKey, IkeSecret, Plan, SecretRef, plan_hash
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,13 @@ class Timing:
     waiting ``initiate`` would hold a charon worker thread."""
     debounce: float = 0.05
     """After an event, wait this long for its siblings before listing SAs (an up/down storm = one list)."""
+    reload_lanes: int = 4
+    """VICI sessions loading shared keys at once after a ``clear-creds``: charon then holds none until the
+    last is back (the window measured in docs/agent.md). One session waits out each call's round trip,
+    which a registered ``log`` listener (ours) makes ~0.85 ms per key on charon 5.9.8; several overlap
+    them (1,000 keys: 1 session ~0.69 s, 4 ~0.47 s, 8 ~0.31 s but more of charon's 16 worker threads)."""
+    reload_lane_min: int = 32
+    """Fewer keys than this are loaded on the control session alone (connecting the lanes costs more)."""
     max_initiating: int = 4
     """Initiations at once. A waiting VICI ``initiate`` holds charon's worker threads until it completes;
     measured on charon 5.9.8 (default 16 threads): 6 at once fine, 8 or 10 at once starved the pool for
@@ -308,29 +318,43 @@ class Keeper:
         """Start from what charon says it has (nothing, if it restarted) and converge on the plan.
 
         ``same_daemon``: reconnected to the charon we loaded (a hang, not a restart: its SAs are still
-        there), so what we know we loaded into it stands for what it still reports (creds, which VICI
-        does not list, too). A change made meanwhile is then applied as a change, and cut when it must
-        be; starting from ``unknown`` would load it without the cut. The rest is ``unknown``: loaded
-        again, cutting nothing."""
+        there), so what we know we loaded into it stands for what it still reports (creds too, which VICI
+        lists without our ids and versions). A change made meanwhile is then applied as a change, and
+        cut when it must be; starting from ``unknown`` would load it without the cut. The rest is
+        ``unknown``: loaded again, cutting nothing. A daemon we did not fill ourselves may hold
+        certificates and keys we never knew about (an earlier agent process's CA that the plan has since
+        dropped: a CA vouches while charon holds it): when it lists any, every credential is cleared and
+        loaded again (``creds_unknown``). A fresh charon holds none, and a PSK-only gateway's keys are
+        listed by id (and unloaded one by one): no clear for them."""
         conns = [str(n) for n in (await control.call("get-conns")).get("conns") or []]
         keys = [str(i) for i in (await control.call("get-shared")).get("keys") or []]
-        known = self.loaded if same_daemon else Loaded()
+        known = self.loaded
+        if not same_daemon:
+            certs, _ = await control.stream("list-certs", {}, "list-cert")
+            private = (await control.call("get-keys")).get("keys") or []
+            known = Loaded(creds_unknown=bool(certs or private))
         self.loaded = Loaded(
             conns={n: known.conns.get(n, UNKNOWN) for n in conns},
             secrets={i: known.secrets.get(i, SecretState((), UNKNOWN)) for i in keys},
             creds=dict(known.creds),
             bodies={n: b for n, b in known.bodies.items() if n in conns},
+            creds_unknown=known.creds_unknown,
         )
         await self._apply(control, force_log=True)
 
-    async def _load_cred(self, control: ViciSession, key: str, cred: IkeCertificate | IkePrivateKey) -> bool:
-        """``load-cert`` (X.509 PEM; flag CA for a trust anchor) or ``load-key`` (any type) from its Secret
-        file. A failure is logged and reported by id; the PEM never reaches a log or an exception."""
+    def _read(self, key: str, ref: SecretRef) -> tuple[bytes, str] | None:
+        """A credential's or secret's value and version, or None (the reason kept in ``secret_errors``)."""
         try:
-            pem = self.secrets.read(cred.ref)
+            return self.secrets.read(ref), self.secrets.version(ref)
         except SecretError as exc:
             self.secret_errors[key] = str(exc)
-            return False
+            return None
+
+    async def _load_cred(
+        self, control: ViciSession, key: str, cred: IkeCertificate | IkePrivateKey, pem: bytes, version: str
+    ) -> bool:
+        """``load-cert`` (X.509 PEM; flag CA for a trust anchor) or ``load-key`` (any type). A failure is
+        logged and reported by id; the PEM never reaches a log or an exception."""
         if isinstance(cred, IkeCertificate):
             command, message = "load-cert", {"type": "X509", "flag": "CA" if cred.ca else "NONE", "data": pem}
         else:
@@ -342,8 +366,60 @@ class Keeper:
             log.error("credential.rejected id=%s error=%r", key, exc.message)
             return False
         self.secret_rejected.pop(key, None)
-        log.info("credential.loaded id=%s version=%s", key, self.secrets.version(cred.ref))
+        log.info("credential.loaded id=%s version=%s", key, version)
         return True
+
+    async def _load_secret(
+        self,
+        session: ViciSession,
+        s: IkeSecret,
+        value: bytes,
+        version: str,
+        cut: tuple[Cut, ...],
+        cleared: bool,
+    ) -> bool:
+        """``load-shared`` one PSK; False when charon refused it (reported; a key the plan withdrew is then
+        unloaded, unless the clear dropped it already). The value never reaches a log: charon's message
+        does not echo it."""
+        try:
+            await session.call(
+                "load-shared", {"id": s.id, "type": "IKE", "data": value, "owners": list(s.owners)}
+            )
+        except ViciCommandFailed as exc:
+            self.secret_rejected[s.id] = f"load-shared {s.id}: {exc.message}"
+            # A key the plan withdrew (rotated, moved) must not stay in force because its successor was
+            # refused: the tunnels it keys are cut and must not come back with it.
+            withdrawn = any(w.endswith(f":{s.id}") for c in cut for w in c.why)
+            if withdrawn and not cleared:
+                await session.call("unload-shared", {"id": s.id}, check=False)
+            log.error(
+                "secret.rejected id=%s error=%r old=%s",
+                s.id,
+                exc.message,
+                "unloaded" if withdrawn or cleared else "kept",
+            )
+            return False
+        self.secret_rejected.pop(s.id, None)
+        return True
+
+    def _payload(
+        self, want: Desired, name: str, pems: dict[str, tuple[bytes, str]]
+    ) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+        """Conn ``name``'s ``load-conn`` payload and its compared form (``plan.compared_conn``): its pinned
+        CAs' PEM in ``cacerts``, and their keys with the versions of that PEM. None when one cannot be
+        read (the conn is then left as it is: loaded without its CAs it would trust every CA)."""
+        pins = want.pins.get(name, ())
+        read = {k: pems.get(k) or self._read(k, want.creds[k].ref) for k in pins}
+        if any(v is None for v in read.values()):
+            return None
+        got = {k: v for k, v in read.items() if v is not None}
+        conn = want.conns[name]
+        if not pins:
+            return conn, conn
+        return (
+            with_cacerts(conn, [got[k][0] for k in pins]),
+            with_cacerts(conn, [f"{k}@{got[k][1]}" for k in pins]),
+        )
 
     async def _apply(self, control: ViciSession, *, force_log: bool = False) -> bool:
         """Apply plan and secret changes; True when something was sent."""
@@ -390,56 +466,92 @@ class Keeper:
         bodies = dict(self.loaded.bodies)
         secrets = dict(self.loaded.secrets)
         creds = dict(self.loaded.creds)
-        for key in changes.load_creds:
-            if await self._load_cred(control, key, want.creds[key]):
-                creds[key] = cred_versions[key]
-        for sid in changes.load_secrets:
-            s = want.secrets[sid]
-            try:
-                value = self.secrets.read(s.ref)
-                version = self.secrets.version(s.ref)
-            except SecretError as exc:
-                self.secret_errors[sid] = str(exc)
-                continue
-            try:
-                await control.call(
-                    "load-shared", {"id": sid, "type": "IKE", "data": value, "owners": list(s.owners)}
-                )
-            except ViciCommandFailed as exc:  # charon's message never echoes the key
-                self.secret_rejected[sid] = f"load-shared {sid}: {exc.message}"
-                # A key the plan withdrew (rotated, moved) must not stay in force because its successor
-                # was refused: the tunnels it keys are cut below and must not come back with it.
-                withdrawn = any(w.endswith(f":{sid}") for c in cut for w in c.why)
-                if withdrawn:
-                    await control.call("unload-shared", {"id": sid}, check=False)
-                log.error(
-                    "secret.rejected id=%s error=%r old=%s",
-                    sid,
-                    exc.message,
-                    "unloaded" if withdrawn else "kept",
-                )
-                secrets[sid] = SecretState(s.owners, version, s.ref)  # the same input would fail again
-                continue
-            self.secret_rejected.pop(sid, None)
-            rotated = sid in self.loaded.secrets and self.loaded.secrets[sid].version != UNKNOWN
-            secrets[sid] = SecretState(s.owners, version, s.ref)
+        # Every value is read before the first call: no file is read while charon holds no credentials.
+        pems = {k: v for k in changes.load_creds if (v := self._read(k, want.creds[k].ref)) is not None}
+        values = {
+            sid: v
+            for sid in changes.load_secrets
+            if (v := self._read(sid, want.secrets[sid].ref)) is not None
+        }
+        cleared = bool(changes.clear_creds)
+        notes: list[tuple[str, str, int, bool]] = []
+        async with contextlib.AsyncExitStack() as stack:
+            lanes = [control]
+            if cleared and len(values) >= self.timing.reload_lane_min:
+                for _ in range(self.timing.reload_lanes - 1):  # connected before the clear, not in its window
+                    lane = await self._connect(self.socket, self.timing.call_timeout)
+                    lane.max_call_timeout = self.timing.call_timeout
+                    lanes.append(await stack.enter_async_context(lane))
+            cleared_at = self._clock()
+            if cleared:
+                # Until everything is loaded again, self.loaded must not claim it: a session lost half-way
+                # through makes the next push clear and load again, even on the same daemon.
+                self.loaded = dataclasses.replace(self.loaded, creds_unknown=True)
+                await control.call("clear-creds")
+                secrets, creds = {}, {}  # forgotten: only what is loaded below is there
+            for key, (pem, version) in pems.items():
+                await self._load_cred(control, key, want.creds[key], pem, version)
+                creds[key] = version  # refused too: the same input would fail again (waits for a new version)
+            creds_back = self._clock() - cleared_at
+
+            async def load_secrets(session: ViciSession, sids: list[str]) -> None:
+                for sid in sids:
+                    s, (value, version) = want.secrets[sid], values[sid]
+                    if await self._load_secret(session, s, value, version, cut, cleared):
+                        before = self.loaded.secrets.get(sid)
+                        was = before.version if before is not None else UNKNOWN
+                        # A key loaded again only because of the clear is no rotation.
+                        notes.append(
+                            (sid, version, len(s.owners), was != UNKNOWN and not (cleared and was == version))
+                        )
+                    secrets[sid] = SecretState(s.owners, version, s.ref)  # refused too: it would fail again
+
+            sids = list(values)
+            if len(lanes) == 1:
+                await load_secrets(control, sids)
+            else:
+                async with anyio.create_task_group() as tg:
+                    for i, session in enumerate(lanes):
+                        tg.start_soon(load_secrets, session, sids[i :: len(lanes)])
+            window = self._clock() - cleared_at
+        for sid, version, owners, rotated in notes:  # logged after the window, not in it
             log.info(
                 "secret.loaded id=%s version=%s owners=%d rotated=%s",
                 sid,
                 version,
-                len(s.owners),
+                owners,
                 "yes" if rotated else "no",
             )
+        if cleared:
+            lost = sorted({*want.secrets, *want.creds} - {*secrets, *creds})
+            log.info(
+                "credentials.cleared why=%s certs=%d keys=%d secrets=%d unreadable=%s lanes=%d "
+                "creds_ms=%.1f window_ms=%.1f",
+                ",".join(changes.clear_creds),
+                sum(k.startswith("cert/") for k in creds),
+                sum(k.startswith("key/") for k in creds),
+                len(secrets),
+                ",".join(lost) or "none",
+                len(lanes),
+                creds_back * 1000,
+                window * 1000,
+            )
         for sid in changes.unload_secrets:
-            await control.call("unload-shared", {"id": sid}, check=False)
+            if not cleared:
+                await control.call("unload-shared", {"id": sid}, check=False)
             secrets.pop(sid, None)
             self.secret_rejected.pop(sid, None)
             self.secret_errors.pop(sid, None)
             log.info("secret.unloaded id=%s", sid)
         for name in changes.load_conns:
-            digest = conn_digest(want.conns[name])
+            payload = self._payload(want, name, pems)
+            if payload is None:
+                log.error("conn.held name=%s why=ca-unreadable", name)
+                continue
+            load, compared = payload
+            digest = conn_digest(compared)
             try:
-                await control.call("load-conn", dict(want.conns[name]))
+                await control.call("load-conn", dict(load))
             except ViciCommandFailed as exc:
                 self.errors[name] = f"load-conn: {exc.message}"
                 # The old config is what the plan withdrew (e.g. a removed proposal): refused its successor,
@@ -453,11 +565,11 @@ class Keeper:
                     "unloaded" if name in cut_names else "kept",
                 )
                 conns[name] = digest  # the same payload would fail again: wait for the next plan
-                bodies[name] = want.conns[name][name]
+                bodies[name] = compared[name]
                 continue
             was = self.loaded.conns.get(name)
             conns[name] = digest
-            bodies[name] = want.conns[name][name]
+            bodies[name] = compared[name]
             if self.errors.get(name, "").startswith("load-conn:"):
                 self.errors.pop(name)
             log.info(
@@ -478,7 +590,7 @@ class Keeper:
             await self._cut(control, c, want)
         self.loaded = Loaded(conns, secrets, creds, bodies)
         self.applied = want
-        if changes.load_secrets or changes.load_conns or changes.load_creds:
+        if changes.load_secrets or changes.load_conns or changes.load_creds or changes.clear_creds:
             self.attempts.clear()  # new keys or config: retry failed tunnels now, not after their backoff
         if force_log or changes.load_conns or changes.unload_conns or cut:
             log.info(

@@ -21,8 +21,8 @@ a road warrior dials again):
   mode, an IKE or ESP proposal removed, or any field not known to be harmless (fail closed);
 * its PSK was rotated (a new version), moved to another Secret reference, given other owners, or unloaded
   while the tunnel stays: a rotation means the old key may be known to someone else;
-* for a tunnel authenticating with certificates, a certificate or private key (the CA, the gateway's own)
-  changed version.
+* for a tunnel authenticating with certificates, a certificate or private key (a CA, the gateway's own)
+  changed version or left the plan.
 
 A change the agent cannot compare (what charon held before this agent connected, reported ``unknown``)
 cuts nothing.
@@ -30,9 +30,21 @@ cuts nothing.
 Certificates and private keys (pubkey authentication) are loaded like secrets, keyed ``cert/<id>`` and
 ``key/<id>`` with the version of their Secret file: a renewed certificate (cert-manager rotating the
 ``kubernetes.io/tls`` Secret) is loaded again; charon finds our certificate by the IKE identity in its
-subjectAltName and trusts peers' certificates through the CA loaded with flag CA. VICI cannot unload a
-certificate by id, so one removed from the plan stays in charon's memory until charon restarts; no
-connection refers to it any more.
+subjectAltName. Trust in peers' certificates is pinned per connection: every CA charon holds (``load-cert``
+flag CA) is a trust anchor for EVERY connection, and a remote auth round without ``cacerts`` accepts a
+chain to any of them. So each certificate-authenticated tunnel names its CAs (``Tunnel.peer_cas``) and its
+conn is loaded with their PEM as ``cacerts`` in each such remote round (``with_cacerts``; a constraint on
+the exact certificate, not its name: a rotated CA usually keeps its subject). Compared and recorded, the
+conn carries ``cert/<id>@<version>`` there instead of the PEM (``compared_conn``), so a CA renewed in its
+Secret reloads (and cuts) the conns pinned to it.
+
+Nothing forgets a credential but ``clear-creds``: VICI cannot unload a certificate by id, ``load-cert``
+adds to a set only ``clear-creds`` (or a restart) empties, and a CA stays a trust anchor while charon
+holds it. So when a certificate or key changes or leaves the plan, or charon may hold credentials this
+agent did not load (``Loaded.creds_unknown``: it connected to a daemon it had not filled itself), the
+keeper clears them all (``Changes.clear_creds``: certificates, keys, CAs, and the shared keys too, which
+live in the same set) and loads everything the plan still has at once; the window in which charon holds
+none is what docs/agent.md measures.
 
 A restarted charon has forgotten everything: the keeper then starts from an empty ``Loaded``.
 """
@@ -41,7 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,8 +88,13 @@ class Loaded:
     creds: Mapping[str, str] = field(default_factory=dict)
     """``cert/<id>`` or ``key/<id>`` -> version of the Secret file loaded."""
     bodies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """conn name -> the ``load-conn`` payload loaded, what a change is compared against (``cuts``);
-    absent when not known."""
+    """conn name -> the ``load-conn`` payload loaded (its ``compared_conn`` form: pinned CAs by key and
+    version, never their PEM), what a change is compared against (``cuts``); absent when not known."""
+    creds_unknown: bool = False
+    """charon may hold certificates or private keys this agent did not load: it connected to a daemon it
+    had not filled itself, which lists some (an earlier agent process's CA, since withdrawn by the plan,
+    could be one; VICI lists them without our ids and versions). The next apply clears every credential
+    first (``Changes.clear_creds``)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,9 @@ class Desired:
     tunnels: tuple[Tunnel, ...]
     creds: Mapping[str, IkeCertificate | IkePrivateKey] = field(default_factory=dict)
     """``cert/<id>`` or ``key/<id>`` -> what to load with ``load-cert`` / ``load-key``."""
+    pins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """conn name -> the ``cert/<id>`` keys of the CAs its peer's certificate must chain to (its
+    ``Tunnel.peer_cas``); only conns that authenticate their peer with certificates are here."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,10 @@ class Changes:
     """Unload and terminate: removed from the plan."""
     load_creds: tuple[str, ...] = ()
     """Certificates and keys to (re)load, before any connection that may authenticate with them."""
+    clear_creds: tuple[str, ...] = ()
+    """Why charon must forget every credential first (``clear-creds``): the ``cert/<id>`` and ``key/<id>``
+    replaced or withdrawn, or ``unknown`` (``Loaded.creds_unknown``). Empty: nothing to forget. When set,
+    ``load_creds`` and ``load_secrets`` list everything the plan has (the clear drops shared keys too)."""
 
     @property
     def empty(self) -> bool:
@@ -108,6 +132,7 @@ class Changes:
             or self.load_conns
             or self.unload_conns
             or self.load_creds
+            or self.clear_creds
         )
 
 
@@ -151,7 +176,57 @@ def desired(plan: Plan) -> Desired:
         if key in creds:
             raise PlanRejected(f"ipsec.{field_name}[{i}].id: {item.id!r} is used twice")
         creds[key] = item
-    return Desired(conns, secrets, plan.ipsec.tunnels, creds)
+    pins = {t.name: _pins(f"ipsec.tunnels[{i}]", t, creds) for i, t in enumerate(plan.ipsec.tunnels)}
+    return Desired(conns, secrets, plan.ipsec.tunnels, creds, {n: p for n, p in pins.items() if p})
+
+
+def _pins(where: str, t: Tunnel, creds: Mapping[str, IkeCertificate | IkePrivateKey]) -> tuple[str, ...]:
+    """The ``cert/<id>`` keys ``t``'s peer must chain to; raises PlanRejected when a certificate-authenticated
+    tunnel names none (any CA charon holds would vouch for its peer) or names what is not a CA of the plan."""
+    body = t.conn[t.name]
+    for key in _cert_remote_rounds(body):
+        if "cacerts" in body[key]:
+            raise PlanRejected(f"{where}.conn.{t.name}.{key}.cacerts: the agent sets it from peerCas")
+    if not _cert_remote_rounds(body):
+        if t.peer_cas is not None:
+            raise PlanRejected(f"{where}.peerCas: conn {t.name!r} authenticates its peer by PSK")
+        return ()
+    if not t.peer_cas:
+        raise PlanRejected(
+            f"{where}.peerCas: conn {t.name!r} authenticates its peer by certificate but names no CA "
+            "(every CA charon holds would vouch for it)"
+        )
+    keys = []
+    for j, cid in enumerate(t.peer_cas):
+        cert = creds.get(f"cert/{cid}")
+        if not isinstance(cert, IkeCertificate) or not cert.ca:
+            raise PlanRejected(f"{where}.peerCas[{j}]: {cid!r} is not a CA of ipsec.certificates")
+        keys.append(f"cert/{cid}")
+    return tuple(dict.fromkeys(keys))
+
+
+def with_cacerts(conn: Mapping[str, Any], cacerts: Sequence[str | bytes]) -> dict[str, Any]:
+    """The ``load-conn`` payload ``conn`` (``{name: body}``) with ``cacerts`` set to ``cacerts`` in each
+    remote auth round that authenticates by certificate (pure; ``conn`` is not changed)."""
+    out: dict[str, Any] = {}
+    for name, body in conn.items():
+        body = dict(body)
+        for key in _cert_remote_rounds(body):
+            body[key] = {**body[key], "cacerts": list(cacerts)}
+        out[name] = body
+    return out
+
+
+def compared_conn(want: Desired, name: str, cred_versions: Mapping[str, str]) -> Mapping[str, Any] | None:
+    """Conn ``name`` as it is digested, recorded and compared: the plan's payload with its pinned CAs as
+    ``cert/<id>@<version>`` in ``cacerts`` (the keeper loads their PEM there). None when a pinned CA cannot
+    be read: loading the conn without it would trust every CA, so it is left as it is."""
+    pins = want.pins.get(name, ())
+    if not pins:
+        return want.conns[name]
+    if any(k not in cred_versions for k in pins):
+        return None
+    return with_cacerts(want.conns[name], [f"{k}@{cred_versions[k]}" for k in pins])
 
 
 def diff(
@@ -167,12 +242,38 @@ def diff(
         if loaded.secrets.get(sid) != SecretState(s.owners, versions[sid], s.ref):
             load_secrets.append(sid)
     unload_secrets = sorted(set(loaded.secrets) - set(want.secrets))
-    load_conns = sorted(n for n, c in want.conns.items() if loaded.conns.get(n) != conn_digest(c))
-    unload_conns = sorted(set(loaded.conns) - set(want.conns))
     cv = cred_versions or {}
-    load_creds = sorted(k for k in want.creds if k in cv and loaded.creds.get(k) != cv[k])
+    load_conns = []
+    for n in sorted(want.conns):
+        compared = compared_conn(want, n, cv)
+        if compared is not None and loaded.conns.get(n) != conn_digest(compared):
+            load_conns.append(n)
+    unload_conns = sorted(set(loaded.conns) - set(want.conns))
+    clear = withdrawn_creds(loaded, want, cv) + ((UNKNOWN,) if loaded.creds_unknown else ())
+    if clear:
+        # clear-creds drops every certificate, key and shared key: load all the plan has, changed or not.
+        load_creds = sorted(k for k in want.creds if k in cv)
+        load_secrets = sorted(sid for sid in want.secrets if sid in versions)
+    else:
+        load_creds = sorted(k for k in want.creds if k in cv and loaded.creds.get(k) != cv[k])
     return Changes(
-        tuple(load_secrets), tuple(unload_secrets), tuple(load_conns), tuple(unload_conns), tuple(load_creds)
+        tuple(load_secrets),
+        tuple(unload_secrets),
+        tuple(load_conns),
+        tuple(unload_conns),
+        tuple(load_creds),
+        clear,
+    )
+
+
+def withdrawn_creds(loaded: Loaded, want: Desired, cred_versions: Mapping[str, str]) -> tuple[str, ...]:
+    """The certificates and keys charon holds that the plan replaced (a new version) or dropped: only
+    ``clear-creds`` makes charon forget them. One whose Secret cannot be read now is neither (kept)."""
+    return tuple(
+        k
+        for k, version in sorted(loaded.creds.items())
+        if version != UNKNOWN
+        and (k not in want.creds or (k in cred_versions and cred_versions[k] != version))
     )
 
 
@@ -296,6 +397,27 @@ def _uses_certificates(body: Mapping[str, Any]) -> bool:
     return any(str(r.get("auth", "pubkey")) != "psk" for r in _auth_rounds(body))
 
 
+def _pinned_keys(body: Mapping[str, Any]) -> set[str]:
+    """The ``cert/<id>`` keys a recorded (``compared_conn``) body pins in its remote rounds' ``cacerts``."""
+    return {
+        str(pin).rpartition("@")[0]
+        for key in _cert_remote_rounds(body)
+        for pin in body[key].get("cacerts") or ()
+    }
+
+
+def _cert_remote_rounds(body: Mapping[str, Any]) -> list[str]:
+    """The keys of the remote auth rounds (``remote``, ``remote-N``) that are not a PSK: the peer may prove
+    itself with a certificate there (charon's default ``auth`` is ``pubkey``)."""
+    return sorted(
+        k
+        for k, v in body.items()
+        if isinstance(v, Mapping)
+        and (k == "remote" or k.startswith("remote-"))
+        and str(v.get("auth", "pubkey")) != "psk"
+    )
+
+
 @dataclass(frozen=True)
 class Cut:
     """A tunnel whose established IKE_SA(s) must be terminated after the new config and key are loaded."""
@@ -303,8 +425,8 @@ class Cut:
     tunnel: str
     why: tuple[str, ...]
     """What changed: conn fields (``remote``, ``children.<child>.remote_ts``), ``psk-rotated:<id>``,
-    ``psk-ref:<id>``, ``psk-owners:<id>``, ``psk-removed:<id>``, ``cert/<id>``, ``key/<id>``. Never a
-    key value."""
+    ``psk-ref:<id>``, ``psk-owners:<id>``, ``psk-removed:<id>``, ``cert/<id>``, ``key/<id>`` (a new
+    version), ``removed:cert/<id>``, ``removed:key/<id>``. Never a key value."""
 
 
 def cuts(
@@ -314,13 +436,15 @@ def cuts(
     (see the module docstring); ``versions`` and ``cred_versions`` as for ``diff``: a secret whose value
     cannot be read is neither reloaded nor a reason to cut."""
     why: dict[str, list[str]] = {}
+    cv = cred_versions or {}
     bodies = {t.name: t.conn[t.name] for t in want.tunnels}
     # Only tunnels that were loaded can have an SA; a removed one is unloaded and terminated anyway.
     known = [n for n in bodies if n in loaded.conns]
     for name in known:
         old = loaded.bodies.get(name)
-        if old is not None and loaded.conns[name] != conn_digest(want.conns[name]):
-            why.setdefault(name, []).extend(conn_cut(old, bodies[name]))
+        new = compared_conn(want, name, cv)
+        if old is not None and new is not None and loaded.conns[name] != conn_digest(new):
+            why.setdefault(name, []).extend(conn_cut(old, new[name]))
 
     def keyed_by(owners: set[str]) -> list[str]:
         return [n for n in known if _remote_ids(bodies[n]) & owners]
@@ -342,12 +466,15 @@ def cuts(
         if reasons:
             for name in keyed_by(set(before.owners) | set(s.owners if s else ())):
                 why.setdefault(name, []).extend(reasons)
-    cv = cred_versions or {}
-    changed_creds = sorted(
-        k for k in want.creds if k in cv and loaded.creds.get(k) not in (None, UNKNOWN, cv[k])
-    )
-    if changed_creds:
-        for name in known:
-            if _uses_certificates(bodies[name]):
-                why.setdefault(name, []).extend(changed_creds)
+    # A CA vouched only for the tunnels pinned to it; our own certificate or key (or what cannot be told
+    # apart from it: a dropped credential no tunnel was pinned to) for every certificate tunnel.
+    pinned = {n: _pinned_keys(loaded.bodies.get(n, {})) for n in known}
+    for k in withdrawn_creds(loaded, want, cv):
+        reason = k if k in want.creds else f"removed:{k}"
+        users = [n for n in known if k in pinned[n]]
+        cred = want.creds.get(k)
+        if not users and not (isinstance(cred, IkeCertificate) and cred.ca):
+            users = [n for n in known if _uses_certificates(bodies[n])]
+        for name in users:
+            why.setdefault(name, []).append(reason)
     return tuple(Cut(n, tuple(dict.fromkeys(why[n]))) for n in known if why.get(n))

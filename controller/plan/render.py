@@ -16,8 +16,10 @@ Liveness choices (docs/api.md):
 * road warriors: ``remote_addrs %any``, ``initiate`` False, ``dpd_delay 60s``/``clear``;
 * every conn: ``unique replace`` (a peer that reconnects after a reboot replaces its stale IKE_SA).
 
-Secrets are references only: one ``IkeSecret`` per PSK peer (owners: our local id and the peer's id)
-naming the peer's ``pskSecretRef`` or the gateway default.
+Secrets are references only: one ``IkeSecret`` per PSK peer (owners: the peer's id alone) naming the
+peer's ``pskSecretRef`` or the gateway default. A pubkey peer's tunnel names the CA its certificate must
+chain to (``peer_cas``: the gateway's ``ca.crt``); the status-agent loads it as that conn's remote
+``cacerts``, so no other CA charon holds vouches for the peer.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ from controller.plan.allocate import (
     virtual_ips,
 )
 
+GATEWAY_CA = "ca"
+"""Plan id of the CA in the gateway's ``certificateSecretRef`` (``ca.crt``), the one pubkey peers chain to."""
 SITE_DPD_DELAY = "30s"
 ROAD_WARRIOR_DPD_DELAY = "60s"
 ALLOCATION_FAILED = "AllocationFailed"
@@ -490,7 +494,17 @@ def _ipsec(gateway: VPNGateway, peers: Sequence[VPNPeer], service_cidr: str) -> 
             service_cidr=service_cidr,
             subnets=pi.remote_subnets,
         )
-        tunnels.append(gwplan.Tunnel(name=name, initiate=p.type == "site", children=children, conn=conn))
+        # A certificate peer is pinned to the gateway's CA (ca.crt of certificateSecretRef, below): the only
+        # CA the CRD names, so today every pubkey peer of a gateway trusts the same one.
+        tunnels.append(
+            gwplan.Tunnel(
+                name=name,
+                initiate=p.type == "site",
+                children=children,
+                conn=conn,
+                peer_cas=(GATEWAY_CA,) if pi.auth == "pubkey" else None,
+            )
+        )
         if pi.auth == "psk":
             ref = pi.psk_secret_ref or gi.psk_secret_ref
             assert ref is not None  # validated
@@ -503,7 +517,7 @@ def _ipsec(gateway: VPNGateway, peers: Sequence[VPNPeer], service_cidr: str) -> 
         s = gi.certificate_secret
         certificates = (
             gwplan.IkeCertificate(id="gateway", ref=gwplan.SecretRef(s, "tls.crt")),
-            gwplan.IkeCertificate(id="ca", ref=gwplan.SecretRef(s, "ca.crt"), ca=True),
+            gwplan.IkeCertificate(id=GATEWAY_CA, ref=gwplan.SecretRef(s, "ca.crt"), ca=True),
         )
         keys = (gwplan.IkePrivateKey(id="gateway", ref=gwplan.SecretRef(s, "tls.key")),)
     return gwplan.Ipsec(

@@ -3,7 +3,9 @@
 The plan's VICI dicts are the source: each section and key/value is written as swanctl.conf syntax, so the
 two forms cannot drift. No secret value is written: each IKE secret becomes a comment naming the Secret
 key it comes from, and an ``include`` of ``secrets.d/*.conf`` where an operator (or a test) may put
-``ike-<name> { secret = ... }`` files.
+``ike-<name> { secret = ... }`` files. A tunnel's pinned CAs (``peer_cas``, which the status-agent loads as
+its remote round's ``cacerts`` from a Secret) are named in a comment above its conn: with swanctl, add
+``cacerts = <file in x509ca/>`` there, or any CA loaded would vouch for the peer.
 
 Values reaching this file were validated (allowlist patterns), but the writer does not rely on that: a
 value that is not a plain token is double-quoted with backslash escapes, and a value that cannot be
@@ -67,7 +69,15 @@ def render_swanctl(plan: gwplan.Plan, secrets_include: str = "secrets.d/*.conf")
         "# Equivalent to the plan's VICI load-conn payloads. Secret VALUES are not here (see secrets).",
         "connections {",
     ]
+    cas = {c.id: c for c in plan.ipsec.certificates if c.ca}
     for tunnel in plan.ipsec.tunnels:
+        for cid in tunnel.peer_cas or ():
+            ca = cas.get(cid)
+            where = f"Secret {ca.ref.name}, key {ca.ref.key}" if ca else "not in the plan"
+            lines.append(
+                f"    # {_section(tunnel.name)}: remote cacerts = CA {_value(cid)} ({where}), "
+                "pinned by the status-agent"
+            )
         _write(lines, tunnel.conn, 1)
     lines.append("}")
     lines.append("secrets {")

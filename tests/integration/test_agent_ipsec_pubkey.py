@@ -138,7 +138,7 @@ def plan(lab: Lab, site: Host) -> Plan:
     )
     children = tuple(Child(f"{site.role}-{i}", lan) for i, lan in enumerate(site.lans))
     return Plan(gateway=GATEWAY, type="ipsec", ipsec=Ipsec(
-        tunnels=(Tunnel(site.role, True, children, conn),),
+        tunnels=(Tunnel(site.role, True, children, conn, peer_cas=("ca",)),),
         certificates=(IkeCertificate("gateway", SecretRef("gw-tls", "tls.crt")),
                       IkeCertificate("ca", SecretRef("gw-tls", "ca.crt"), ca=True)),
         private_keys=(IkePrivateKey("gateway", SecretRef("gw-tls", "tls.key")),),

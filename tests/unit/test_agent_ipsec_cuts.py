@@ -6,6 +6,7 @@ so the keeper terminates what these functions name once the new config and key a
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from agent.ipsec.plan import (
     Desired,
     Loaded,
     SecretState,
+    compared_conn,
     conn_cut,
     conn_digest,
     cuts,
@@ -148,11 +150,12 @@ def tunnel(name: str, body: Mapping[str, Any] | None = None, *, initiate: bool =
     return Tunnel(name, initiate, tuple(Child(c, "10.1.0.0/24") for c in b["children"]), {name: b})
 
 
-def pubkey(name: str) -> Tunnel:
+def pubkey(name: str, *cas: str) -> Tunnel:
+    """A road warrior authenticating by certificate, pinned to ``cas`` (default: the plan's CA ``ca``)."""
     body = changed(
         changed(BASE, "remote", {"auth": "pubkey", "id": f"{name}.example"}), "local.auth", "pubkey"
     )
-    return tunnel(name, body, initiate=False)
+    return dataclasses.replace(tunnel(name, body, initiate=False), peer_cas=cas or ("ca",))
 
 
 TENANT = SecretRef("tenant-psk", "psk")
@@ -170,11 +173,12 @@ def want(*tunnels: Tunnel, secrets: tuple[IkeSecret, ...] = (), tls: bool = Fals
 
 def loaded(w: Desired, versions: Mapping[str, str], creds: Mapping[str, str] | None = None) -> Loaded:
     """What the keeper records after applying ``w`` with these secret and credential versions."""
+    compared = {n: compared_conn(w, n, creds or {}) for n in w.conns}
     return Loaded(
-        conns={n: conn_digest(c) for n, c in w.conns.items()},
+        conns={n: conn_digest(c) for n, c in compared.items() if c is not None},
         secrets={sid: SecretState(s.owners, versions[sid], s.ref) for sid, s in w.secrets.items()},
         creds=dict(creds or {}),
-        bodies={n: c[n] for n, c in w.conns.items()},
+        bodies={n: c[n] for n, c in compared.items() if c is not None},
     )
 
 
@@ -267,19 +271,20 @@ def test_a_removed_tunnel_is_not_cut_here() -> None:
     assert cuts(loaded(before, V1), want(B, secrets=(psk("b"),)), V1) == ()
 
 
+CREDS = {"cert/ca": "c1", "cert/gateway": "g1", "key/gateway": "k1"}
+
+
 @pytest.mark.parametrize(
     ("was", "now", "expected"),
     [
-        pytest.param({"cert/ca": "c1"}, {"cert/ca": "c2"}, ("cert/ca",), id="ca-changed"),
         pytest.param(
-            {"cert/gateway": "g1"}, {"cert/gateway": "g2"}, ("cert/gateway",), id="gateway-cert-renewed"
+            CREDS, {**CREDS, "cert/ca": "c2"}, ("remote", "cert/ca"), id="ca-changed-its-pin-with-it"
         ),
-        pytest.param(
-            {"key/gateway": "k1"}, {"key/gateway": "k2"}, ("key/gateway",), id="gateway-key-changed"
-        ),
-        pytest.param({"cert/ca": "c1"}, {"cert/ca": "c1"}, (), id="unchanged"),
-        pytest.param({}, {"cert/ca": "c1"}, (), id="first-load"),
-        pytest.param({"cert/ca": "c1"}, {}, (), id="unreadable-keeps-it"),
+        pytest.param(CREDS, {**CREDS, "cert/gateway": "g2"}, ("cert/gateway",), id="gateway-cert-renewed"),
+        pytest.param(CREDS, {**CREDS, "key/gateway": "k2"}, ("key/gateway",), id="gateway-key-changed"),
+        pytest.param(CREDS, CREDS, (), id="unchanged"),
+        pytest.param({}, CREDS, (), id="first-load"),
+        pytest.param(CREDS, {"cert/gateway": "g1", "key/gateway": "k1"}, (), id="unreadable-ca-keeps-it"),
     ],
 )
 def test_a_changed_certificate_or_key_cuts_the_certificate_tunnels_only(
@@ -289,3 +294,35 @@ def test_a_changed_certificate_or_key_cuts_the_certificate_tunnels_only(
     w = want(A, rw, secrets=(psk("a"),), tls=True)
     before = loaded(w, {"psk-a": "v1"}, was)
     assert cuts(before, w, {"psk-a": "v1"}, now) == ((Cut("rw", expected),) if expected else ())
+
+
+CA2 = IkeCertificate("ca2", SecretRef("other-tls", "ca.crt"), ca=True)
+
+
+def test_a_ca_cuts_only_the_tunnels_pinned_to_it_and_our_own_key_every_certificate_tunnel() -> None:
+    rw, rw2 = pubkey("rw"), pubkey("rw2", "ca2")
+    ipsec = Ipsec(
+        tunnels=(A, rw, rw2), secrets=(psk("a"),), certificates=(CA, CA2, CERT), private_keys=(KEY,)
+    )
+    w = desired(Plan(gateway=GW, type="ipsec", ipsec=ipsec))
+    creds = {**CREDS, "cert/ca2": "o1"}
+    before = loaded(w, {"psk-a": "v1"}, creds)
+
+    def plan(**changes: Any) -> Desired:
+        return desired(Plan(gateway=GW, type="ipsec", ipsec=dataclasses.replace(ipsec, **changes)))
+
+    # ca renewed in its Secret: rw (pinned to it) only; rw2 authenticated through ca2.
+    assert cuts(before, w, {"psk-a": "v1"}, {**creds, "cert/ca": "c2"}) == (Cut("rw", ("remote", "cert/ca")),)
+    # ca leaves the plan, rw moves to ca2: rw only.
+    moved = plan(tunnels=(A, pubkey("rw", "ca2"), rw2), certificates=(CA2, CERT))
+    assert cuts(before, moved, {"psk-a": "v1"}, creds) == (Cut("rw", ("remote", "removed:cert/ca")),)
+    # Our own key dropped (a new id) or renewed: every certificate tunnel, never the PSK one.
+    keyless = plan(private_keys=())
+    assert cuts(before, keyless, {"psk-a": "v1"}, creds) == (
+        Cut("rw", ("removed:key/gateway",)),
+        Cut("rw2", ("removed:key/gateway",)),
+    )
+    # A CA nobody is pinned to vouched for nobody: its renewal cuts nothing.
+    unpinned = plan(tunnels=(A, rw))
+    idle = loaded(unpinned, {"psk-a": "v1"}, creds)
+    assert cuts(idle, unpinned, {"psk-a": "v1"}, {**creds, "cert/ca2": "o2"}) == ()
