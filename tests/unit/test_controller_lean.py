@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from controller.informer import LAST_APPLIED, lean
 from controller.run import status_only
@@ -32,7 +33,7 @@ def test_managed_fields_and_the_last_applied_copy_are_dropped_and_nothing_else()
 def test_a_status_write_alone_is_no_reason_to_reconcile() -> None:
     """The agents republish status (counters) every ~30 s per gateway, and each reconcile asks the cloud:
     found by review, status writes drove full reconciles. Only status and the resourceVersion moved: no."""
-    before = {
+    before: dict[str, Any] = {
         "apiVersion": "vpn.bnerd.net/v1alpha1",
         "kind": "VPNGateway",
         "metadata": {"name": "acme", "generation": 2, "resourceVersion": "10", "labels": {"a": "b"}},
