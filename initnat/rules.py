@@ -2,10 +2,20 @@
 
 Model (one gateway pod, one network namespace)::
 
-    peer --tunnel--> gw: PREROUTING  VPNGW-PREROUTING   DNAT  <virtual ip>:<port> -> <target>:<port>
-                         FORWARD     VPNGW-FORWARD      NEW connections that were not DNATed go through
+    peer --tunnel--> gw: PREROUTING  VPNGW-PREROUTING   from a tunnel (an inbound IPsec policy, ipsec+, the
+                                                        WireGuard device): goto VPNGW-EXPOSURES, DNAT
+                                                        <virtual ip>:<port> -> <target>:<port>; whatever
+                                                        did not come through a tunnel: only the reverse
+                                                        exposures' DNAT (a neighbour on NIC2 is never
+                                                        DNATed to an exposure target)
+                         FORWARD     VPNGW-FORWARD      NEW connections that were not DNATed: from the
+                                                        WireGuard device or NIC2 dropped (a neighbour
+                                                        using the pod as a router: into a tunnel, the
+                                                        cluster, anywhere); the rest go through
                                      VPNGW-TARGETS      which drops those to an exposure target's REAL
                                                         address (only its virtual IP is a way in);
+                                                        into serviceCIDR only DNATed (an address there
+                                                        that is no virtual IP is nothing of ours);
                                                         authz: a grant's sources may open NEW connections
                                                         to its exposure; they get the grant's conntrack
                                                         mark; marked established flows pass (one rule);
@@ -23,6 +33,9 @@ Model (one gateway pod, one network namespace)::
                                                         the tunnels need (IKE, ESP / the WireGuard port)
                          OUTPUT      VPNGW-OUTPUT       never the metadata service through NIC2
                          FORWARD     VPNGW-TARGETS      never forwarded to the metadata service
+
+What each rule stops, and the live test that shows it, is in docs/initnat.md ("Hostile neighbours and
+peers").
 
 Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
 filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
@@ -55,6 +68,7 @@ from gwplan import DEVICE_NAME_RULE, Exposure, Grant, Nat, Nic, ReverseExposure,
 FILTER_CHAIN = "VPNGW-FORWARD"
 TARGET_CHAIN = "VPNGW-TARGETS"
 DNAT_CHAIN = "VPNGW-PREROUTING"
+EXPOSURE_CHAIN = "VPNGW-EXPOSURES"
 SNAT_CHAIN = "VPNGW-POSTROUTING"
 MANGLE_CHAIN = "VPNGW-MANGLE"
 INPUT_CHAIN = "VPNGW-INPUT"
@@ -363,6 +377,7 @@ class LeftOut:
     grants: tuple[Grant, ...] = ()
 
 
+_IPSEC_POLICY_IN = "-m policy --dir in --pol ipsec"
 IKE_PORTS = (500, 4500)
 """IKE, and NAT-T (IKE and ESP-in-UDP: charon's kernel-libipsec always encapsulates) on 4500."""
 LIBIPSEC_DEVICES = "ipsec+"
@@ -413,6 +428,32 @@ class Policy:
     def exposure_targets(self) -> frozenset[IPv4Address]:
         """Fabric-side targets: reached through NIC2 whatever the pod's default route (routing.py)."""
         return frozenset(s.target for s in self.services if s.kind == "exposure")
+
+    @property
+    def nic(self) -> str | None:
+        """NIC2's name when the caller gave the pod guard (what NIC2 and the tunnels may reach)."""
+        return None if self.guard is None else self.guard.nic
+
+    @property
+    def from_tunnels(self) -> tuple[str, ...]:
+        """The matches of traffic that came through a tunnel (:func:`tunnel_matches`), empty when the
+        caller knew no tunnel: then exposures are DNATed from nowhere (fail closed)."""
+        return tunnel_matches(self.guard, self.tunnel_interfaces)
+
+
+def tunnel_matches(guard: Guard | None, devices: Iterable[str] = ()) -> tuple[str, ...]:
+    """iptables matches, one per way a tunnel's decapsulated packets come in: for IPsec an inbound IPsec
+    policy (kernel XFRM: they come in on NIC2) and the ``ipsec+`` TUN devices (kernel-libipsec); for
+    WireGuard its device (``guard.wireguard``, and ``devices``: Policy.tunnel_interfaces)."""
+    out: dict[str, None] = {}
+    if guard is not None and guard.ipsec:
+        out[_IPSEC_POLICY_IN] = None
+        out[f"-i {LIBIPSEC_DEVICES}"] = None
+    if guard is not None and guard.wireguard is not None:
+        out[f"-i {guard.wireguard[0]}"] = None
+    for dev in devices:
+        out[f"-i {dev}"] = None
+    return tuple(out)
 
 
 def target_hosts(nat: Nat) -> tuple[str, ...]:
@@ -789,6 +830,17 @@ def _render(policy: Policy) -> Ruleset:
             f"-A {FILTER_CHAIN} -i {dev} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
             f"{_c('vpngw tunnel ingress only to virtual IPs')} -j DROP"
         )
+    if policy.nic is not None:
+        # NIC2 is the shared transit network: other tenants' gateways and VMs can make the pod their
+        # next hop. What may come in on it to be forwarded is a reverse exposure (DNATed by us) and the
+        # replies of what we forwarded out; a NEW connection we did not DNAT is a neighbour using the
+        # pod as a router: into a tunnel (WireGuard encrypts by destination; a serviceCIDR source
+        # matches an IPsec policy), into the cluster behind eth0, or to anything else. Under kernel XFRM
+        # a tunnel's decapsulated packets come in on NIC2 too: not DNATed, they are no exposure either.
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -i {policy.nic} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+            f"{_c(NIC2_INGRESS)} -j DROP"
+        )
     targets = sorted(policy.exposure_targets)
     if targets or policy.guard is not None:
         # An exposure target is reachable through its virtual IP only. A NEW forwarded connection that
@@ -818,6 +870,13 @@ def _render(policy: Policy) -> Ruleset:
         filter_rules.append(
             f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {dst} {_c('vpngw not for a virtual IP')} -j RETURN"
         )
+        # Into serviceCIDR only through our DNAT: an address in it that is no virtual IP (a tunnel's
+        # selector allows every one) is nothing of ours to forward to; in a pod the routes would take it
+        # out through eth0. From here on, a NEW connection is one we DNATed.
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+            f"{_c(SERVICE_CIDR_DNAT_ONLY)} -j DROP"
+        )
     # Established flows of admitted grants: one rule, whatever the number of grants. A revoked grant's
     # flows are dropped by its tombstone until its conntrack entries are deleted; then they are
     # re-tracked as NEW, no admission rule matches, and they fall through to the DROP.
@@ -842,14 +901,21 @@ def _render(policy: Policy) -> Ruleset:
         f"-A {FILTER_CHAIN} -m conntrack --ctorigdst {vip} {_c('vpngw not granted')} -j DROP" for vip in vips
     )
 
-    dnat: list[str] = []
+    # Exposures are DNATed only for what came through a tunnel (their own chain, reached by a goto per
+    # way in); the rest of VPNGW-PREROUTING (reverse exposures: the cluster and the fabric) is for what
+    # did not: a goto's chain that ends returns to PREROUTING itself, skipping the rest of ours.
+    dnat = [
+        f"-A {DNAT_CHAIN} {m_in} {_c(TUNNEL_TO_EXPOSURES)} -g {EXPOSURE_CHAIN}"
+        for m_in in policy.from_tunnels
+    ]
+    exposure_dnat: list[str] = []
     snat: list[str] = []
     snat_done: set[IPv4Address] = set()
     for s in policy.services:
         label = f"vpngw {s.kind}={comment(s.name)}"
-        dnat.append(
-            f"-A {DNAT_CHAIN} -d {s.vip}/32 -p {s.proto} -m {s.proto} --dport {s.port} {_c(label)} "
-            f"-j DNAT --to-destination {s.target}:{s.port}"
+        (exposure_dnat if s.kind == "exposure" else dnat).append(
+            f"-A {EXPOSURE_CHAIN if s.kind == 'exposure' else DNAT_CHAIN} -d {s.vip}/32 -p {s.proto} "
+            f"-m {s.proto} --dport {s.port} {_c(label)} -j DNAT --to-destination {s.target}:{s.port}"
         )
         if s.vip not in snat_done:
             snat_done.add(s.vip)
@@ -863,7 +929,7 @@ def _render(policy: Policy) -> Ruleset:
         chains, own = (*chains, INPUT_CHAIN, OUTPUT_CHAIN), guard_rules(policy.guard)
     out = [
         TableRules("filter", chains, (*filter_rules, *target_rules, *own)),
-        TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
+        TableRules("nat", (DNAT_CHAIN, EXPOSURE_CHAIN, SNAT_CHAIN), tuple(dnat + exposure_dnat + snat)),
     ]
     if policy.reply is not None:
         out.append(TableRules("mangle", (MANGLE_CHAIN,), reply_rules(policy.reply)))
@@ -871,6 +937,9 @@ def _render(policy: Policy) -> Ruleset:
 
 
 _NOT_METADATA = "vpngw never the metadata service"
+NIC2_INGRESS = "vpngw from NIC2 only what we DNATed"
+SERVICE_CIDR_DNAT_ONLY = "vpngw serviceCIDR only through DNAT"
+TUNNEL_TO_EXPOSURES = "vpngw from a tunnel: exposures"
 _TUNNEL_NOT_FOR_POD = "vpngw tunnel traffic is not for the pod"
 
 
