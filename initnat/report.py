@@ -43,6 +43,8 @@ def left_out_entry(x: LeftOut) -> dict[str, Any]:
     }
     if x.host is not None:
         entry["host"] = x.host
+    if x.kind != "exposure":
+        entry["kind"] = x.kind
     return entry
 
 

@@ -35,7 +35,8 @@ Model (one gateway pod, one network namespace)::
                          FORWARD     VPNGW-TARGETS      never forwarded to the metadata service
 
 What each rule stops, and the live test that shows it, is in docs/initnat.md ("Hostile neighbours and
-peers").
+peers"). Exposures whose target DNS or the pod refuses, or that claim a virtual IP an earlier one has,
+are left out alone (:class:`LeftOut`).
 
 Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
 filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
@@ -364,9 +365,11 @@ class Reply:
 class LeftOut:
     """An exposure that is not in the rules, with its grants, because its target depends on something
     outside the plan that refused it: DNS (``targetHost`` unresolvable, or resolved to an address a
-    literal ``targetAddress`` could not be either) or the pod (the target is one of its own addresses).
-    Everything else of the plan is applied; the exposure's virtual IP is dropped like a virtual IP no
-    grant admits, and its grants' flows are revoked like any withdrawn grant's."""
+    literal ``targetAddress`` could not be either, or outside ``nat.allowedTargets``) or
+    the pod (the target is one of its own addresses); or because it claims a virtual IP an earlier
+    (reverse) exposure of the plan already has (the first in plan order keeps it). Everything else of the
+    plan is applied; the exposure's virtual IP is dropped like a virtual IP no grant admits, and its
+    grants' flows are revoked like any withdrawn grant's."""
 
     field: str
     """The plan field that was refused, e.g. ``nat.exposures[2].targetHost``."""
@@ -375,6 +378,8 @@ class LeftOut:
     reason: str
     host: str | None = None
     grants: tuple[Grant, ...] = ()
+    kind: Literal["exposure", "reverse"] = "exposure"
+    """``reverse``: a reverse exposure (left out only for a virtual IP another one already has)."""
 
 
 _IPSEC_POLICY_IN = "-m policy --dir in --pol ipsec"
@@ -535,10 +540,10 @@ def validate(
     )
     services: list[Service] = []
     by_name: dict[tuple[str, str], list[Service]] = {}
-    seen: dict[tuple[IPv4Address, str, int], str] = {}
+    seen: set[tuple[IPv4Address, str, int]] = set()
     vip_of: dict[IPv4Address, str] = {}  # one virtual IP, one (reverse) exposure: SNAT is chosen per VIP
     target_of: list[tuple[str, IPv4Address]] = []  # (field, target), checked against every virtual IP
-    refused: dict[str, LeftOut] = {}  # exposure name -> why it is left out (its grants are added below)
+    refused: dict[tuple[str, str], LeftOut] = {}  # (kind, name) -> why it is left out (grants added below)
     # Every virtual IP of the plan, before any is validated (a reverse exposure's comes after the
     # exposures): a resolved address that is one is refused for that exposure alone. Bad values are
     # skipped here and named by add() below.
@@ -561,7 +566,8 @@ def validate(
         host: str | None = None,
     ) -> None:
         """Validate a (reverse) exposure; ``target`` None: it is left out (``why``), its name and virtual
-        IP still taken (a grant naming it is left out too; its virtual IP is dropped)."""
+        IP still taken (a grant naming it is left out too; its virtual IP is dropped). One that claims a
+        virtual IP an earlier one has is left out too: the first in plan order keeps it."""
         name = _str(e.name, f"{path}.name")
         if not name:
             raise NatConfigError(f"{path}.name: must not be empty")
@@ -572,29 +578,37 @@ def validate(
             raise NatConfigError(f"{path}.virtualIp: {vip} is outside nat.serviceCidr {cidr}")
         if vip == source:
             raise NatConfigError(f"{path}.virtualIp: {vip} is nat.sourceAddress (the gateway's own)")
-        if vip in vip_of:
-            raise NatConfigError(f"{path}.virtualIp: {vip} is already the virtual IP of {vip_of[vip]}")
-        vip_of[vip] = path
-        if target is not None:
-            target_of.append((target_field, target))
         if not e.ports:
             raise NatConfigError(f"{path}.ports: at least one port is required")
-        mine: list[Service] = []
+        keys: list[tuple[IPv4Address, Literal["tcp", "udp"], int]] = []
         for j, p in enumerate(e.ports):
-            proto = protocol(p.protocol, f"{path}.ports[{j}].protocol")
-            number = port(p.port, f"{path}.ports[{j}].port")
-            key = (vip, proto, number)
-            if key in seen:
-                raise NatConfigError(
-                    f"{path}.ports[{j}]: {vip} {proto}/{number} is already used by {seen[key]}"
-                )
-            seen[key] = path
-            if target is not None:
-                mine.append(Service(vip, proto, number, target, name, kind))
+            key = (
+                vip,
+                protocol(p.protocol, f"{path}.ports[{j}].protocol"),
+                port(p.port, f"{path}.ports[{j}].port"),
+            )
+            if key in keys:
+                raise NatConfigError(f"{path}.ports[{j}]: {vip} {key[1]}/{key[2]} is listed twice")
+            keys.append(key)
+        if vip in vip_of:
+            # Two (reverse) exposures on one virtual IP: a (virtual IP, protocol, port) can DNAT to one
+            # target only, and SNAT is chosen per virtual IP. The one that came first keeps it; this one
+            # alone is left out, whatever its target (a newcomer cannot knock out a working exposure).
+            clash = [f"{k[1]}/{k[2]}" for k in keys if k in seen]
+            target, target_field, host = None, f"{path}.virtualIp", None
+            why = f"{vip} is already the virtual IP of {vip_of[vip]}" + (
+                f" (with {', '.join(clash)})" if clash else ""
+            )
+        else:
+            vip_of[vip] = path
+            seen.update(keys)
+        if target is not None:
+            target_of.append((target_field, target))
+        mine = [] if target is None else [Service(v, proto, n, target, name, kind) for v, proto, n in keys]
         by_name[(kind, name)] = mine
         services.extend(mine)
         if target is None:
-            refused[name] = LeftOut(target_field, name, vip, why or "refused", host)
+            refused[(kind, name)] = LeftOut(target_field, name, vip, why or "refused", host, kind=kind)
 
     for i, e in enumerate(nat.exposures):
         path = f"nat.exposures[{i}]"
@@ -650,7 +664,7 @@ def validate(
 
     admissions: list[Admission] = []
     kept: list[Grant] = []
-    left_grants: dict[str, list[Grant]] = {name: [] for name in refused}
+    left_grants: dict[tuple[str, str], list[Grant]] = {key: [] for key in refused}
     marks: dict[int, str] = {}
     for i, g in enumerate(nat.grants):
         path = f"nat.grants[{i}]"
@@ -675,8 +689,8 @@ def validate(
             if g.kind == "reverse" and not any(src.subnet_of(c) for c in internal):
                 raise NatConfigError(f"{path}.sources[{j}]: {src} is not inside nat.internalSourceCidrs")
             sources.append(src)
-        if g.kind == "exposure" and g.exposure in refused:
-            left_grants[g.exposure].append(g)  # validated like the others, admitted nowhere
+        if (g.kind, g.exposure) in refused:
+            left_grants[(g.kind, g.exposure)].append(g)  # validated like the others, admitted nowhere
             continue
         kept.append(g)
         admissions.extend(Admission(mark, src, svc) for src in sources for svc in targets)
@@ -690,9 +704,7 @@ def validate(
         service_cidr=cidr,
         tunnel_interfaces=tuple(dev for _, dev in tunnel_interfaces),
         reply=reply,
-        left_out=tuple(
-            dataclasses.replace(x, grants=tuple(left_grants[name])) for name, x in refused.items()
-        ),
+        left_out=tuple(dataclasses.replace(x, grants=tuple(left_grants[key])) for key, x in refused.items()),
         guard=guard,
     )
 

@@ -15,6 +15,7 @@ and a datagram sent after it along an allowed path does arrive.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ from lab import netns
 from lab.world import CLUSTER_GW, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
 from tests.integration.test_initnat_traffic import (
     ECHO_SERVER,
+    GRANT_S1_API,
     GRANT_S1_WEB,
     ONE_SHOT,
     PY,
@@ -339,3 +341,42 @@ def udp_plan_nat() -> Nat:
         reverse_exposures=(ReverseExposure("db", "198.18.0.20", "203.0.113.1", (Port(7070),)),),
         grants=(Grant("s1", "web", "exposure", ("203.0.113.0/28",), GRANT_S1_WEB),),
     )
+
+
+# --- one bad exposure freezes nothing: a duplicate is left out alone -------------------------------------
+
+
+def test_a_duplicate_exposure_is_left_out_alone_and_a_revocation_in_the_same_plan_applies(
+    pod_lab: Lab, tmp_path: Path
+) -> None:
+    """Finding 3. A second exposure on another's virtual IP and port used to reject the whole plan (exit 2,
+    kept=last-good): a grant revoked in the same plan change stayed admitted. Now the duplicate alone is
+    left out (the status file says why) and the rest, the revocation included, is applied."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    grant_web = Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB)
+    grant_api = Grant("s1", "api", "exposure", (s1.lans[0],), GRANT_S1_API)
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, plan(lab, (grant_web, grant_api)))
+    initnat_once(lab, plan_file)
+    assert f"--set-xmark {GRANT_S1_API:#x}/" in lab.gw.run("iptables-save").stdout.decode()
+
+    v2 = plan(lab, (grant_web, Grant("s1", "dup", "exposure", (s1.lans[0],), 0x00070000)))
+    dup = Exposure("dup", WEB_VIP, (Port(8080),), target_address="192.0.2.71")
+    v2 = dataclasses.replace(v2, nat=dataclasses.replace(v2.nat, exposures=(*v2.nat.exposures, dup)))
+    write_plan(plan_file, v2)
+    res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), check=False)
+    assert res.returncode == 0, res.stderr.decode()
+    saved = lab.gw.run("iptables-save").stdout.decode()
+    assert f"--set-xmark {GRANT_S1_API:#x}/" not in saved, "the revocation in the same plan applied"
+    assert f"--set-xmark {GRANT_S1_WEB:#x}/" in saved and "192.0.2.71" not in saved, "web kept, dup not in"
+    assert "0x70000/" not in saved, "the duplicate's grant is left out with it"
+    (entry,) = json.loads((tmp_path / "initnat-status.json").read_text())["leftOut"]
+    assert entry == {
+        "exposure": "dup",
+        "field": "nat.exposures[2].virtualIp",
+        "virtualIp": WEB_VIP,
+        "reason": f"{WEB_VIP} is already the virtual IP of nat.exposures[0] (with tcp/8080)",
+        "grants": [{"peer": "s1", "mark": "0x70000"}],
+    }
+    assert "exposure=dup field=nat.exposures[2].virtualIp" in res.stderr.decode()

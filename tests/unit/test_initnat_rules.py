@@ -182,7 +182,7 @@ def _exp(**kw: object) -> Exposure:
         pytest.param(_exp(ports=(Port("80"),)), r"ports\[0\].port: '80'", id="port-str"),  # type: ignore[arg-type]
         pytest.param(_exp(ports=(Port(80, "SCTP"),)), r"ports\[0\].protocol: 'SCTP'", id="proto"),  # type: ignore[arg-type]
         pytest.param(
-            _exp(ports=(Port(80), Port(80))), r"ports\[1\]: 198.18.0.10 tcp/80 is already used", id="dup"
+            _exp(ports=(Port(80), Port(80))), r"ports\[1\]: 198.18.0.10 tcp/80 is listed twice", id="dup"
         ),
         pytest.param(_exp(name=""), r"name: must not be empty", id="empty-name"),
     ],
@@ -232,15 +232,34 @@ def test_two_grants_cannot_share_a_mark() -> None:
         policy(nat(grants=(g, dataclasses.replace(g, peer="q"))))
 
 
-def test_a_virtual_ip_belongs_to_one_exposure() -> None:
-    twice = (nat().exposures[0], dataclasses.replace(nat().exposures[1], virtual_ip="198.18.0.10"))
-    with pytest.raises(
-        NatConfigError, match=r"exposures\[1\]\.virtualIp: 198\.18\.0\.10 is already the virtual IP of"
-    ):
-        policy(nat(exposures=twice))
+def test_a_virtual_ip_belongs_to_one_exposure_a_second_claim_is_left_out_alone() -> None:
+    """One bad exposure must not keep the others from applying: a second (reverse) exposure on a virtual
+    IP (a (virtual IP, protocol, port) can DNAT to one target only, SNAT is chosen per virtual IP) used to
+    reject the whole plan. The first in plan order keeps it, the second is left out with its grants."""
+    clash = dataclasses.replace(nat().exposures[0], name="web2", ports=(Port(80), Port(8443)))
+    g_clash = Grant("s3", "web2", "exposure", ("203.0.113.32/28",), 0x40000)
+    p = policy(nat(exposures=(*nat().exposures, clash), grants=(*nat().grants, g_clash)))
+    (out,) = p.left_out
+    assert out == rules.LeftOut(
+        field="nat.exposures[2].virtualIp",
+        exposure="web2",
+        vip=IPv4Address("198.18.0.10"),
+        reason="198.18.0.10 is already the virtual IP of nat.exposures[0] (with tcp/80)",
+        grants=(g_clash,),
+    )
+    assert p.services == policy().services and p.admissions == policy().admissions, "the rest as before"
+    assert p.grants == nat().grants and 0x40000 not in p.marks
+    # ... whichever way round, and across kinds: a reverse exposure on an exposure's virtual IP.
     rev = (dataclasses.replace(nat().reverse_exposures[0], virtual_ip="198.18.0.11"),)
-    with pytest.raises(NatConfigError, match=r"reverseExposures\[0\]\.virtualIp: .* nat\.exposures\[1\]"):
-        policy(nat(reverse_exposures=rev))
+    r = policy(nat(reverse_exposures=rev))
+    (out,) = r.left_out
+    assert (out.kind, out.exposure, out.field) == ("reverse", "db", "nat.reverseExposures[0].virtualIp")
+    assert out.reason == "198.18.0.11 is already the virtual IP of nat.exposures[1]"
+    assert [g.mark for g in out.grants] == [C] and C not in r.marks, "its grant is left out with it"
+    assert not any(x.kind == "reverse" for x in r.services)
+    # Nothing of web2 is rendered (the "not granted" drop of its virtual IP is web's already).
+    lines = [x for t in rules.render(p).tables for x in t.rules]
+    assert lines == [x for t in rules.render(policy()).tables for x in t.rules], "nothing of web2 rendered"
 
 
 def test_internal_source_cidrs_must_name_networks() -> None:
