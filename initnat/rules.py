@@ -36,7 +36,7 @@ Model (one gateway pod, one network namespace)::
 
 What each rule stops, and the live test that shows it, is in docs/initnat.md ("Hostile neighbours and
 peers"). Exposures whose target DNS or the pod refuses, or that claim a virtual IP an earlier one has,
-are left out alone (:class:`LeftOut`).
+are left out alone (:class:`LeftOut`); targetHost names are resolved as absolute names (dns.py).
 
 Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
 filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
@@ -364,8 +364,8 @@ class Reply:
 @dataclass(frozen=True, order=True)
 class LeftOut:
     """An exposure that is not in the rules, with its grants, because its target depends on something
-    outside the plan that refused it: DNS (``targetHost`` unresolvable, or resolved to an address a
-    literal ``targetAddress`` could not be either, or outside ``nat.allowedTargets``) or
+    outside the plan that refused it: DNS (``targetHost`` unresolvable, a single-label name, or resolved
+    to an address a literal ``targetAddress`` could not be either, or outside ``nat.allowedTargets``) or
     the pod (the target is one of its own addresses); or because it claims a virtual IP an earlier
     (reverse) exposure of the plan already has (the first in plan order keeps it). Everything else of the
     plan is applied; the exposure's virtual IP is dropped like a virtual IP no grant admits, and its
@@ -461,13 +461,23 @@ def tunnel_matches(guard: Guard | None, devices: Iterable[str] = ()) -> tuple[st
     return tuple(out)
 
 
+def fully_qualified(host: str) -> bool:
+    """``host`` (normalised by :func:`hostname`) has more than one label. A single label (``db``) only
+    means something under a search domain, and the pod's are the gateway namespace's: DNS is never asked
+    about one (:func:`validate` leaves its exposure out)."""
+    return "." in host
+
+
 def target_hosts(nat: Nat) -> tuple[str, ...]:
     """The exposures' ``targetHost`` names (normalised, once each) that need DNS; a name that is no
-    hostname is refused here, before anything asks DNS about it."""
+    hostname is refused here, before anything asks DNS about it, and a single-label one is not asked
+    about (:func:`fully_qualified`). dns.lookup resolves each as an absolute name."""
     out: dict[str, None] = {}
     for i, e in enumerate(nat.exposures):
         if e.target_address is None and e.target_host is not None:
-            out[hostname(e.target_host, f"nat.exposures[{i}].targetHost")] = None
+            host = hostname(e.target_host, f"nat.exposures[{i}].targetHost")
+            if fully_qualified(host):
+                out[host] = None
     return tuple(out)
 
 
@@ -622,9 +632,15 @@ def validate(
             target_field = f"{path}.targetHost"
             host = hostname(e.target_host, target_field)
             answer = resolved.get(host)
-            if answer is None:
+            if not fully_qualified(host):
+                why = (
+                    f"{host} is a single-label name: a targetHost must be fully qualified (e.g. "
+                    f"{host}.example.com); it is resolved as an absolute name, never under the pod's search "
+                    "domains (the gateway namespace's, not the tenant's)"
+                )
+            elif answer is None:
                 raise NatConfigError(f"{target_field}: {host} has not been resolved")
-            if isinstance(answer, Unresolved):
+            elif isinstance(answer, Unresolved):
                 why = f"{host} does not resolve: {answer.reason}"
             elif special_purpose(answer):
                 why = f"{host} resolved to {answer}, a special-purpose address, not a unicast host"

@@ -945,3 +945,23 @@ def test_service_cidr_is_entered_only_through_our_dnat() -> None:
         '-m comment --comment "vpngw serviceCIDR only through DNAT" -j DROP'
     )
     assert all("--set-xmark" not in r for r in forward[: gate + 2]), "before every admission"
+
+
+@pytest.mark.parametrize("name", ["db", "DB.", "localhost"])
+def test_a_single_label_target_host_is_left_out_and_never_asked_about(name: str) -> None:
+    """In the pod a single label is resolved under the gateway namespace's search list (an operator-owned
+    namespace): ``db`` would be the operator's Service. targetHost must be fully qualified."""
+    single = dataclasses.replace(GHOST, target_host=name)
+    n = nat(exposures=(*nat().exposures, single), grants=(*nat().grants, G_GHOST))
+    assert rules.target_hosts(n) == ("api.fabric.example",), "DNS is not asked about it"
+    p = rules.validate(n, nic2_address=NIC2, resolved=RESOLVED)
+    (out,) = p.left_out
+    host = name.rstrip(".").lower()
+    assert (out.field, out.exposure, out.host, out.grants) == (
+        "nat.exposures[2].targetHost",
+        "ghost",
+        host,
+        (G_GHOST,),
+    )
+    assert out.reason.startswith(f"{host} is a single-label name: a targetHost must be fully qualified")
+    assert rules.fully_qualified("db.example") and not rules.fully_qualified("db")
