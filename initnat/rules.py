@@ -33,6 +33,10 @@ Model (one gateway pod, one network namespace)::
                                                         the tunnels need (IKE, ESP / the WireGuard port)
                          OUTPUT      VPNGW-OUTPUT       never the metadata service through NIC2
                          FORWARD     VPNGW-TARGETS      never forwarded to the metadata service
+    IPv6 (ip6tables):    INPUT, FORWARD, OUTPUT         nothing through NIC2, nothing in from or forwarded
+                                                        through a tunnel device (:func:`ipv6_rules`): the
+                                                        data plane is IPv4 only, NIC2 has a link-local
+                                                        address anyway
 
 What each rule stops, and the live test that shows it, is in docs/initnat.md ("Hostile neighbours and
 peers"). Exposures whose target DNS or the pod refuses, or that claim a virtual IP an earlier one has,
@@ -1012,6 +1016,41 @@ def guard_rules(guard: Guard) -> tuple[str, ...]:
     out.append(f"-A {INPUT_CHAIN} -i {nic} {_c('vpngw NIC2 is for the tunnels only')} -j DROP")
     out.append(f"-A {OUTPUT_CHAIN} -d {METADATA}/32 -o {nic} {_c(_NOT_METADATA)} -j DROP")
     return tuple(out)
+
+
+IPV6_NIC2 = "vpngw no IPv6 on NIC2"
+IPV6_TUNNEL = "vpngw no IPv6 in the tunnels"
+
+
+def ipv6_rules(guard: Guard) -> Ruleset:
+    """The ip6tables filter ruleset (applied like the IPv4 one: our chains, each jump first in its
+    built-in chain, one ``ip6tables-restore --noflush`` transaction). The data plane is IPv4 only (the
+    plan's addresses, the tunnels' selectors, every rule above), but NIC2 gets an IPv6 link-local address
+    whatever the plan says, and the kernel acts on what arrives there: a neighbour on the transit link
+    reaches whatever listens on the pod's IPv6 wildcard (charon's and wireguard-go's sockets do; the
+    probe and metrics ports would with ``[::]``), and a router advertisement from it gives the pod a
+    global address and a default route through the neighbour. So nothing IPv6 comes in, leaves or is
+    forwarded through NIC2, nor comes in or is forwarded through a tunnel device; eth0 (the cluster,
+    which may be dual-stack) is left alone. No sysctl is needed (``disable_ipv6`` is read-only in a
+    container that is not privileged). Under kernel XFRM decapsulated packets come in on NIC2: covered."""
+    nic = guard.nic
+    devices = ([LIBIPSEC_DEVICES] if guard.ipsec else []) + (
+        [] if guard.wireguard is None else [guard.wireguard[0]]
+    )
+    forward = [
+        f"-A {FILTER_CHAIN} -i {nic} {_c(IPV6_NIC2)} -j DROP",
+        f"-A {FILTER_CHAIN} -o {nic} {_c(IPV6_NIC2)} -j DROP",
+    ]
+    for dev in devices:
+        forward += [
+            f"-A {FILTER_CHAIN} -i {dev} {_c(IPV6_TUNNEL)} -j DROP",
+            f"-A {FILTER_CHAIN} -o {dev} {_c(IPV6_TUNNEL)} -j DROP",
+        ]
+    inp = [f"-A {INPUT_CHAIN} -i {nic} {_c(IPV6_NIC2)} -j DROP"]
+    inp += [f"-A {INPUT_CHAIN} -i {dev} {_c(IPV6_TUNNEL)} -j DROP" for dev in devices]
+    out = [f"-A {OUTPUT_CHAIN} -o {nic} {_c(IPV6_NIC2)} -j DROP"]
+    table = TableRules("filter", (FILTER_CHAIN, INPUT_CHAIN, OUTPUT_CHAIN), (*forward, *inp, *out))
+    return Ruleset(tables=(table,), marks=frozenset(), mask=0)
 
 
 def reply_rules(reply: Reply) -> tuple[str, ...]:

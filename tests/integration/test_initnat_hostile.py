@@ -18,24 +18,32 @@ import dataclasses
 import json
 import os
 import secrets
+import socket
 from collections.abc import Iterator, Sequence
 from ipaddress import IPv4Address
 from pathlib import Path
 
 import pytest
+from pyroute2 import IPRoute
 
 from gwplan import (
     Exposure,
+    GatewayRef,
     Grant,
     Nat,
+    Nic,
     Plan,
     Port,
     ReverseExposure,
     SecretRef,
     WireGuard,
+    dumps,
 )
 from initnat import rules, tables
+from initnat.__main__ import EXIT_OK, Gateway, run_once
+from initnat.conntrack import FakeFlusher
 from initnat.iptables import Completed, Iptables, Runner, run_process
+from initnat.statusfile import StatusFile
 from lab import netns
 from lab.world import CLUSTER_GW, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
 from tests.integration.test_initnat_traffic import (
@@ -72,6 +80,35 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((src, 0))
 s.sendto(payload.encode(), (dst, port))
 """
 
+ECHO6_SERVER = """
+import socket, sys
+s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::", int(sys.argv[1]))); s.listen(8); print("listening", flush=True)
+while True:
+    c, peer = s.accept(); print("from", peer[0], flush=True); c.close()
+"""
+
+CONNECT6 = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.5).close()
+except OSError:
+    sys.exit(1)
+"""
+
+# A router advertisement (RFC 4861) with one prefix for SLAAC (2001:db8:1::/64, documentation space) and a
+# router lifetime: a host that accepts it gets a global address and a default route via the sender.
+ROGUE_RA = """
+import socket, struct, sys
+dev = sys.argv[1]
+s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+ra = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0)
+prefix = socket.inet_pton(socket.AF_INET6, "2001:db8:1::")
+pio = struct.pack("!BBBBIII", 3, 4, 64, 0xC0, 86400, 14400, 0) + prefix
+s.sendto(ra + pio, ("ff02::1", 0, 0, socket.if_nametoindex(dev)))
+"""
+
 DNS_PORT = 5353  # the exposure's UDP port in these tests
 SPOOFED_SERVICE_ADDR = "198.18.0.99"  # inside serviceCIDR, the tunnels' local traffic selector, no VIP
 NIC2_RULE = "vpngw from NIC2 only what we DNATed"
@@ -93,6 +130,9 @@ def scripts(tmp_path: Path) -> None:
         ("udp_send", UDP_SEND),
         ("echo", ECHO_SERVER),
         ("once", ONE_SHOT),
+        ("echo6", ECHO6_SERVER),
+        ("connect6", CONNECT6),
+        ("ra", ROGUE_RA),
     ):
         (tmp_path / f"{name}.py").write_text(body)
 
@@ -285,6 +325,76 @@ async def test_a_tunnel_peer_reaches_no_service_cidr_address_that_is_no_virtual_
     wait_for(lambda: drops(lab, CIDR_RULE) > before, 10, "our serviceCIDR drop to count it")
 
 
+def link_local(host: Host, dev: str) -> str:
+    """``dev``'s IPv6 link-local address, once duplicate address detection is done (a tentative address
+    can be neither a source nor a destination)."""
+
+    def tentative() -> bool:
+        return bool(host.run("ip", "-6", "-o", "addr", "show", "dev", dev, "tentative").stdout.strip())
+
+    wait_for(lambda: not tentative(), 10, f"{host.role} {dev}: duplicate address detection")
+    out = host.run("ip", "-6", "-o", "addr", "show", "dev", dev, "scope", "link").stdout.decode()
+    return out.split("inet6 ", 1)[1].split("/", 1)[0]
+
+
+async def test_a_transit_neighbour_reaches_nothing_of_the_pod_over_ipv6(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """Finding 4. NIC2 gets an IPv6 link-local address whatever the plan says, and our rules were IPv4
+    only: a listener on the pod's IPv6 wildcard (charon and wireguard-go bind one; the probe and metrics
+    ports would with ``--*-listen [::]:PORT``) answered a neighbour on the transit link, and a router
+    advertisement from the neighbour gave the pod a global address and a default route through it.
+    Now ip6tables drops IPv6 on NIC2 (INPUT, FORWARD, OUTPUT)."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    scripts(tmp_path)
+    procs.start(lab.gw, PY, str(tmp_path / "echo6.py"), "9100", name="echo6")
+    wait_for(lambda: "listening" in procs.output("echo6"), 10, "the pod's IPv6 listener")
+    gw_ll = link_local(lab.gw, "ens7")
+    link_local(lab.rtr, "r-gw")  # the neighbour's own, its source
+    connect = (PY, str(tmp_path / "connect6.py"), f"{gw_ll}%r-gw", "9100")
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, udp_plan(lab, s1))
+    out = initnat_once(lab, plan_file)
+
+    assert lab.rtr.run(*connect, check=False).returncode != 0, "the pod's IPv6 listener from the transit link"
+    assert "from " not in procs.output("echo6")
+    assert lab.gw.run(*connect[:2], "::1", "9100", check=False).returncode == 0, "the pod still reaches it"
+    lab.rtr.run(PY, str(tmp_path / "ra.py"), "r-gw")
+    lab.rtr.run(*connect, check=False)  # sent after the advertisement: once it is refused, the RA was seen
+    assert "2001:db8:1:" not in lab.gw.run("ip", "-6", "addr").stdout.decode(), "an address from the RA"
+    assert lab.gw.run("ip", "-6", "route", "show", "default").stdout.decode().strip() == "", "a default route"
+    assert "ipv6=guarded" in out, out
+    counted = [
+        line
+        for line in lab.gw.run("ip6tables-nft-save", "-c").stdout.decode().splitlines()
+        if line.startswith("[") and "-A VPNGW-INPUT -i ens7 " in line
+    ]
+    assert counted and not counted[0].startswith("[0:"), f"our IPv6 rule counted them: {counted}"
+    again = initnat_once(lab, plan_file)
+    assert "changed=False" in again and "ipv6=guarded ipv6_changed=False" in again, again
+    # The rule is what stops it: deleted by hand, the same advertisement gives the pod a default route
+    # through the neighbour, and the next apply puts the rule back.
+    delete = f'-D VPNGW-INPUT -i ens7 -m comment --comment "{rules.IPV6_NIC2}" -j DROP'
+    netns.run(
+        lab.gw.argv("ip6tables-nft-restore", "--noflush"), input=f"*filter\n{delete}\nCOMMIT\n".encode()
+    )
+    lab.rtr.run(PY, str(tmp_path / "ra.py"), "r-gw")
+    wait_for(
+        lambda: "via fe80:" in lab.gw.run("ip", "-6", "route", "show", "default").stdout.decode(),
+        10,
+        "the advertised default route, without our rule",
+    )
+    assert "ipv6_changed=True" in initnat_once(lab, plan_file)
+    assert lab.rtr.run(*connect, check=False).returncode != 0
+
+
+def test_the_lab_gives_nic2_an_ipv6_link_local_address(pod_lab: Lab) -> None:
+    """What finding 4 rests on, measured: a new namespace has IPv6 on, NIC2 gets a link-local address."""
+    assert socket.has_ipv6
+    assert link_local(pod_lab.gw, "ens7").startswith("fe80::")
+
+
 # --- the new rules as the kernel prints them (both variants): a restart finds them in sync --------------
 
 
@@ -314,14 +424,15 @@ GUARDS = [
 @pytest.mark.parametrize("variant", ["legacy", "nft"])
 @pytest.mark.parametrize("guard", GUARDS)
 def test_the_new_rules_read_back_as_rendered(bare_ns: str, variant: str, guard: rules.Guard) -> None:
-    """The gotos into VPNGW-EXPOSURES (``-m policy`` in nat PREROUTING, ``-g``) and the NIC2 and
-    serviceCIDR drops are printed by iptables-save exactly as rendered: a second apply writes nothing (no
-    probe, no revocation read from a misprint)."""
+    """The gotos into VPNGW-EXPOSURES (``-m policy`` in nat PREROUTING, ``-g``), the NIC2 and serviceCIDR
+    drops and the IPv6 ruleset are printed by iptables-save exactly as rendered: a second apply writes
+    nothing (no probe, no revocation read from a misprint)."""
     p = udp_plan_nat()
     tunnels = [("wireguard.interface", guard.wireguard[0])] if guard.wireguard else []
     policy = rules.validate(p, nic2_address=IPv4Address(GW_NIC2_ADDR), tunnel_interfaces=tunnels, guard=guard)
     for ipt, ruleset in (
         (Iptables(variant, _in(bare_ns)), rules.render(policy)),  # type: ignore[arg-type]
+        (Iptables(variant, _in(bare_ns), family="ipv6"), rules.ipv6_rules(guard)),  # type: ignore[arg-type]
     ):
         assert ipt.apply(ruleset).changed
         kernel = tables.kernel_rules(ipt.saved(), ruleset)
@@ -380,3 +491,84 @@ def test_a_duplicate_exposure_is_left_out_alone_and_a_revocation_in_the_same_pla
         "grants": [{"peer": "s1", "mark": "0x70000"}],
     }
     assert "exposure=dup field=nat.exposures[2].virtualIp" in res.stderr.decode()
+
+
+# --- IPv6 where ip6tables cannot help: reported, never a failure -----------------------------------------
+
+MAC = "fa:16:3e:aa:bb:06"
+
+
+@pytest.fixture
+def nic2(tmp_path: Path) -> Iterator[str]:
+    with netns.nic2_ns("hv6", MAC) as name:
+        yield name
+
+
+class NoIpv6(netns.NsSysctls):
+    """The namespace's sysctls as on a kernel booted with ipv6.disable=1: no net.ipv6 tree."""
+
+    def read(self, name: str) -> int:
+        if name.startswith("net.ipv6."):
+            raise FileNotFoundError(2, "No such file or directory")
+        return super().read(name)
+
+
+def gateway_in(ns: str, ipr: IPRoute, ip6: Runner, sysctls: netns.NsSysctls) -> Gateway:
+    return Gateway(
+        Iptables("nft", _in(ns)),
+        ipr,
+        FakeFlusher(),
+        ip6tables=Iptables("nft", ip6, family="ipv6"),
+        sysctls=sysctls,
+    )
+
+
+def v4_plan() -> Plan:
+    return Plan(
+        gateway=GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "t", "gw"),
+        type="ipsec",
+        nic=Nic(mac=MAC, gateway="192.0.2.1"),
+        nat=udp_plan_nat(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("absent", "state"),
+    [
+        pytest.param(True, "absent", id="kernel-without-ipv6"),
+        pytest.param(False, "unguarded", id="no-ip6tables"),
+    ],
+)
+def test_ipv6_that_cannot_be_guarded_is_reported_and_the_ipv4_rules_still_apply(
+    nic2: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, absent: bool, state: str
+) -> None:
+    """A kernel without IPv6 (ipv6.disable=1: no net.ipv6 sysctls) has nothing to guard and ip6tables is
+    not even run; a kernel with IPv6 where ip6tables cannot be run (not installed) is reported as
+    unguarded, once, with the reason, in the log and the status file. The IPv4 ruleset applies (exit 0)."""
+    calls: list[str] = []
+
+    def ip6(argv: Sequence[str], input: str | None = None) -> Completed:
+        calls.append(argv[0])
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
+
+    sysctls = NoIpv6(nic2) if absent else netns.NsSysctls(nic2)
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_bytes(dumps(v4_plan()))
+    status = StatusFile(tmp_path / "status.json")
+    with IPRoute(netns=nic2, flags=0) as ipr, caplog.at_level("INFO", logger="initnat"):
+        gw = gateway_in(nic2, ipr, ip6, sysctls)
+        assert run_once(gw, plan_file, status) == EXIT_OK
+        assert run_once(gw, plan_file, status) == EXIT_OK
+    assert "VPNGW-EXPOSURES" in run_process(netns.ns_exec(nic2, "iptables-nft-save")).stdout
+    doc = json.loads(status.path.read_text())
+    assert doc["ipv6"]["state"] == state and doc["lastError"] is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("initnat.ipv6_" in m for m in lines) == 1, "said once, not at every apply"
+    assert f"ipv6={state}" in next(m for m in lines if "initnat.applied" in m)
+    if absent:
+        assert calls == [] and "net.ipv6.conf.all.disable_ipv6" in doc["ipv6"]["reason"]
+    else:
+        assert calls and "ip6tables-nft-save" in doc["ipv6"]["reason"]
+        assert any(
+            r.levelname == "WARNING" and "initnat.ipv6_unguarded" in r.getMessage() for r in caplog.records
+        )

@@ -81,3 +81,13 @@ def test_a_reverse_exposure_left_out_says_so() -> None:
     )
     (entry,) = report.document(plan_hash="sha256:ab", left_out=[dup])["leftOut"]
     assert entry["kind"] == "reverse" and entry["field"] == "nat.reverseExposures[0].virtualIp"
+
+
+def test_what_init_nat_could_do_about_ipv6() -> None:
+    assert "ipv6" not in report.document(plan_hash=None), "not tried: not said"
+    assert report.document(plan_hash=None, ipv6=report.Ipv6("guarded"))["ipv6"] == {"state": "guarded"}
+    unguarded = report.Ipv6("unguarded", "ip6tables-nft-save: No such file or directory")
+    assert report.document(plan_hash=None, ipv6=unguarded)["ipv6"] == {
+        "state": "unguarded",
+        "reason": "ip6tables-nft-save: No such file or directory",
+    }

@@ -965,3 +965,27 @@ def test_a_single_label_target_host_is_left_out_and_never_asked_about(name: str)
     )
     assert out.reason.startswith(f"{host} is a single-label name: a targetHost must be fully qualified")
     assert rules.fully_qualified("db.example") and not rules.fully_qualified("db")
+
+
+def test_ipv6_on_nic2_and_the_tunnels_is_dropped() -> None:
+    """The data plane is IPv4 only, but NIC2 has an IPv6 link-local address: a neighbour reached the
+    pod's IPv6 listeners and gave it a default route by router advertisement (test_initnat_hostile.py)."""
+    (t,) = rules.ipv6_rules(rules.Guard("ens7", ipsec=True)).tables
+    assert (t.table, t.chains) == ("filter", ("VPNGW-FORWARD", "VPNGW-INPUT", "VPNGW-OUTPUT"))
+    assert [
+        r.replace(' -m comment --comment "vpngw no IPv6 on NIC2"', "").replace(
+            ' -m comment --comment "vpngw no IPv6 in the tunnels"', ""
+        )
+        for r in t.rules
+    ] == [
+        "-A VPNGW-FORWARD -i ens7 -j DROP",
+        "-A VPNGW-FORWARD -o ens7 -j DROP",
+        "-A VPNGW-FORWARD -i ipsec+ -j DROP",
+        "-A VPNGW-FORWARD -o ipsec+ -j DROP",
+        "-A VPNGW-INPUT -i ens7 -j DROP",
+        "-A VPNGW-INPUT -i ipsec+ -j DROP",
+        "-A VPNGW-OUTPUT -o ens7 -j DROP",
+    ]
+    (w,) = rules.ipv6_rules(rules.Guard("ens7", wireguard=("wg0", 51820))).tables
+    assert '-A VPNGW-INPUT -i wg0 -m comment --comment "vpngw no IPv6 in the tunnels" -j DROP' in w.rules
+    assert not any("eth0" in r or "ACCEPT" in r for r in t.rules + w.rules), "the cluster side is left alone"
