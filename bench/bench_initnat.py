@@ -2,19 +2,22 @@
 
 1. Applying 1,000 exposures x 2 grants: the ``iptables-restore --noflush`` transaction itself, the whole
    apply (save + --test + restore + read-back save) and a no-op re-apply, for the legacy and the nft
-   variant; for the current ruleset (with the pod guard VPNGW-INPUT / VPNGW-OUTPUT and the metadata rule,
-   and the reply chain VPNGW-MANGLE), the one before the pod guard, the one before the reply chain, the
-   one before VPNGW-TARGETS (no drop of connections to a target's real address), and the rejected
-   alternative of admitting established flows per grant and source.
+   variant; for the current ruleset (exposures DNATed only from the tunnels, VPNGW-EXPOSURES; NEW
+   connections from NIC2 and into serviceCIDR forwarded only when DNATed; the pod guard VPNGW-INPUT /
+   VPNGW-OUTPUT and the metadata rule; the reply chain VPNGW-MANGLE), the one before the hostile-
+   neighbour rules, the one before the pod guard, the one before the reply chain, the one before
+   VPNGW-TARGETS (no drop of connections to a target's real address), and the rejected alternative of
+   admitting established flows per grant and source; and the IPv6 ruleset (rules.ipv6_rules) on its own.
 2. Revoking one grant of that ruleset: withdrawing its admission alone (before) against withdrawing it
    with a tombstone, flushing its conntrack mark and lifting the tombstone (now).
 3. Deleting one grant's 5,000 of 10,000 conntrack entries: init-nat's ctnetlink flush by mark side by
    side with ``conntrack -D -m MARK/MASK`` in the same run (fresh entries before each measurement).
 4. The per-packet price of per-grant established rules: UDP forwarding rate through a namespace whose
    chain holds the current design (one shared established rule) or 2,000 per-grant rules, with the
-   flow's mark matched by the last (worst case) or the middle one; and of the reply chain: the same flow
+   flow's mark matched by the last (worst case) or the middle one; of the reply chain: the same flow
    with VPNGW-MANGLE in front, once in its own direction (two rules that do not match) and once as the
-   replies of a connection that came in on NIC2 (the bit restored, routed by the two fwmark rules).
+   replies of a connection that came in on NIC2 (the bit restored, routed by the two fwmark rules); and
+   of the NIC2 ingress rule, the flow coming in on NIC2 (the interface matches, the state test does not).
 
 Usage: ``.venv/bin/python bench/bench_initnat.py [--rounds N] [--only PART]`` (prints tables;
 docs/initnat.md).
@@ -109,6 +112,41 @@ def without_targets(ruleset: rules.Ruleset) -> rules.Ruleset:
     return _replaced(ruleset, rules.TableRules("filter", flt.chains, kept))
 
 
+def before_hostile(ruleset: rules.Ruleset) -> rules.Ruleset:
+    """The ruleset as init-nat rendered it before the hostile-neighbour rules: exposures DNATed in
+    VPNGW-PREROUTING from any interface, no NIC2 ingress drop, no serviceCIDR drop."""
+    new = (rules.NIC2_INGRESS, rules.SERVICE_CIDR_DNAT_ONLY, rules.TUNNEL_TO_EXPOSURES)
+    tabs = []
+    for t in ruleset.tables:
+        kept = tuple(
+            r.replace(f"-A {rules.EXPOSURE_CHAIN} ", f"-A {rules.DNAT_CHAIN} ")
+            for r in t.rules
+            if not any(c in r for c in new)
+        )
+        tabs.append(rules.TableRules(t.table, tuple(c for c in t.chains if c != rules.EXPOSURE_CHAIN), kept))
+    return rules.Ruleset(tuple(tabs), ruleset.marks, ruleset.mask)
+
+
+def bench_ipv6(rounds: int) -> None:
+    """The IPv6 ruleset (ip6tables-restore; 7 rules for IPsec): whole apply from empty tables and the
+    no-op re-apply that every apply and resync adds."""
+    ruleset = rules.ipv6_rules(GUARD)
+    for variant in ("legacy", "nft"):
+        whole, noop = [], []
+        for _ in range(rounds):
+            _reset(variant, family="ip6")
+            ipt = Iptables(variant, family="ipv6")
+            t = time.perf_counter()
+            assert ipt.apply(ruleset).changed
+            whole.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            assert not ipt.apply(ruleset).changed
+            noop.append(time.perf_counter() - t)
+        _reset(variant, family="ip6")
+        print(f"  {variant:6s} IPv6 ruleset ({ruleset.rule_count} rules) whole apply {_stats(whole)}")
+        print(f"  {variant:6s} IPv6 ruleset no-op re-apply          {_stats(noop)}")
+
+
 def bench_restore(rounds: int) -> None:
     t0 = time.perf_counter()
     policy = rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"), reply=REPLY, guard=GUARD)
@@ -131,11 +169,12 @@ def bench_restore(rounds: int) -> None:
     print(f"  revocation check, kernel's rules    {_stats(kernel)}")
     unguarded = rules.render(rules.validate(big_nat(), nic2_address=IPv4Address("192.0.2.2"), reply=REPLY))
     variants = [
-        ("current (with the pod guard)", ruleset),
-        ("before the pod guard (with the reply chain)", unguarded),
-        ("before the reply chain", without_reply(unguarded)),
-        ("before VPNGW-TARGETS", without_targets(without_reply(unguarded))),
-        ("per-grant established", per_grant_established(without_reply(unguarded))),
+        ("current (hostile-neighbour rules, pod guard, reply chain)", ruleset),
+        ("before the hostile-neighbour rules", before_hostile(ruleset)),
+        ("before the pod guard (with the reply chain)", before_hostile(unguarded)),
+        ("before the reply chain", without_reply(before_hostile(unguarded))),
+        ("before VPNGW-TARGETS", without_targets(without_reply(before_hostile(unguarded)))),
+        ("per-grant established", per_grant_established(without_reply(before_hostile(unguarded)))),
     ]
     times: dict[tuple[str, str], tuple[list[float], list[float], list[float]]] = {
         (label, v): ([], [], []) for label, _ in variants for v in ("legacy", "nft")
@@ -162,6 +201,7 @@ def bench_restore(rounds: int) -> None:
             print(f"  {variant:6s} restore transaction  {_stats(restore)}")
             print(f"  {variant:6s} whole apply         {_stats(whole)}   (save, --test, restore, read back)")
             print(f"  {variant:6s} no-op re-apply      {_stats(noop)}   (save + compare)")
+    bench_ipv6(rounds)
 
 
 def bench_revocation(rounds: int) -> None:
@@ -209,10 +249,10 @@ def bench_revocation(rounds: int) -> None:
     flusher.close()
 
 
-def _reset(variant: str) -> None:
-    for table in ("filter", "nat", "mangle"):
-        subprocess.run([f"iptables-{variant}", "-t", table, "-F"], check=True)
-        subprocess.run([f"iptables-{variant}", "-t", table, "-X"], check=True)
+def _reset(variant: str, family: str = "ip") -> None:
+    for table in ("filter", "nat", "mangle") if family == "ip" else ("filter",):
+        subprocess.run([f"{family}tables-{variant}", "-t", table, "-F"], check=True)
+        subprocess.run([f"{family}tables-{variant}", "-t", table, "-X"], check=True)
 
 
 def populate(n: int = 10_000, marks: tuple[int, int] = (0x10000, 0x20000)) -> None:
@@ -291,15 +331,21 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
-def _packets_chain(grants: int, position: int | None) -> str:
+def _packets_chain(grants: int, position: int | None, nic2: bool = False) -> str:
     """FORWARD -> VPNGW-FORWARD: what an established packet of a granted flow walks. ``position`` None
     is the current design (one shared rule); else ``grants`` per-grant rules, the flow's mark in the
-    ``position``-th."""
+    ``position``-th. ``nic2``: with the NIC2 ingress rule first, NIC2 being r0 (the flow's way in)."""
     lines = [
         "*filter",
         ":VPNGW-FORWARD - [0:0]",
         ":VPNGW-TARGETS - [0:0]",
         "-A FORWARD -j VPNGW-FORWARD",
+    ]
+    if nic2:
+        lines.append(
+            "-A VPNGW-FORWARD -i r0 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j DROP"
+        )
+    lines += [
         "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT -j VPNGW-TARGETS",
     ]
     if position is None:
@@ -362,13 +408,13 @@ def _packet_rate(
     """One measurement: the router's chains for the case, a fresh conntrack entry, the sender for
     ``seconds``; kpps delivered."""
     s, r, d = hosts
-    _reply_routing(r, bool(reply))  # the fwmark rules exist for every packet's route lookup
+    _reply_routing(r, reply in ("own", "replies"))  # the fwmark rules exist for every packet's route lookup
     try:
         for table in ("filter", "mangle"):
             for op in ("-F", "-X"):
                 _in(r, f"iptables-{variant}", "-t", table, op, check=False)
-        _in(r, f"iptables-{variant}-restore", input=_packets_chain(grants, position))
-        if reply:
+        _in(r, f"iptables-{variant}-restore", input=_packets_chain(grants, position, reply == "nic2"))
+        if reply in ("own", "replies"):
             _in(r, f"iptables-{variant}-restore", input=_reply_chain())
         bit = rules.DEFAULT_REPLY_MARK if reply == "replies" else 0
         _established_flow(r, ((position or 1) << 16) | bit, replies=reply == "replies")
@@ -400,7 +446,8 @@ def bench_packets(rounds: int, seconds: float = 1.5, grants: int = 2000) -> None
         (d, "d0", "10.2.0.2/24"),
     )
     cases: list[tuple[str, int | None, str]] = [
-        ("current: one shared established rule", None, ""),
+        ("one shared established rule", None, ""),
+        ("+ NIC2 ingress rule, the flow coming in on NIC2", None, "nic2"),
         ("+ reply chain and rules, the flow's own direction", None, "own"),
         ("+ reply chain and rules, replies of a NIC2 flow", None, "replies"),
         (f"per-grant: {grants} rules, flow's mark in the middle", grants // 2, ""),

@@ -3,8 +3,9 @@
 Wires the pieces together, nothing else: read the plan -> resolve the exposures' target hosts with a
 deadline (dns.py) -> validate NIC and NAT sections (rules.py, pure) -> find NIC2 by MAC and ensure its
 policy routing (routing.py) -> apply our chains in one ``iptables-restore`` transaction that also drops
-the revoked marks' packets (iptables.py) -> delete the conntrack entries of revoked grants
-(conntrack.py) -> lift those drops again, strictly in that order. Everything is validated before
+the revoked marks' packets (iptables.py) -> the IPv6 ruleset (``ip6tables-restore``, rules.ipv6_rules:
+where it cannot be applied that is reported, never a failure) -> delete the conntrack entries of revoked
+grants (conntrack.py) -> lift those drops again, strictly in that order. Everything is validated before
 anything is changed. An exposure whose target DNS or the pod refuses is left out with its grants
 (rules.LeftOut), the rest is applied; what is in force and what was left out is written to the status
 file (report.py, statusfile.py) for the status-agent.
@@ -23,6 +24,7 @@ import hashlib
 import logging
 import math
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -49,6 +51,8 @@ BAD_INPUT = (PlanError, NatConfigError, NicError)
 FAILED = (IptablesError, RoutingError, ConntrackError, SysctlError, OSError)
 
 Resolver = dns.Lookup
+IPV6_PRESENT = "net.ipv6.conf.all.disable_ipv6"
+"""Read (never written) to tell a kernel without IPv6 in this namespace: the file is then missing."""
 STATUS_FILE = "initnat-status.json"
 """The status file's name next to the plan, when --status-file is not given (report.py)."""
 
@@ -107,6 +111,10 @@ class Gateway:
     addresses: dict[str, IPv4Address] = field(default_factory=dict)
     """targetHost -> the address in force, kept when DNS cannot answer for a moment (rules.keep_last)."""
     in_force: InForce | None = None
+    ip6tables: Iptables | None = None
+    """ip6tables (family ipv6) for rules.ipv6_rules; None: IPv6 is left alone (main always gives one)."""
+    ipv6: report.Ipv6 | None = None
+    """What the last apply could do about IPv6 (None: not tried)."""
     reported: frozenset[tuple[str, str]] = frozenset()
     """(field, reason) of the exposures left out that were logged already (logged once, not per resync)."""
 
@@ -174,6 +182,7 @@ class Gateway:
         self.addresses = rules.remember(answers, policy)
         self.in_force = InForce(plan_hash(plan), policy.left_out, kept)
         self._report_left_out(policy.left_out, kept)
+        ipv6_changed = self._guard_ipv6(policy.guard)  # never raises: reported, not failed
         # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
         flushed = flush_marks(self.flusher, gone)
         self.pending_flush = set()
@@ -182,7 +191,7 @@ class Gateway:
             seconds, changed, count = seconds + self._lift(policy, gone), True, count - len(gone)
         log.info(
             "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
-            "revoked_marks=%s left_out=%s restore_s=%.3f total_s=%.3f",
+            "revoked_marks=%s left_out=%s restore_s=%.3f total_s=%.3f ipv6=%s ipv6_changed=%s",
             nic.name,
             mac,
             nic.address,
@@ -193,7 +202,39 @@ class Gateway:
             ",".join(x.exposure for x in policy.left_out) or "-",
             seconds,
             time.monotonic() - started,
+            "-" if self.ipv6 is None else self.ipv6.state,
+            ipv6_changed,
         )
+
+    def _guard_ipv6(self, guard: rules.Guard | None) -> bool:
+        """Apply rules.ipv6_rules; sets :attr:`ipv6` and returns whether the kernel changed. A kernel
+        without IPv6 here has nothing to guard; ip6tables that cannot be used (not installed, no
+        ip6_tables support) is reported (a warning once per distinct reason, the status file), never a
+        failure of the apply: the IPv4 data plane, revocations included, is in force either way."""
+        if self.ip6tables is None or guard is None:
+            return False
+        before = self.ipv6
+        try:
+            self.sysctls.read(IPV6_PRESENT)
+        except OSError as exc:
+            self.ipv6 = report.Ipv6("absent", f"{IPV6_PRESENT}: {exc.strerror or exc}")
+            if before != self.ipv6:
+                log.info("initnat.ipv6_absent reason=%r", self.ipv6.reason)
+            return False
+        try:
+            changed = self.ip6tables.apply(rules.ipv6_rules(guard)).changed
+        except (IptablesError, OSError, subprocess.SubprocessError) as exc:
+            self.ipv6 = report.Ipv6("unguarded", _describe(exc))
+            if before != self.ipv6:
+                log.warning(
+                    "initnat.ipv6_unguarded error=%r hint=%r",
+                    self.ipv6.reason,
+                    "NIC2 and the tunnels take IPv6 unfiltered: install ip6tables (the image's iptables "
+                    "package has it) or boot the node with ipv6.disable=1",
+                )
+            return False
+        self.ipv6 = report.Ipv6("guarded")
+        return changed
 
     def _report_left_out(self, left_out: Sequence[rules.LeftOut], kept: Sequence[rules.Kept]) -> None:
         """One line per exposure left out (and per name kept at its last address) when it is new, not at
@@ -220,8 +261,10 @@ class Gateway:
         """The status file's document (report.py): what is in force, and the last failure if any."""
         f = self.in_force
         if f is None:
-            return report.document(plan_hash=None, last_error=last_error)
-        return report.document(plan_hash=f.plan_hash, left_out=f.left_out, kept=f.kept, last_error=last_error)
+            return report.document(plan_hash=None, last_error=last_error, ipv6=self.ipv6)
+        return report.document(
+            plan_hash=f.plan_hash, left_out=f.left_out, kept=f.kept, last_error=last_error, ipv6=self.ipv6
+        )
 
     def _lift(self, policy: Policy, gone: set[rules.Flush]) -> float:
         """Delete the tombstones just written; if that fails (someone changed our chain meanwhile), the
@@ -359,6 +402,9 @@ iptables.save_failed). It sets net.ipv4.ip_forward=1 and, if strict, NIC2's rp_f
 its namespace: that needs a writable /proc/sys (a privileged container), unless the pod's
 securityContext.sysctls already set them (net.ipv4.ip_forward=1,
 net.ipv4.conf.all.rp_filter=2; unsafe sysctls: kubelet --allowed-unsafe-sysctls).
+IPv6: ip6tables (the same variant) drops IPv6 through NIC2 and the tunnels, no sysctl
+needed; a kernel without IPv6, or ip6tables missing, is reported (status file "ipv6"),
+never a failure.
 
 examples:
   python -m initnat --plan /etc/vpngw/plan.json                 # init container: apply once
@@ -457,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open_netlink() as ipr:
         gw = Gateway(
             iptables=Iptables(variant),
+            ip6tables=Iptables(variant, family="ipv6"),
             netlink=ipr,
             flusher=flusher,
             nic_mac=nic_mac,

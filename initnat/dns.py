@@ -10,6 +10,14 @@ the init container.
 
 ``getaddrinfo`` cannot be cancelled; a thread left behind ends when the C library gives up (glibc:
 ``timeout`` x ``attempts`` of resolv.conf, 10 s by default).
+
+Every name is looked up as an ABSOLUTE name (``api.example.com.``, with the trailing dot): never under
+the resolv.conf search list. The pod's search list is the gateway namespace's (an operator-owned
+namespace, not the tenant's) with Kubernetes' ``ndots:5``, so ``db`` would be a Service of the
+operator's namespace and ``api.fabric.example`` would first be tried as ``api.fabric.example.<ns>.svc...``,
+``...svc.cluster.local`` (a pod ``api`` under a headless Service ``fabric`` in a namespace ``example``
+answers that one: whoever owns that namespace would pick the target). Single-label names are never
+asked about (rules.fully_qualified).
 """
 
 from __future__ import annotations
@@ -38,9 +46,15 @@ _DEFINITE = frozenset(
 )
 
 
+def absolute(host: str) -> str:
+    """``host`` as an absolute name: glibc never applies the search list to a name ending in a dot."""
+    return host if host.endswith(".") else f"{host}."
+
+
 def lookup(host: str) -> IPv4Address:
-    """The lowest IPv4 address of ``host`` (deterministic when a name has several)."""
-    infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
+    """The lowest IPv4 address of ``host``, resolved as an absolute name (deterministic when a name has
+    several)."""
+    infos = socket.getaddrinfo(absolute(host), None, family=socket.AF_INET, type=socket.SOCK_STREAM)
     addresses = [IPv4Address(i[4][0]) for i in infos]
     if not addresses:
         raise LookupError(f"{host} has no IPv4 address")

@@ -18,7 +18,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from initnat import tables
 from initnat.rules import Flush, Ruleset, Table
@@ -120,10 +120,15 @@ _NOT_READ = (IptablesError, OSError, subprocess.SubprocessError)
 print is then not known, nothing else."""
 
 
+Family = Literal["ipv4", "ipv6"]
+
+
 @dataclass
 class Iptables:
     variant: Variant
     run: Runner = run_process
+    family: Family = "ipv4"
+    """``ipv6``: the same machinery on ``ip6tables-<variant>-save/-restore`` (rules.ipv6_rules)."""
     printed: tables.Printed | None = None
     """How the kernel prints rules of ours otherwise than we render them, learned by :meth:`learn_print`
     (tables.Printed): those lines of the kernel's are read as ours (in sync, nothing revoked)."""
@@ -135,17 +140,22 @@ class Iptables:
     reported: set[str] = field(default_factory=set)
     """Digests of the print mismatches already logged (one error line per distinct mismatch)."""
 
+    @property
+    def command(self) -> str:
+        """``iptables-legacy``, ``ip6tables-nft``, ...: the binaries are ``<command>-save``, ``-restore``."""
+        return f"{'ip6tables' if self.family == 'ipv6' else 'iptables'}-{self.variant}"
+
     def _save(self) -> str:
-        res = self.run([f"iptables-{self.variant}-save"])
+        res = self.run([f"{self.command}-save"])
         if res.returncode != 0:
-            raise IptablesError(f"iptables-{self.variant}-save failed: {_err(res)}", rolled_back=False)
+            raise IptablesError(f"{self.command}-save failed: {_err(res)}", rolled_back=False)
         return res.stdout
 
     def saved(self) -> dict[str, tables.SavedTable]:
         return tables.parse_save(self._save())
 
     def _restore(self, payload: str, *, test: bool = False) -> Completed:
-        argv = [f"iptables-{self.variant}-restore", "--noflush", "--wait"]
+        argv = [f"{self.command}-restore", "--noflush", "--wait"]
         if test:
             argv.append("--test")
         return self.run(argv, payload)

@@ -15,6 +15,8 @@ live directory the status-agent writes the plan to and reads from), and the agen
       "keptTargets": [                   names DNS could not answer this time that keep their address
         {"host": "api.example", "address": "192.0.2.70", "reason": "no answer within 2 s"}
       ],
+      "ipv6": {"state": "guarded"},      IPv6 on NIC2 and the tunnels (rules.ipv6_rules): guarded, absent
+                                         (the kernel has none here), or unguarded with its "reason"
       "lastError": null,                 the last apply's failure (rejected plan, kernel step), else null
       "updatedAt": "2026-01-01T00:00:00Z"  when the content last changed (the writer adds it)
     }
@@ -26,11 +28,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from initnat.rules import Kept, LeftOut
 
 VERSION = "initnat-status/v1"
+
+
+@dataclass(frozen=True)
+class Ipv6:
+    """What init-nat could do about IPv6 (rules.ipv6_rules) at the last apply."""
+
+    state: Literal["guarded", "absent", "unguarded"]
+    """guarded: ip6tables holds the rules; absent: the kernel has no IPv6 in this namespace (booted with
+    ipv6.disable=1, or built without it), nothing to guard; unguarded: IPv6 is there and ip6tables could
+    not be used (``reason``): a neighbour on NIC2 can reach the pod over IPv6."""
+    reason: str | None = None
 
 
 def left_out_entry(x: LeftOut) -> dict[str, Any]:
@@ -43,6 +57,8 @@ def left_out_entry(x: LeftOut) -> dict[str, Any]:
     }
     if x.host is not None:
         entry["host"] = x.host
+    if x.kind != "exposure":
+        entry["kind"] = x.kind
     return entry
 
 
@@ -52,8 +68,9 @@ def document(
     left_out: Iterable[LeftOut] = (),
     kept: Iterable[Kept] = (),
     last_error: str | None = None,
+    ipv6: Ipv6 | None = None,
 ) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "version": VERSION,
         "planHash": plan_hash,
         "leftOut": [left_out_entry(x) for x in sorted(left_out, key=lambda x: (x.field, x.exposure))],
@@ -62,6 +79,9 @@ def document(
         ],
         "lastError": last_error,
     }
+    if ipv6 is not None:
+        doc["ipv6"] = {"state": ipv6.state, **({"reason": ipv6.reason} if ipv6.reason else {})}
+    return doc
 
 
 def render(doc: Mapping[str, Any]) -> bytes:

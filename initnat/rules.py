@@ -2,10 +2,20 @@
 
 Model (one gateway pod, one network namespace)::
 
-    peer --tunnel--> gw: PREROUTING  VPNGW-PREROUTING   DNAT  <virtual ip>:<port> -> <target>:<port>
-                         FORWARD     VPNGW-FORWARD      NEW connections that were not DNATed go through
+    peer --tunnel--> gw: PREROUTING  VPNGW-PREROUTING   from a tunnel (an inbound IPsec policy, ipsec+, the
+                                                        WireGuard device): goto VPNGW-EXPOSURES, DNAT
+                                                        <virtual ip>:<port> -> <target>:<port>; whatever
+                                                        did not come through a tunnel: only the reverse
+                                                        exposures' DNAT (a neighbour on NIC2 is never
+                                                        DNATed to an exposure target)
+                         FORWARD     VPNGW-FORWARD      NEW connections that were not DNATed: from the
+                                                        WireGuard device or NIC2 dropped (a neighbour
+                                                        using the pod as a router: into a tunnel, the
+                                                        cluster, anywhere); the rest go through
                                      VPNGW-TARGETS      which drops those to an exposure target's REAL
                                                         address (only its virtual IP is a way in);
+                                                        into serviceCIDR only DNATed (an address there
+                                                        that is no virtual IP is nothing of ours);
                                                         authz: a grant's sources may open NEW connections
                                                         to its exposure; they get the grant's conntrack
                                                         mark; marked established flows pass (one rule);
@@ -23,6 +33,14 @@ Model (one gateway pod, one network namespace)::
                                                         the tunnels need (IKE, ESP / the WireGuard port)
                          OUTPUT      VPNGW-OUTPUT       never the metadata service through NIC2
                          FORWARD     VPNGW-TARGETS      never forwarded to the metadata service
+    IPv6 (ip6tables):    INPUT, FORWARD, OUTPUT         nothing through NIC2, nothing in from or forwarded
+                                                        through a tunnel device (:func:`ipv6_rules`): the
+                                                        data plane is IPv4 only, NIC2 has a link-local
+                                                        address anyway
+
+What each rule stops, and the live test that shows it, is in docs/initnat.md ("Hostile neighbours and
+peers"). Exposures whose target DNS or the pod refuses, or that claim a virtual IP an earlier one has,
+are left out alone (:class:`LeftOut`); targetHost names are resolved as absolute names (dns.py).
 
 Authorisation matches the ORIGINAL (pre-DNAT) destination through ``-m conntrack --ctorigdst``, so the
 filter decides on what the client asked for, not on where DNAT sent it. Rules are rendered in the exact
@@ -55,6 +73,7 @@ from gwplan import DEVICE_NAME_RULE, Exposure, Grant, Nat, Nic, ReverseExposure,
 FILTER_CHAIN = "VPNGW-FORWARD"
 TARGET_CHAIN = "VPNGW-TARGETS"
 DNAT_CHAIN = "VPNGW-PREROUTING"
+EXPOSURE_CHAIN = "VPNGW-EXPOSURES"
 SNAT_CHAIN = "VPNGW-POSTROUTING"
 MANGLE_CHAIN = "VPNGW-MANGLE"
 INPUT_CHAIN = "VPNGW-INPUT"
@@ -349,10 +368,12 @@ class Reply:
 @dataclass(frozen=True, order=True)
 class LeftOut:
     """An exposure that is not in the rules, with its grants, because its target depends on something
-    outside the plan that refused it: DNS (``targetHost`` unresolvable, or resolved to an address a
-    literal ``targetAddress`` could not be either) or the pod (the target is one of its own addresses).
-    Everything else of the plan is applied; the exposure's virtual IP is dropped like a virtual IP no
-    grant admits, and its grants' flows are revoked like any withdrawn grant's."""
+    outside the plan that refused it: DNS (``targetHost`` unresolvable, a single-label name, or resolved
+    to an address a literal ``targetAddress`` could not be either, or outside ``nat.allowedTargets``) or
+    the pod (the target is one of its own addresses); or because it claims a virtual IP an earlier
+    (reverse) exposure of the plan already has (the first in plan order keeps it). Everything else of the
+    plan is applied; the exposure's virtual IP is dropped like a virtual IP no grant admits, and its
+    grants' flows are revoked like any withdrawn grant's."""
 
     field: str
     """The plan field that was refused, e.g. ``nat.exposures[2].targetHost``."""
@@ -361,8 +382,11 @@ class LeftOut:
     reason: str
     host: str | None = None
     grants: tuple[Grant, ...] = ()
+    kind: Literal["exposure", "reverse"] = "exposure"
+    """``reverse``: a reverse exposure (left out only for a virtual IP another one already has)."""
 
 
+_IPSEC_POLICY_IN = "-m policy --dir in --pol ipsec"
 IKE_PORTS = (500, 4500)
 """IKE, and NAT-T (IKE and ESP-in-UDP: charon's kernel-libipsec always encapsulates) on 4500."""
 LIBIPSEC_DEVICES = "ipsec+"
@@ -414,14 +438,50 @@ class Policy:
         """Fabric-side targets: reached through NIC2 whatever the pod's default route (routing.py)."""
         return frozenset(s.target for s in self.services if s.kind == "exposure")
 
+    @property
+    def nic(self) -> str | None:
+        """NIC2's name when the caller gave the pod guard (what NIC2 and the tunnels may reach)."""
+        return None if self.guard is None else self.guard.nic
+
+    @property
+    def from_tunnels(self) -> tuple[str, ...]:
+        """The matches of traffic that came through a tunnel (:func:`tunnel_matches`), empty when the
+        caller knew no tunnel: then exposures are DNATed from nowhere (fail closed)."""
+        return tunnel_matches(self.guard, self.tunnel_interfaces)
+
+
+def tunnel_matches(guard: Guard | None, devices: Iterable[str] = ()) -> tuple[str, ...]:
+    """iptables matches, one per way a tunnel's decapsulated packets come in: for IPsec an inbound IPsec
+    policy (kernel XFRM: they come in on NIC2) and the ``ipsec+`` TUN devices (kernel-libipsec); for
+    WireGuard its device (``guard.wireguard``, and ``devices``: Policy.tunnel_interfaces)."""
+    out: dict[str, None] = {}
+    if guard is not None and guard.ipsec:
+        out[_IPSEC_POLICY_IN] = None
+        out[f"-i {LIBIPSEC_DEVICES}"] = None
+    if guard is not None and guard.wireguard is not None:
+        out[f"-i {guard.wireguard[0]}"] = None
+    for dev in devices:
+        out[f"-i {dev}"] = None
+    return tuple(out)
+
+
+def fully_qualified(host: str) -> bool:
+    """``host`` (normalised by :func:`hostname`) has more than one label. A single label (``db``) only
+    means something under a search domain, and the pod's are the gateway namespace's: DNS is never asked
+    about one (:func:`validate` leaves its exposure out)."""
+    return "." in host
+
 
 def target_hosts(nat: Nat) -> tuple[str, ...]:
     """The exposures' ``targetHost`` names (normalised, once each) that need DNS; a name that is no
-    hostname is refused here, before anything asks DNS about it."""
+    hostname is refused here, before anything asks DNS about it, and a single-label one is not asked
+    about (:func:`fully_qualified`). dns.lookup resolves each as an absolute name."""
     out: dict[str, None] = {}
     for i, e in enumerate(nat.exposures):
         if e.target_address is None and e.target_host is not None:
-            out[hostname(e.target_host, f"nat.exposures[{i}].targetHost")] = None
+            host = hostname(e.target_host, f"nat.exposures[{i}].targetHost")
+            if fully_qualified(host):
+                out[host] = None
     return tuple(out)
 
 
@@ -494,10 +554,10 @@ def validate(
     )
     services: list[Service] = []
     by_name: dict[tuple[str, str], list[Service]] = {}
-    seen: dict[tuple[IPv4Address, str, int], str] = {}
+    seen: set[tuple[IPv4Address, str, int]] = set()
     vip_of: dict[IPv4Address, str] = {}  # one virtual IP, one (reverse) exposure: SNAT is chosen per VIP
     target_of: list[tuple[str, IPv4Address]] = []  # (field, target), checked against every virtual IP
-    refused: dict[str, LeftOut] = {}  # exposure name -> why it is left out (its grants are added below)
+    refused: dict[tuple[str, str], LeftOut] = {}  # (kind, name) -> why it is left out (grants added below)
     # Every virtual IP of the plan, before any is validated (a reverse exposure's comes after the
     # exposures): a resolved address that is one is refused for that exposure alone. Bad values are
     # skipped here and named by add() below.
@@ -520,7 +580,8 @@ def validate(
         host: str | None = None,
     ) -> None:
         """Validate a (reverse) exposure; ``target`` None: it is left out (``why``), its name and virtual
-        IP still taken (a grant naming it is left out too; its virtual IP is dropped)."""
+        IP still taken (a grant naming it is left out too; its virtual IP is dropped). One that claims a
+        virtual IP an earlier one has is left out too: the first in plan order keeps it."""
         name = _str(e.name, f"{path}.name")
         if not name:
             raise NatConfigError(f"{path}.name: must not be empty")
@@ -531,29 +592,37 @@ def validate(
             raise NatConfigError(f"{path}.virtualIp: {vip} is outside nat.serviceCidr {cidr}")
         if vip == source:
             raise NatConfigError(f"{path}.virtualIp: {vip} is nat.sourceAddress (the gateway's own)")
-        if vip in vip_of:
-            raise NatConfigError(f"{path}.virtualIp: {vip} is already the virtual IP of {vip_of[vip]}")
-        vip_of[vip] = path
-        if target is not None:
-            target_of.append((target_field, target))
         if not e.ports:
             raise NatConfigError(f"{path}.ports: at least one port is required")
-        mine: list[Service] = []
+        keys: list[tuple[IPv4Address, Literal["tcp", "udp"], int]] = []
         for j, p in enumerate(e.ports):
-            proto = protocol(p.protocol, f"{path}.ports[{j}].protocol")
-            number = port(p.port, f"{path}.ports[{j}].port")
-            key = (vip, proto, number)
-            if key in seen:
-                raise NatConfigError(
-                    f"{path}.ports[{j}]: {vip} {proto}/{number} is already used by {seen[key]}"
-                )
-            seen[key] = path
-            if target is not None:
-                mine.append(Service(vip, proto, number, target, name, kind))
+            key = (
+                vip,
+                protocol(p.protocol, f"{path}.ports[{j}].protocol"),
+                port(p.port, f"{path}.ports[{j}].port"),
+            )
+            if key in keys:
+                raise NatConfigError(f"{path}.ports[{j}]: {vip} {key[1]}/{key[2]} is listed twice")
+            keys.append(key)
+        if vip in vip_of:
+            # Two (reverse) exposures on one virtual IP: a (virtual IP, protocol, port) can DNAT to one
+            # target only, and SNAT is chosen per virtual IP. The one that came first keeps it; this one
+            # alone is left out, whatever its target (a newcomer cannot knock out a working exposure).
+            clash = [f"{k[1]}/{k[2]}" for k in keys if k in seen]
+            target, target_field, host = None, f"{path}.virtualIp", None
+            why = f"{vip} is already the virtual IP of {vip_of[vip]}" + (
+                f" (with {', '.join(clash)})" if clash else ""
+            )
+        else:
+            vip_of[vip] = path
+            seen.update(keys)
+        if target is not None:
+            target_of.append((target_field, target))
+        mine = [] if target is None else [Service(v, proto, n, target, name, kind) for v, proto, n in keys]
         by_name[(kind, name)] = mine
         services.extend(mine)
         if target is None:
-            refused[name] = LeftOut(target_field, name, vip, why or "refused", host)
+            refused[(kind, name)] = LeftOut(target_field, name, vip, why or "refused", host, kind=kind)
 
     for i, e in enumerate(nat.exposures):
         path = f"nat.exposures[{i}]"
@@ -567,9 +636,15 @@ def validate(
             target_field = f"{path}.targetHost"
             host = hostname(e.target_host, target_field)
             answer = resolved.get(host)
-            if answer is None:
+            if not fully_qualified(host):
+                why = (
+                    f"{host} is a single-label name: a targetHost must be fully qualified (e.g. "
+                    f"{host}.example.com); it is resolved as an absolute name, never under the pod's search "
+                    "domains (the gateway namespace's, not the tenant's)"
+                )
+            elif answer is None:
                 raise NatConfigError(f"{target_field}: {host} has not been resolved")
-            if isinstance(answer, Unresolved):
+            elif isinstance(answer, Unresolved):
                 why = f"{host} does not resolve: {answer.reason}"
             elif special_purpose(answer):
                 why = f"{host} resolved to {answer}, a special-purpose address, not a unicast host"
@@ -609,7 +684,7 @@ def validate(
 
     admissions: list[Admission] = []
     kept: list[Grant] = []
-    left_grants: dict[str, list[Grant]] = {name: [] for name in refused}
+    left_grants: dict[tuple[str, str], list[Grant]] = {key: [] for key in refused}
     marks: dict[int, str] = {}
     for i, g in enumerate(nat.grants):
         path = f"nat.grants[{i}]"
@@ -634,8 +709,8 @@ def validate(
             if g.kind == "reverse" and not any(src.subnet_of(c) for c in internal):
                 raise NatConfigError(f"{path}.sources[{j}]: {src} is not inside nat.internalSourceCidrs")
             sources.append(src)
-        if g.kind == "exposure" and g.exposure in refused:
-            left_grants[g.exposure].append(g)  # validated like the others, admitted nowhere
+        if (g.kind, g.exposure) in refused:
+            left_grants[(g.kind, g.exposure)].append(g)  # validated like the others, admitted nowhere
             continue
         kept.append(g)
         admissions.extend(Admission(mark, src, svc) for src in sources for svc in targets)
@@ -649,9 +724,7 @@ def validate(
         service_cidr=cidr,
         tunnel_interfaces=tuple(dev for _, dev in tunnel_interfaces),
         reply=reply,
-        left_out=tuple(
-            dataclasses.replace(x, grants=tuple(left_grants[name])) for name, x in refused.items()
-        ),
+        left_out=tuple(dataclasses.replace(x, grants=tuple(left_grants[key])) for key, x in refused.items()),
         guard=guard,
     )
 
@@ -789,6 +862,17 @@ def _render(policy: Policy) -> Ruleset:
             f"-A {FILTER_CHAIN} -i {dev} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
             f"{_c('vpngw tunnel ingress only to virtual IPs')} -j DROP"
         )
+    if policy.nic is not None:
+        # NIC2 is the shared transit network: other tenants' gateways and VMs can make the pod their
+        # next hop. What may come in on it to be forwarded is a reverse exposure (DNATed by us) and the
+        # replies of what we forwarded out; a NEW connection we did not DNAT is a neighbour using the
+        # pod as a router: into a tunnel (WireGuard encrypts by destination; a serviceCIDR source
+        # matches an IPsec policy), into the cluster behind eth0, or to anything else. Under kernel XFRM
+        # a tunnel's decapsulated packets come in on NIC2 too: not DNATed, they are no exposure either.
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -i {policy.nic} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+            f"{_c(NIC2_INGRESS)} -j DROP"
+        )
     targets = sorted(policy.exposure_targets)
     if targets or policy.guard is not None:
         # An exposure target is reachable through its virtual IP only. A NEW forwarded connection that
@@ -818,6 +902,13 @@ def _render(policy: Policy) -> Ruleset:
         filter_rules.append(
             f"-A {FILTER_CHAIN} -m conntrack ! --ctorigdst {dst} {_c('vpngw not for a virtual IP')} -j RETURN"
         )
+        # Into serviceCIDR only through our DNAT: an address in it that is no virtual IP (a tunnel's
+        # selector allows every one) is nothing of ours to forward to; in a pod the routes would take it
+        # out through eth0. From here on, a NEW connection is one we DNATed.
+        filter_rules.append(
+            f"-A {FILTER_CHAIN} -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+            f"{_c(SERVICE_CIDR_DNAT_ONLY)} -j DROP"
+        )
     # Established flows of admitted grants: one rule, whatever the number of grants. A revoked grant's
     # flows are dropped by its tombstone until its conntrack entries are deleted; then they are
     # re-tracked as NEW, no admission rule matches, and they fall through to the DROP.
@@ -842,14 +933,21 @@ def _render(policy: Policy) -> Ruleset:
         f"-A {FILTER_CHAIN} -m conntrack --ctorigdst {vip} {_c('vpngw not granted')} -j DROP" for vip in vips
     )
 
-    dnat: list[str] = []
+    # Exposures are DNATed only for what came through a tunnel (their own chain, reached by a goto per
+    # way in); the rest of VPNGW-PREROUTING (reverse exposures: the cluster and the fabric) is for what
+    # did not: a goto's chain that ends returns to PREROUTING itself, skipping the rest of ours.
+    dnat = [
+        f"-A {DNAT_CHAIN} {m_in} {_c(TUNNEL_TO_EXPOSURES)} -g {EXPOSURE_CHAIN}"
+        for m_in in policy.from_tunnels
+    ]
+    exposure_dnat: list[str] = []
     snat: list[str] = []
     snat_done: set[IPv4Address] = set()
     for s in policy.services:
         label = f"vpngw {s.kind}={comment(s.name)}"
-        dnat.append(
-            f"-A {DNAT_CHAIN} -d {s.vip}/32 -p {s.proto} -m {s.proto} --dport {s.port} {_c(label)} "
-            f"-j DNAT --to-destination {s.target}:{s.port}"
+        (exposure_dnat if s.kind == "exposure" else dnat).append(
+            f"-A {EXPOSURE_CHAIN if s.kind == 'exposure' else DNAT_CHAIN} -d {s.vip}/32 -p {s.proto} "
+            f"-m {s.proto} --dport {s.port} {_c(label)} -j DNAT --to-destination {s.target}:{s.port}"
         )
         if s.vip not in snat_done:
             snat_done.add(s.vip)
@@ -863,7 +961,7 @@ def _render(policy: Policy) -> Ruleset:
         chains, own = (*chains, INPUT_CHAIN, OUTPUT_CHAIN), guard_rules(policy.guard)
     out = [
         TableRules("filter", chains, (*filter_rules, *target_rules, *own)),
-        TableRules("nat", (DNAT_CHAIN, SNAT_CHAIN), tuple(dnat + snat)),
+        TableRules("nat", (DNAT_CHAIN, EXPOSURE_CHAIN, SNAT_CHAIN), tuple(dnat + exposure_dnat + snat)),
     ]
     if policy.reply is not None:
         out.append(TableRules("mangle", (MANGLE_CHAIN,), reply_rules(policy.reply)))
@@ -871,6 +969,9 @@ def _render(policy: Policy) -> Ruleset:
 
 
 _NOT_METADATA = "vpngw never the metadata service"
+NIC2_INGRESS = "vpngw from NIC2 only what we DNATed"
+SERVICE_CIDR_DNAT_ONLY = "vpngw serviceCIDR only through DNAT"
+TUNNEL_TO_EXPOSURES = "vpngw from a tunnel: exposures"
 _TUNNEL_NOT_FOR_POD = "vpngw tunnel traffic is not for the pod"
 
 
@@ -915,6 +1016,41 @@ def guard_rules(guard: Guard) -> tuple[str, ...]:
     out.append(f"-A {INPUT_CHAIN} -i {nic} {_c('vpngw NIC2 is for the tunnels only')} -j DROP")
     out.append(f"-A {OUTPUT_CHAIN} -d {METADATA}/32 -o {nic} {_c(_NOT_METADATA)} -j DROP")
     return tuple(out)
+
+
+IPV6_NIC2 = "vpngw no IPv6 on NIC2"
+IPV6_TUNNEL = "vpngw no IPv6 in the tunnels"
+
+
+def ipv6_rules(guard: Guard) -> Ruleset:
+    """The ip6tables filter ruleset (applied like the IPv4 one: our chains, each jump first in its
+    built-in chain, one ``ip6tables-restore --noflush`` transaction). The data plane is IPv4 only (the
+    plan's addresses, the tunnels' selectors, every rule above), but NIC2 gets an IPv6 link-local address
+    whatever the plan says, and the kernel acts on what arrives there: a neighbour on the transit link
+    reaches whatever listens on the pod's IPv6 wildcard (charon's and wireguard-go's sockets do; the
+    probe and metrics ports would with ``[::]``), and a router advertisement from it gives the pod a
+    global address and a default route through the neighbour. So nothing IPv6 comes in, leaves or is
+    forwarded through NIC2, nor comes in or is forwarded through a tunnel device; eth0 (the cluster,
+    which may be dual-stack) is left alone. No sysctl is needed (``disable_ipv6`` is read-only in a
+    container that is not privileged). Under kernel XFRM decapsulated packets come in on NIC2: covered."""
+    nic = guard.nic
+    devices = ([LIBIPSEC_DEVICES] if guard.ipsec else []) + (
+        [] if guard.wireguard is None else [guard.wireguard[0]]
+    )
+    forward = [
+        f"-A {FILTER_CHAIN} -i {nic} {_c(IPV6_NIC2)} -j DROP",
+        f"-A {FILTER_CHAIN} -o {nic} {_c(IPV6_NIC2)} -j DROP",
+    ]
+    for dev in devices:
+        forward += [
+            f"-A {FILTER_CHAIN} -i {dev} {_c(IPV6_TUNNEL)} -j DROP",
+            f"-A {FILTER_CHAIN} -o {dev} {_c(IPV6_TUNNEL)} -j DROP",
+        ]
+    inp = [f"-A {INPUT_CHAIN} -i {nic} {_c(IPV6_NIC2)} -j DROP"]
+    inp += [f"-A {INPUT_CHAIN} -i {dev} {_c(IPV6_TUNNEL)} -j DROP" for dev in devices]
+    out = [f"-A {OUTPUT_CHAIN} -o {nic} {_c(IPV6_NIC2)} -j DROP"]
+    table = TableRules("filter", (FILTER_CHAIN, INPUT_CHAIN, OUTPUT_CHAIN), (*forward, *inp, *out))
+    return Ruleset(tables=(table,), marks=frozenset(), mask=0)
 
 
 def reply_rules(reply: Reply) -> tuple[str, ...]:

@@ -185,12 +185,12 @@ def as_rendered(saved: dict[str, SavedTable], memo: Printed | None) -> dict[str,
 PROBE_PREFIX = "VPNGWPROBE-"
 """Chains init-nat writes a copy of its ruleset to, to see how the kernel prints it: never jumped to, so
 they match no packet; deleted right after. Not ours by OWN_PREFIX (never compared)."""
-_OUR_CHAIN = re.compile(rf"^-A {OWN_PREFIX}| -j {OWN_PREFIX}")
-_PROBE_CHAIN = re.compile(rf"^-A {PROBE_PREFIX}| -j {PROBE_PREFIX}")
+_OUR_CHAIN = re.compile(rf"^-A {OWN_PREFIX}| -[jg] {OWN_PREFIX}")
+_PROBE_CHAIN = re.compile(rf"^-A {PROBE_PREFIX}| -[jg] {PROBE_PREFIX}")
 
 
 def _to_probe(line: str) -> str:
-    # " -j VPNGW-" is only ever a jump: the names inside comments have no spaces.
+    # " -j VPNGW-" and " -g VPNGW-" are only ever a jump or a goto: names inside comments have no spaces.
     return _OUR_CHAIN.sub(lambda m: m.group(0).replace(OWN_PREFIX, PROBE_PREFIX), line)
 
 

@@ -666,10 +666,10 @@ async def test_a_wireguard_peer_reaches_a_target_only_through_its_virtual_ip(
     security amounts to), so the direct connection fails only because of our rule: taking the rule out
     by hand lets it through, and the next apply puts it back.
 
-    The plan is a WireGuard plan naming another device (``wg9``): its listen port is open on NIC2 (the
-    pod guard), and the tunnel-ingress rule, which would drop the connection first
-    (test_a_wireguard_peer_gets_nowhere_but_our_virtual_ips), matches another device, so VPNGW-TARGETS is
-    tested on its own."""
+    The tunnel-ingress rule would drop the connection first
+    (test_a_wireguard_peer_gets_nowhere_but_our_virtual_ips): it is deleted by hand, so VPNGW-TARGETS is
+    tested on its own. (This test used to name another device, ``wg9``, in the plan instead; exposures are
+    DNATed only for what comes in through the plan's tunnel device now, so the virtual IP would not work.)"""
     lab = pod_lab
     s1 = lab.add_site()
     for name, body in (("echo", ECHO_SERVER), ("once", ONE_SHOT)):
@@ -682,9 +682,16 @@ async def test_a_wireguard_peer_reaches_a_target_only_through_its_virtual_ip(
     wg_plan = dataclasses.replace(
         plan(lab, (Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),)),
         type="wireguard",
-        wireguard=WireGuard("wg9", 51820, "10.99.0.1/24", SecretRef("gw-wg", "privateKey")),
+        wireguard=WireGuard("wg0", 51820, "10.99.0.1/24", SecretRef("gw-wg", "privateKey")),
     )
     write_plan(plan_file, wg_plan)
+
+    def delete(prefix: str) -> None:
+        listed = lab.gw.run("iptables-nft", "-S", "VPNGW-FORWARD").stdout.decode().splitlines()
+        (number,) = [i for i, r in enumerate(listed) if r.startswith(prefix)]  # -S lists the -N line first
+        lab.gw.run("iptables-nft", "-D", "VPNGW-FORWARD", str(number))
+
+    ingress = "-A VPNGW-FORWARD -i wg0 -m conntrack --ctstate NEW"
 
     def apply() -> str:
         res = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), "--iptables", "nft", check=False)
@@ -698,20 +705,26 @@ async def test_a_wireguard_peer_reaches_a_target_only_through_its_virtual_ip(
     s1_ip = s1.lan_host
     assert one_shot(s1, s1_ip, WEB_VIP, 8080, once), "the granted peer reaches the target via its virtual IP"
     assert "from 192.0.2.2" in procs.output("echo8080"), "SNATed to NIC2's address"
+    delete(ingress)
     before = target_drops(lab)
     assert not one_shot(s1, s1_ip, SVC_ADDR, 8080, once), "the target's real address is not a way in"
     assert target_drops(lab) > before, "the SYNs came through the tunnel and VPNGW-TARGETS dropped them"
     assert f"from {s1_ip}" not in procs.output("echo8080")
 
     # Without the rule the same connection gets through (so nothing else stopped it above) ...
-    jump = "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT"
-    listed = lab.gw.run("iptables-nft", "-S", "VPNGW-FORWARD").stdout.decode().splitlines()
-    (number,) = [i for i, r in enumerate(listed) if r.startswith(jump)]  # -S lists the -N line first
-    lab.gw.run("iptables-nft", "-D", "VPNGW-FORWARD", str(number))
+    delete(
+        "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+        '-m comment --comment "vpngw new and not DNATed" -j VPNGW-TARGETS'
+    )
     assert one_shot(s1, s1_ip, SVC_ADDR, 8080, once), "with the rule gone, the real address is reachable"
     assert f"from {s1_ip}" in procs.output("echo8080"), "unSNATed: the target saw the peer's own address"
-    # ... and the next apply (a resync in --watch) repairs the drift: dropped again.
+    # ... and the next apply (a resync in --watch) repairs the drift: dropped again (by the ingress rule,
+    # back in front of it, and the list behind it).
     assert "changed=True" in apply()
+    dropped = sum(n for n, r in our_rules_with_counters(lab) if r.startswith(ingress))
+    assert not one_shot(s1, s1_ip, SVC_ADDR, 8080, once)
+    assert sum(n for n, r in our_rules_with_counters(lab) if r.startswith(ingress)) > dropped
+    delete(ingress)
     before = target_drops(lab)
     assert not one_shot(s1, s1_ip, SVC_ADDR, 8080, once)
     assert target_drops(lab) > before

@@ -69,3 +69,25 @@ def test_what_is_in_force_and_what_was_left_out_and_why() -> None:
 def test_nothing_applied_yet_and_a_failure() -> None:
     doc = report.document(plan_hash=None, last_error="rejected: plan: cannot read /x: No such file")
     assert doc["planHash"] is None and doc["leftOut"] == [] and doc["lastError"].startswith("rejected: ")
+
+
+def test_a_reverse_exposure_left_out_says_so() -> None:
+    dup = LeftOut(
+        "nat.reverseExposures[0].virtualIp",
+        "db",
+        IPv4Address("198.18.0.11"),
+        "198.18.0.11 is already the virtual IP of nat.exposures[1]",
+        kind="reverse",
+    )
+    (entry,) = report.document(plan_hash="sha256:ab", left_out=[dup])["leftOut"]
+    assert entry["kind"] == "reverse" and entry["field"] == "nat.reverseExposures[0].virtualIp"
+
+
+def test_what_init_nat_could_do_about_ipv6() -> None:
+    assert "ipv6" not in report.document(plan_hash=None), "not tried: not said"
+    assert report.document(plan_hash=None, ipv6=report.Ipv6("guarded"))["ipv6"] == {"state": "guarded"}
+    unguarded = report.Ipv6("unguarded", "ip6tables-nft-save: No such file or directory")
+    assert report.document(plan_hash=None, ipv6=unguarded)["ipv6"] == {
+        "state": "unguarded",
+        "reason": "ip6tables-nft-save: No such file or directory",
+    }

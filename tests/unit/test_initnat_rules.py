@@ -47,11 +47,13 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     rs = rules.render(policy())
     (flt, nt) = rs.tables
     assert flt.table == "filter" and flt.chains == ("VPNGW-FORWARD", "VPNGW-TARGETS")
-    assert flt.rules[:3] == (
+    assert flt.rules[:4] == (
         "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
         '-m comment --comment "vpngw new and not DNATed" -j VPNGW-TARGETS',
         "-A VPNGW-FORWARD -m conntrack ! --ctorigdst 198.18.0.0/24 "
         '-m comment --comment "vpngw not for a virtual IP" -j RETURN',
+        "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+        '-m comment --comment "vpngw serviceCIDR only through DNAT" -j DROP',
         "-A VPNGW-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -m connmark ! --mark 0x0/0xfff0000 "
         '-m comment --comment "vpngw established granted flows" -j ACCEPT',
     )
@@ -76,22 +78,26 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
         "-j DROP"
         for t in ("192.0.2.66", "192.0.2.70")
     ]
-    assert nt.chains == ("VPNGW-PREROUTING", "VPNGW-POSTROUTING")
+    assert nt.chains == ("VPNGW-PREROUTING", "VPNGW-EXPOSURES", "VPNGW-POSTROUTING")
     assert (
-        "-A VPNGW-PREROUTING -d 198.18.0.11/32 -p tcp -m tcp --dport 9090 -m comment --comment "
+        "-A VPNGW-EXPOSURES -d 198.18.0.11/32 -p tcp -m tcp --dport 9090 -m comment --comment "
         '"vpngw exposure=api" -j DNAT --to-destination 192.0.2.70:9090'
     ) in nt.rules
+    assert [r for r in nt.rules if r.startswith("-A VPNGW-PREROUTING ")] == [
+        "-A VPNGW-PREROUTING -d 198.18.0.20/32 -p tcp -m tcp --dport 5432 -m comment --comment "
+        '"vpngw reverse=db" -j DNAT --to-destination 203.0.113.5:5432'
+    ], "no tunnel known (no guard): no way into the exposures' chain; reverse exposures stay"
     snat = [r for r in nt.rules if "SNAT" in r]
     assert [r.rsplit(" ", 1)[1] for r in snat] == ["192.0.2.2", "192.0.2.2", "198.18.0.1"], (
         "exposures SNAT to NIC2, reverse exposures to the serviceCIDR source address"
     )
-    # targets jump + gate + established + (1 source x 2 ports + 2 sources x 2 ports + 1 source x 1 port)
-    # + NEW + 3 drops, then 2 targets
-    assert len(flt.rules) == 1 + 1 + 1 + 7 + 1 + 3 + 2
+    # targets jump + gate + serviceCIDR drop + established + (1 source x 2 ports + 2 sources x 2 ports +
+    # 1 source x 1 port) + NEW + 3 drops, then 2 targets
+    assert len(flt.rules) == 1 + 1 + 1 + 1 + 7 + 1 + 3 + 2
     assert rs.marks == {A, B, C} and rules.render(policy()) == rs, "deterministic"
     no_cidr = rules.render(policy(nat(service_cidr=None))).tables[0].rules
     assert not any("RETURN" in r for r in no_cidr), "no gate without serviceCidr"
-    assert len(no_cidr) == len(flt.rules) - 1
+    assert len(no_cidr) == len(flt.rules) - 2, "nor its drop of what we did not DNAT"
     reverse_only = nat(exposures=(), grants=(Grant("s1", "db", "reverse", ("10.1.0.0/16",), C),))
     assert not any("VPNGW-TARGETS" in r for r in rules.render(policy(reverse_only)).tables[0].rules), (
         "no exposure target, no jump to the (empty) target list"
@@ -176,7 +182,7 @@ def _exp(**kw: object) -> Exposure:
         pytest.param(_exp(ports=(Port("80"),)), r"ports\[0\].port: '80'", id="port-str"),  # type: ignore[arg-type]
         pytest.param(_exp(ports=(Port(80, "SCTP"),)), r"ports\[0\].protocol: 'SCTP'", id="proto"),  # type: ignore[arg-type]
         pytest.param(
-            _exp(ports=(Port(80), Port(80))), r"ports\[1\]: 198.18.0.10 tcp/80 is already used", id="dup"
+            _exp(ports=(Port(80), Port(80))), r"ports\[1\]: 198.18.0.10 tcp/80 is listed twice", id="dup"
         ),
         pytest.param(_exp(name=""), r"name: must not be empty", id="empty-name"),
     ],
@@ -226,15 +232,34 @@ def test_two_grants_cannot_share_a_mark() -> None:
         policy(nat(grants=(g, dataclasses.replace(g, peer="q"))))
 
 
-def test_a_virtual_ip_belongs_to_one_exposure() -> None:
-    twice = (nat().exposures[0], dataclasses.replace(nat().exposures[1], virtual_ip="198.18.0.10"))
-    with pytest.raises(
-        NatConfigError, match=r"exposures\[1\]\.virtualIp: 198\.18\.0\.10 is already the virtual IP of"
-    ):
-        policy(nat(exposures=twice))
+def test_a_virtual_ip_belongs_to_one_exposure_a_second_claim_is_left_out_alone() -> None:
+    """One bad exposure must not keep the others from applying: a second (reverse) exposure on a virtual
+    IP (a (virtual IP, protocol, port) can DNAT to one target only, SNAT is chosen per virtual IP) used to
+    reject the whole plan. The first in plan order keeps it, the second is left out with its grants."""
+    clash = dataclasses.replace(nat().exposures[0], name="web2", ports=(Port(80), Port(8443)))
+    g_clash = Grant("s3", "web2", "exposure", ("203.0.113.32/28",), 0x40000)
+    p = policy(nat(exposures=(*nat().exposures, clash), grants=(*nat().grants, g_clash)))
+    (out,) = p.left_out
+    assert out == rules.LeftOut(
+        field="nat.exposures[2].virtualIp",
+        exposure="web2",
+        vip=IPv4Address("198.18.0.10"),
+        reason="198.18.0.10 is already the virtual IP of nat.exposures[0] (with tcp/80)",
+        grants=(g_clash,),
+    )
+    assert p.services == policy().services and p.admissions == policy().admissions, "the rest as before"
+    assert p.grants == nat().grants and 0x40000 not in p.marks
+    # ... whichever way round, and across kinds: a reverse exposure on an exposure's virtual IP.
     rev = (dataclasses.replace(nat().reverse_exposures[0], virtual_ip="198.18.0.11"),)
-    with pytest.raises(NatConfigError, match=r"reverseExposures\[0\]\.virtualIp: .* nat\.exposures\[1\]"):
-        policy(nat(reverse_exposures=rev))
+    r = policy(nat(reverse_exposures=rev))
+    (out,) = r.left_out
+    assert (out.kind, out.exposure, out.field) == ("reverse", "db", "nat.reverseExposures[0].virtualIp")
+    assert out.reason == "198.18.0.11 is already the virtual IP of nat.exposures[1]"
+    assert [g.mark for g in out.grants] == [C] and C not in r.marks, "its grant is left out with it"
+    assert not any(x.kind == "reverse" for x in r.services)
+    # Nothing of web2 is rendered (the "not granted" drop of its virtual IP is web's already).
+    lines = [x for t in rules.render(p).tables for x in t.rules]
+    assert lines == [x for t in rules.render(policy()).tables for x in t.rules], "nothing of web2 rendered"
 
 
 def test_internal_source_cidrs_must_name_networks() -> None:
@@ -829,6 +854,7 @@ def test_the_guard_adds_the_input_and_output_chains_and_the_target_list_even_wit
         "VPNGW-FORWARD",
         "VPNGW-TARGETS",
         "VPNGW-PREROUTING",
+        "VPNGW-EXPOSURES",
         "VPNGW-POSTROUTING",
     ], "without a guard (no NIC2 known), no pod chains"
 
@@ -852,3 +878,114 @@ def test_the_guard_leaves_grants_and_revocation_alone() -> None:
 def test_the_guards_values_are_checked(guard: rules.Guard, message: str) -> None:
     with pytest.raises(NatConfigError, match=message):
         rules.validate(nat(), nic2_address=NIC2, resolved=RESOLVED, guard=guard)
+
+
+# --- hostile neighbours and peers: what comes in through NIC2 and the tunnels ----------------------------
+
+
+def test_exposures_are_dnated_only_for_what_came_through_a_tunnel() -> None:
+    """An exposure's DNAT applied to packets from any interface: a neighbour on the transit network
+    (NIC2) got to the target through the virtual IP (test_initnat_hostile.py). Exposures now live in
+    their own chain, reached by a goto per way a tunnel's packets come in; a goto's chain that ends
+    returns to PREROUTING itself, so a tunnel's packets never reach the reverse exposures' DNAT below."""
+    ipsec = guarded(rules.Guard("ens7", ipsec=True))
+    assert [r for r in ipsec if r.startswith("-A VPNGW-PREROUTING ")] == [
+        '-A VPNGW-PREROUTING -m policy --dir in --pol ipsec -m comment --comment "vpngw from a tunnel: '
+        'exposures" -g VPNGW-EXPOSURES',
+        '-A VPNGW-PREROUTING -i ipsec+ -m comment --comment "vpngw from a tunnel: exposures" '
+        "-g VPNGW-EXPOSURES",
+        "-A VPNGW-PREROUTING -d 198.18.0.20/32 -p tcp -m tcp --dport 5432 -m comment --comment "
+        '"vpngw reverse=db" -j DNAT --to-destination 203.0.113.5:5432',
+    ], "the ways in first; then only reverse exposures, for what did not come through a tunnel"
+    exposures = [r for r in ipsec if r.startswith("-A VPNGW-EXPOSURES ")]
+    assert len(exposures) == 3 and all("-j DNAT --to-destination 192.0.2." in r for r in exposures)
+    wg = guarded(rules.Guard("ens7", wireguard=("wg0", 51820)))
+    assert [
+        r.split(" -m comment")[0] for r in wg if r.startswith("-A VPNGW-PREROUTING ") and " -g " in r
+    ] == ["-A VPNGW-PREROUTING -i wg0"]
+    p = rules.validate(
+        nat(), nic2_address=NIC2, resolved=RESOLVED, tunnel_interfaces=[("wireguard.interface", "wg1")]
+    )
+    assert p.from_tunnels == ("-i wg1",), "a caller without the guard but with the WireGuard device"
+    assert rules.tunnel_matches(rules.Guard("ens7", ipsec=True), ["ipsec+"]) == (
+        "-m policy --dir in --pol ipsec",
+        "-i ipsec+",
+    ), "each way in once"
+
+
+def test_nothing_new_from_nic2_is_forwarded_unless_we_dnated_it() -> None:
+    """NIC2 is the shared transit network: a neighbour making the pod its next hop got into a WireGuard
+    peer's network (encrypted by destination), into an IPsec tunnel (with a serviceCIDR source), into
+    the cluster behind eth0. The rule comes before everything but the tombstones and the tunnel's own."""
+    p = rules.validate(
+        nat(),
+        nic2_address=NIC2,
+        resolved=RESOLVED,
+        tunnel_interfaces=[("wireguard.interface", "wg0")],
+        guard=rules.Guard("ens7", wireguard=("wg0", 51820)),
+    )
+    lines = [r for r in rules.render(p).tables[0].rules if r.startswith("-A VPNGW-FORWARD ")]
+    assert lines[:2] == [
+        "-A VPNGW-FORWARD -i wg0 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+        '-m comment --comment "vpngw tunnel ingress only to virtual IPs" -j DROP',
+        "-A VPNGW-FORWARD -i ens7 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+        '-m comment --comment "vpngw from NIC2 only what we DNATed" -j DROP',
+    ]
+    assert not any("-i " in r for r in [x for x in rules.render(policy()).tables[0].rules]), "no NIC2 known"
+
+
+def test_service_cidr_is_entered_only_through_our_dnat() -> None:
+    """A tunnel's selector (serviceCIDR) lets a peer send to any address in it; one that is no virtual IP
+    went on wherever the routes said (in a pod: eth0). After the gate, a NEW connection not DNATed drops:
+    the admission rules below only ever see connections we DNATed."""
+    forward = [r for r in rules.render(policy()).tables[0].rules if r.startswith("-A VPNGW-FORWARD ")]
+    gate = next(i for i, r in enumerate(forward) if "vpngw not for a virtual IP" in r)
+    assert forward[gate + 1] == (
+        "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
+        '-m comment --comment "vpngw serviceCIDR only through DNAT" -j DROP'
+    )
+    assert all("--set-xmark" not in r for r in forward[: gate + 2]), "before every admission"
+
+
+@pytest.mark.parametrize("name", ["db", "DB.", "localhost"])
+def test_a_single_label_target_host_is_left_out_and_never_asked_about(name: str) -> None:
+    """In the pod a single label is resolved under the gateway namespace's search list (an operator-owned
+    namespace): ``db`` would be the operator's Service. targetHost must be fully qualified."""
+    single = dataclasses.replace(GHOST, target_host=name)
+    n = nat(exposures=(*nat().exposures, single), grants=(*nat().grants, G_GHOST))
+    assert rules.target_hosts(n) == ("api.fabric.example",), "DNS is not asked about it"
+    p = rules.validate(n, nic2_address=NIC2, resolved=RESOLVED)
+    (out,) = p.left_out
+    host = name.rstrip(".").lower()
+    assert (out.field, out.exposure, out.host, out.grants) == (
+        "nat.exposures[2].targetHost",
+        "ghost",
+        host,
+        (G_GHOST,),
+    )
+    assert out.reason.startswith(f"{host} is a single-label name: a targetHost must be fully qualified")
+    assert rules.fully_qualified("db.example") and not rules.fully_qualified("db")
+
+
+def test_ipv6_on_nic2_and_the_tunnels_is_dropped() -> None:
+    """The data plane is IPv4 only, but NIC2 has an IPv6 link-local address: a neighbour reached the
+    pod's IPv6 listeners and gave it a default route by router advertisement (test_initnat_hostile.py)."""
+    (t,) = rules.ipv6_rules(rules.Guard("ens7", ipsec=True)).tables
+    assert (t.table, t.chains) == ("filter", ("VPNGW-FORWARD", "VPNGW-INPUT", "VPNGW-OUTPUT"))
+    assert [
+        r.replace(' -m comment --comment "vpngw no IPv6 on NIC2"', "").replace(
+            ' -m comment --comment "vpngw no IPv6 in the tunnels"', ""
+        )
+        for r in t.rules
+    ] == [
+        "-A VPNGW-FORWARD -i ens7 -j DROP",
+        "-A VPNGW-FORWARD -o ens7 -j DROP",
+        "-A VPNGW-FORWARD -i ipsec+ -j DROP",
+        "-A VPNGW-FORWARD -o ipsec+ -j DROP",
+        "-A VPNGW-INPUT -i ens7 -j DROP",
+        "-A VPNGW-INPUT -i ipsec+ -j DROP",
+        "-A VPNGW-OUTPUT -o ens7 -j DROP",
+    ]
+    (w,) = rules.ipv6_rules(rules.Guard("ens7", wireguard=("wg0", 51820))).tables
+    assert '-A VPNGW-INPUT -i wg0 -m comment --comment "vpngw no IPv6 in the tunnels" -j DROP' in w.rules
+    assert not any("eth0" in r or "ACCEPT" in r for r in t.rules + w.rules), "the cluster side is left alone"
