@@ -243,22 +243,31 @@ _conforms_file: StatusSink = FileStatusSink(Path("/nonexistent"))
 
 
 def init_nat_report(doc: Any) -> dict[str, Any] | None:
-    """What init-nat reports that a tenant should see (pure): the exposures it left out of the data plane
-    and why (a host that does not resolve, or resolves to an address no target may have), and its last
-    error; None when it has nothing to say."""
+    """What init-nat reports that a tenant should see (pure): the exposures (``kind`` reverse for a reverse
+    exposure) it left out of the data plane and why (a host that does not resolve, or resolves to an
+    address no target may have, a virtual IP claimed twice), IPv6 it could not guard, and its last error;
+    None when it has nothing to say."""
     if not isinstance(doc, Mapping):
         return None
     left = [
-        {"exposure": str(e.get("exposure")), "reason": str(e.get("reason"))}
+        {
+            "exposure": str(e.get("exposure")),
+            "reason": str(e.get("reason")),
+            **({"kind": str(e["kind"])} if e.get("kind") else {}),
+        }
         for e in doc.get("leftOut") or []
         if isinstance(e, Mapping)
     ]
     error = doc.get("lastError")
-    if not left and not error:
+    ipv6 = doc.get("ipv6")
+    unguarded = isinstance(ipv6, Mapping) and ipv6.get("state") == "unguarded"
+    if not left and not error and not unguarded:
         return None
     out: dict[str, Any] = {"leftOut": left}
     if error:
         out["lastError"] = str(error)
+    if unguarded and isinstance(ipv6, Mapping):
+        out["ipv6"] = {"state": "unguarded", "reason": str(ipv6.get("reason") or "")}
     return out
 
 

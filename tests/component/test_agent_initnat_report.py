@@ -36,6 +36,17 @@ LEFT = {
             id="error",
         ),
         pytest.param("not an object", None, id="garbage"),
+        pytest.param(
+            {"leftOut": [{"exposure": "p", "kind": "reverse", "reason": "virtual IP taken"}]},
+            {"leftOut": [{"exposure": "p", "reason": "virtual IP taken", "kind": "reverse"}]},
+            id="reverse",
+        ),
+        pytest.param(
+            {"leftOut": [], "ipv6": {"state": "unguarded", "reason": "no ip6tables"}},
+            {"leftOut": [], "ipv6": {"state": "unguarded", "reason": "no ip6tables"}},
+            id="ipv6-unguarded",
+        ),
+        pytest.param({"leftOut": [], "ipv6": {"state": "guarded"}}, None, id="ipv6-guarded"),
     ],
 )
 def test_the_report_says_only_what_a_tenant_needs(doc: Any, report: dict[str, Any] | None) -> None:
