@@ -853,6 +853,11 @@ def _render(policy: Policy) -> Ruleset:
     m = _hex(policy.mask)
     filter_rules: list[str] = []
     grant_names = {g.mark: f"peer={comment(g.peer)} {g.kind}={comment(g.exposure)}" for g in policy.grants}
+    # A packet conntrack calls INVALID (a bare RST, a FIN or SYN+ACK of no connection, an ICMP error of
+    # none) has no entry, so none of the --ctstate/--ctorigdst rules below match it and it would fall
+    # through to FORWARD's ACCEPT: found by review, a transit neighbour probed the networks behind the
+    # gateway that way (blind, but both ways). Nothing of ours is ever INVALID.
+    filter_rules.append(f"-A {FILTER_CHAIN} -m conntrack --ctstate INVALID {_c(INVALID_DROP)} -j DROP")
     for dev in policy.tunnel_interfaces:
         # A WireGuard peer picks its destinations (its AllowedIPs constrain only its source): from its
         # tunnel only our virtual IPs are a way in. NEW and not DNATed by us: dropped, whatever the
@@ -971,6 +976,7 @@ def _render(policy: Policy) -> Ruleset:
 _NOT_METADATA = "vpngw never the metadata service"
 NIC2_INGRESS = "vpngw from NIC2 only what we DNATed"
 SERVICE_CIDR_DNAT_ONLY = "vpngw serviceCIDR only through DNAT"
+INVALID_DROP = "vpngw conntrack invalid"
 TUNNEL_TO_EXPOSURES = "vpngw from a tunnel: exposures"
 _TUNNEL_NOT_FOR_POD = "vpngw tunnel traffic is not for the pod"
 

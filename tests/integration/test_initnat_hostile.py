@@ -109,6 +109,30 @@ pio = struct.pack("!BBBBIII", 3, 4, 64, 0xC0, 86400, 14400, 0) + prefix
 s.sendto(ra + pio, ("ff02::1", 0, 0, socket.if_nametoindex(dev)))
 """
 
+# An ICMP error (destination unreachable, fragmentation needed) that belongs to no connection: conntrack
+# calls it INVALID, and so would it a bare TCP RST or a SYN+ACK of no connection.
+STRAY_ICMP = """
+import socket, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+a, b = socket.inet_aton(dst), socket.inet_aton("203.0.113.77")
+inner = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28, 1, 0, 64, 17, 0, a, b)
+inner += struct.pack("!HHHH", 40000, 53, 8, 0)
+body = struct.pack("!BBHHH", 3, 4, 0, 0, 1400) + inner
+total = sum(struct.unpack("!%dH" % (len(body) // 2), body))
+total = (total >> 16) + (total & 0xFFFF); total += total >> 16
+icmp = body[:2] + struct.pack("!H", ~total & 0xFFFF) + body[4:]
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); s.bind((src, 0))
+s.sendto(icmp, (dst, 0))
+"""
+
+ICMP_LISTEN = """
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); print("listening", flush=True)
+while True:
+    data, peer = s.recvfrom(2048)
+    print("icmp from", peer[0], "type", data[20], "code", data[21], flush=True)
+"""
+
 DNS_PORT = 5353  # the exposure's UDP port in these tests
 SPOOFED_SERVICE_ADDR = "198.18.0.99"  # inside serviceCIDR, the tunnels' local traffic selector, no VIP
 NIC2_RULE = "vpngw from NIC2 only what we DNATed"
@@ -133,6 +157,8 @@ def scripts(tmp_path: Path) -> None:
         ("echo6", ECHO6_SERVER),
         ("connect6", CONNECT6),
         ("ra", ROGUE_RA),
+        ("stray_icmp", STRAY_ICMP),
+        ("icmp_listen", ICMP_LISTEN),
     ):
         (tmp_path / f"{name}.py").write_text(body)
 
@@ -297,6 +323,31 @@ async def test_a_transit_neighbour_cannot_use_the_gateway_as_a_router_into_the_c
     wait_for(lambda: "the-pods-own" in procs.output(listener), 10, "the pod's own datagram")
     assert "into-the-cluster" not in procs.output(listener), "the neighbour's datagram reached the cluster"
     wait_for(lambda: drops(lab, NIC2_RULE) > before, 10, "our drop at NIC2 to count it")
+
+
+async def test_a_transit_neighbour_cannot_slip_packets_of_no_connection_through(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """Found by a second review: the NIC2 rule drops NEW connections, but a packet conntrack calls
+    INVALID (here an ICMP error of no connection; a bare RST or SYN+ACK the same) matched none of our
+    rules and fell through to FORWARD's ACCEPT, into the cluster and the tunnels: host discovery, blind
+    but both ways. Now the first rule of our chain drops it."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    scripts(tmp_path)
+    cluster = lab.hosts["cl"]
+    procs.start(cluster, PY, str(tmp_path / "icmp_listen.py"), name="icmp-cl")
+    wait_for(lambda: "listening" in procs.output("icmp-cl"), 10, "the cluster's ICMP listener")
+    plan_file = tmp_path / "plan.json"
+    write_plan(plan_file, udp_plan(lab, s1))
+    initnat_once(lab, plan_file)
+    netns.route(lab.rtr.ns, "10.244.0.0/30", "via", GW_NIC2_ADDR)
+    before = drops(lab, rules.INVALID_DROP)
+    lab.rtr.run(PY, str(tmp_path / "stray_icmp.py"), RTR_NIC2_ADDR, CLUSTER_GW)
+    lab.gw.run(PY, str(tmp_path / "stray_icmp.py"), "10.244.0.2", CLUSTER_GW)  # the pod's own: not forwarded
+    wait_for(lambda: "icmp from 10.244.0.2" in procs.output("icmp-cl"), 10, "the pod's own ICMP")
+    assert f"icmp from {RTR_NIC2_ADDR}" not in procs.output("icmp-cl"), "the neighbour's packet got through"
+    wait_for(lambda: drops(lab, rules.INVALID_DROP) > before, 10, "our INVALID drop to count it")
 
 
 async def test_a_tunnel_peer_reaches_no_service_cidr_address_that_is_no_virtual_ip(

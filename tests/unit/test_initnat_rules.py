@@ -47,7 +47,9 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     rs = rules.render(policy())
     (flt, nt) = rs.tables
     assert flt.table == "filter" and flt.chains == ("VPNGW-FORWARD", "VPNGW-TARGETS")
-    assert flt.rules[:4] == (
+    assert flt.rules[:5] == (
+        "-A VPNGW-FORWARD -m conntrack --ctstate INVALID "
+        '-m comment --comment "vpngw conntrack invalid" -j DROP',
         "-A VPNGW-FORWARD -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
         '-m comment --comment "vpngw new and not DNATed" -j VPNGW-TARGETS',
         "-A VPNGW-FORWARD -m conntrack ! --ctorigdst 198.18.0.0/24 "
@@ -91,9 +93,9 @@ def test_render_is_the_iptables_save_form_of_the_intended_rules() -> None:
     assert [r.rsplit(" ", 1)[1] for r in snat] == ["192.0.2.2", "192.0.2.2", "198.18.0.1"], (
         "exposures SNAT to NIC2, reverse exposures to the serviceCIDR source address"
     )
-    # targets jump + gate + serviceCIDR drop + established + (1 source x 2 ports + 2 sources x 2 ports +
-    # 1 source x 1 port) + NEW + 3 drops, then 2 targets
-    assert len(flt.rules) == 1 + 1 + 1 + 1 + 7 + 1 + 3 + 2
+    # invalid + targets jump + gate + serviceCIDR drop + established + (1 source x 2 ports + 2 sources x
+    # 2 ports + 1 source x 1 port) + NEW + 3 drops, then 2 targets
+    assert len(flt.rules) == 1 + 1 + 1 + 1 + 1 + 7 + 1 + 3 + 2
     assert rs.marks == {A, B, C} and rules.render(policy()) == rs, "deterministic"
     no_cidr = rules.render(policy(nat(service_cidr=None))).tables[0].rules
     assert not any("RETURN" in r for r in no_cidr), "no gate without serviceCidr"
@@ -925,7 +927,9 @@ def test_nothing_new_from_nic2_is_forwarded_unless_we_dnated_it() -> None:
         guard=rules.Guard("ens7", wireguard=("wg0", 51820)),
     )
     lines = [r for r in rules.render(p).tables[0].rules if r.startswith("-A VPNGW-FORWARD ")]
-    assert lines[:2] == [
+    assert lines[:3] == [
+        "-A VPNGW-FORWARD -m conntrack --ctstate INVALID "
+        '-m comment --comment "vpngw conntrack invalid" -j DROP',
         "-A VPNGW-FORWARD -i wg0 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
         '-m comment --comment "vpngw tunnel ingress only to virtual IPs" -j DROP',
         "-A VPNGW-FORWARD -i ens7 -m conntrack --ctstate NEW -m conntrack ! --ctstate DNAT "
