@@ -23,6 +23,8 @@ Model (one gateway pod, one network namespace)::
                          POSTROUTING VPNGW-POSTROUTING  SNAT  exposures -> NIC2's address (targets reply
                                                         to us); reverse exposures -> Nat.source_address
                                                         (inside serviceCIDR: the tunnels' traffic selector)
+    (first in VPNGW-FORWARD, after revoked marks' tombstones: conntrack INVALID, a packet of no
+    connection, drops)
     fabric --NIC2--> gw: PREROUTING  VPNGW-MANGLE       (mangle) a NEW connection that comes in on NIC2
                                                         gets the reply bit in its conntrack mark; its
                                                         REPLY packets get it as their packet mark, and
