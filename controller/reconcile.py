@@ -169,9 +169,16 @@ def render_gateway(
         kept = None
         if previous is not None:
             asked = still_asked(snap, {p.meta.name for p in peers})
-            if not snap.namespace_enabled:
-                # Its namespace no longer enabled: nothing of it is served (no tunnel, no grant); the pod,
-                # NIC2 and the public address stay until the namespace is enabled again or the CR goes.
+            allowed = settings.allowance(snap.key.namespace).service_cidrs
+            outside = allowed is not None and not any(
+                ipaddress.IPv4Network(previous.nat.service_cidr).subnet_of(ipaddress.IPv4Network(c))
+                for c in allowed
+            )
+            if not snap.namespace_enabled or outside:
+                # Its namespace no longer enabled, or its serviceCIDR no longer allowed there: nothing of it
+                # is served (no tunnel, no grant); the pod, NIC2 and the public address stay until that
+                # changes back or the CR goes (found by review: a narrowed serviceCIDRs allowance did not
+                # stop a refused gateway's tunnels).
                 asked = dataclasses.replace(asked, peers={})
             # What the operator allows now holds for a kept plan too: narrowing an allowance must not
             # wait for a tenant to make its gateway valid again.
@@ -306,6 +313,9 @@ def still_asked(snap: Snapshot, valid_peers: set[str]) -> StillAsked:
             peers[t["name"]] = PeerNow(secret=psk, conn=made)
         return StillAsked(peers, names("exposures"), names("reverseExposures"), legacy=True)
     default_psk = ref(section("ipsec").get("pskSecretRef"))
+    cert_ref = section("ipsec").get("certificateSecretRef")
+    cert_name = cert_ref.get("name") if isinstance(cert_ref, Mapping) else None
+    certificate_secret = (cert_name if isinstance(cert_name, str) else None,)
     for doc in snap.peers:
         name = str((doc.get("metadata") or {}).get("name"))
         if name not in valid_peers:
@@ -325,7 +335,9 @@ def still_asked(snap: Snapshot, valid_peers: set[str]) -> StillAsked:
         peers[name] = PeerNow(
             secret=secret, public_key=pw.get("publicKey"), grants=frozenset(grants), conn=made
         )
-    return StillAsked(peers, names("exposures"), names("reverseExposures"))
+    return StillAsked(
+        peers, names("exposures"), names("reverseExposures"), certificate_secret=certificate_secret
+    )
 
 
 @dataclass(frozen=True)
@@ -399,6 +411,12 @@ def holds(claim: Claim, enabled: bool, allowed: Sequence[str] | None, refused: b
     return enabled and inside_allowance and not refused
 
 
+NOT_ITS_OWN = frozenset({"PartlyRendered", TRANSIT_UNKNOWN, "SecretsUnreadable", "ServiceCIDRTaken"})
+"""ConfigRendered reasons that say nothing against a gateway's claim: parts left out, the controller not
+able to look yet (the cloud, the tenant's Secrets), or the range held by another (found by review: these
+handed an older gateway's claim to whichever contender reconciled first)."""
+
+
 def refused_as_is(gateway: Mapping[str, Any]) -> bool:
     """Whether the gateway's status says this very generation was refused whole (``ConfigRendered`` False
     for a reason of its own, not parts left out). Found by review: a WireGuard gateway whose private key
@@ -409,7 +427,7 @@ def refused_as_is(gateway: Mapping[str, Any]) -> bool:
         if isinstance(c, Mapping) and c.get("type") == CONFIG_RENDERED:
             return (
                 c.get("status") == "False"
-                and c.get("reason") != LEFT_OUT
+                and c.get("reason") not in NOT_ITS_OWN
                 and c.get("observedGeneration") is not None
                 and c.get("observedGeneration") == md.get("generation")
             )

@@ -653,6 +653,10 @@ class StillAsked:
     internal_source_cidrs: tuple[str, ...] | None = None
     """The operator's internalSourceCIDRs NOW (None: as deployed): reverse exposures' sources follow
     them; none left, no reverse exposure stays."""
+    certificate_secret: tuple[str | None] | None = None
+    """``(name,)``: the Secret the gateway's certificateSecretRef names NOW (None inside: none); None: not
+    checked. Another Secret than the deployed certificates' (a leaked CA or key replaced): the deployed
+    certificates, key and the certificate peers pinned to them go (found by review)."""
 
 
 def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Plan:
@@ -663,6 +667,15 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
     takes its grants with it."""
     ipsec, wireguard = previous.ipsec, previous.wireguard
     kept: set[str] = set()
+    if ipsec is not None and still.certificate_secret is not None:
+        held = {c.ref.name for c in ipsec.certificates} | {k.ref.name for k in ipsec.private_keys}
+        if held and held != {still.certificate_secret[0]}:
+            ipsec = dataclasses.replace(
+                ipsec,
+                certificates=(),
+                private_keys=(),
+                tunnels=tuple(t for t in ipsec.tunnels if t.peer_cas is None),
+            )
     if ipsec is not None:
         refs = {s.id: s.ref for s in ipsec.secrets}
         tunnels = []

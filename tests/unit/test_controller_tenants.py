@@ -179,6 +179,9 @@ def test_a_gateway_whose_status_says_it_was_refused_holds_no_range() -> None:
     assert conditions(d)["ConfigRendered"]["observedGeneration"] == stored_gateway["metadata"]["generation"]
     assert refused_as_is(refused)
     assert not refused_as_is({**refused, "metadata": {**refused["metadata"], "generation": 4}})
+    for reason in ("ServiceCIDRTaken", "TransitNetworkUnknown", "SecretsUnreadable"):  # nothing its own
+        status = {"conditions": [{**c, "reason": reason} for c in refused["status"]["conditions"]]}
+        assert not refused_as_is({**refused, "status": status}), reason
     fine = {**stored_gateway, "status": run(snapshot(example_docs("wireguard.yaml")[:1]), SETTINGS).status}
     assert not refused_as_is(fine) and not refused_as_is(stored_gateway)
 
@@ -270,6 +273,39 @@ def test_a_refused_gateway_keeps_nothing_the_operator_no_longer_allows() -> None
     assert bare.nat.exposures == () and bare.nat.reverse_exposures == () and bare.nat.grants == ()
 
 
+def test_a_refused_gateway_whose_service_cidr_is_no_longer_allowed_serves_no_peer() -> None:
+    """Found by a second review: narrowing the namespace's serviceCIDRs allowance refused the gateway, but
+    its kept plan went on serving the range with every tunnel and grant."""
+    owned = applied(run(snapshot(IPSEC), SETTINGS))
+    narrowed = Settings(
+        internal_source_cidrs=("192.0.2.64/26",),
+        default_allowance=Allowance(exposure_targets=("192.0.2.64/26",), service_cidrs=("198.19.0.0/16",)),
+    )
+    d = run(snapshot(IPSEC, owned=owned), narrowed)
+    assert conditions(d)["ConfigRendered"]["reason"] == "ServiceCIDRNotAllowed"
+    kept = written_plan(d, owned)
+    assert kept.ipsec is not None and kept.ipsec.tunnels == () and kept.nat.grants == ()
+
+
+def test_a_replaced_certificate_secret_takes_the_deployed_certificates_and_their_peers_along() -> None:
+    """Found by a second review: a tenant replacing a leaked CA (certificateSecretRef to a new Secret)
+    while its gateway was refused kept the old CA, key and the peers pinned to it."""
+    from tests.unit.test_render_ca_pins import pubkey_documents
+
+    docs = pubkey_documents()
+    secrets = frozenset({"s1-psk", "acme-psk", "acme-tls", "acme-tls-2"})
+    owned = applied(run(snapshot(docs, secrets=secrets), SETTINGS))
+    refused = edit(docs, 0, ["spec", "serviceCIDR"], "198.18.0.0/33")
+    same = written_plan(run(snapshot(refused, owned=owned, secrets=secrets), SETTINGS), owned)
+    assert same.ipsec is not None and [t.name for t in same.ipsec.tunnels] == ["s1", "s2"]
+    assert {c.ref.name for c in same.ipsec.certificates} == {"acme-tls"}
+    replaced = edit(refused, 0, ["spec", "ipsec", "certificateSecretRef"], {"name": "acme-tls-2"})
+    kept = written_plan(run(snapshot(replaced, owned=owned, secrets=secrets), SETTINGS), owned)
+    assert kept.ipsec is not None
+    assert kept.ipsec.certificates == () and kept.ipsec.private_keys == ()
+    assert [t.name for t in kept.ipsec.tunnels] == ["s1"], "the PSK peer stays, the certificate peer goes"
+
+
 def test_a_namespace_no_longer_enabled_serves_no_peer() -> None:
     """Found by review: the label taken off a served namespace left its tunnels and grants in force."""
     owned = applied(run(snapshot(IPSEC), SETTINGS))
@@ -278,6 +314,19 @@ def test_a_namespace_no_longer_enabled_serves_no_peer() -> None:
     kept = written_plan(d, owned)
     assert kept.ipsec is not None and kept.ipsec.tunnels == () and kept.ipsec.secrets == ()
     assert kept.nat.grants == ()
+
+
+def test_an_exposure_target_on_the_api_servers_endpoint_is_left_out() -> None:
+    """Found by review: a target is routed out through NIC2, the agent's own API traffic with it."""
+    settings = Settings(
+        internal_source_cidrs=("192.0.2.64/26",),
+        default_allowance=FABRIC,
+        network_policy=NetworkPolicySettings(api_server=(("192.0.2.67/32", 6443),)),
+    )
+    rendered = render_gateway(snapshot(IPSEC), settings)  # db's target is 192.0.2.67
+    assert rendered.plan is not None and [e.name for e in rendered.plan.nat.exposures] == ["web"]
+    (problem,) = [p for p in rendered.problems if str(p.item) == "exposure db"]
+    assert problem.reason == "ReservedRange" and "the API server's endpoint" in str(problem)
 
 
 def link(name: str, router: str, gateways: list[str], ns: str = "tenant-acme") -> dict[str, Any]:
