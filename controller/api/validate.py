@@ -484,6 +484,20 @@ def _exposures(gateway: Gateway, service: _Net, around: Surroundings) -> tuple[s
                     item,
                 )
             )
+        elif e.address is not None and inside(e.address, list(around.api_server_cidrs)):
+            # init-nat routes a target out through NIC2: the agent's own API traffic would follow it
+            # and the pod could no longer read its plan (found by review).
+            problems.append(
+                _problem(
+                    gw,
+                    path,
+                    e.address,
+                    "is the API server's endpoint (networkPolicy.apiServer): the gateway's agent reads its "
+                    "plan there, and a target is routed out through NIC2",
+                    "ReservedRange",
+                    item,
+                )
+            )
         elif (
             around.exposure_targets is not None
             and e.address is not None
