@@ -50,15 +50,6 @@ GRANT_S1_GHOST = 0x00060000
 
 
 @pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture
 def dead_dns(pod_lab: Lab) -> Iterator[None]:
     """A name server in the cluster namespace (behind the pod's eth0) that never answers."""
     cluster = pod_lab.hosts["cl"]

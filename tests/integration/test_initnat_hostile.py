@@ -139,15 +139,6 @@ NIC2_RULE = "vpngw from NIC2 only what we DNATed"
 CIDR_RULE = "vpngw serviceCIDR only through DNAT"
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
 def scripts(tmp_path: Path) -> None:
     for name, body in (
         ("udp_listen", UDP_LISTEN),

@@ -62,15 +62,6 @@ RECORDS = {
 
 
 @pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-@pytest.fixture
 def pod_dns(pod_lab: Lab, procs: Procs, tmp_path: Path) -> Iterator[str]:
     """The name server in the cluster namespace, and a pod's resolv.conf for the gateway namespace; yields
     the name of the server's output."""

@@ -12,7 +12,6 @@ router (169.254.169.254/32 on its lo).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,15 +41,6 @@ HEALTH, METRICS = GatewayPod().health_port, GatewayPod().metrics_port  # 8081, 9
 OWN_SERVICE_ADDR = "198.18.0.1"  # nat.sourceAddress: the gateway's own address inside serviceCIDR (on lo)
 GW_TUNNEL = "10.99.0.1"
 METADATA = "169.254.169.254"
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 def scripts(tmp_path: Path) -> Path:

@@ -14,7 +14,7 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -168,15 +168,6 @@ class Procs:
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 def wait_for(cond: Any, timeout: float, what: str, interval: float = 0.05) -> None:
