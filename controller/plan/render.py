@@ -419,19 +419,29 @@ def rule_budget(
 ) -> tuple[list[tuple[GrantKey, tuple[str, ...]]], tuple[GrantKey, ...], int]:
     """(the grants within ``budget`` filter rules, those left out, the rules all would need): each costs
     its sources times its exposure's ports (``ports``: (kind, exposure) -> count); what the deployed plan
-    grants comes first, then by peer, kind and exposure (pure)."""
-    held = set()
+    grants at no more than its deployed cost comes first, then by peer, kind and exposure (pure). A
+    deployed grant that grew waits with the new ones: otherwise one peer's growth could push out another
+    peer's deployed grants (found by review)."""
+    held: dict[GrantKey, int] = {}
     if previous is not None:
-        held = {(g.kind, g.peer, g.exposure) for g in previous.nat.grants}
+        before = {("exposure", e.name): len(e.ports) for e in previous.nat.exposures}
+        before |= {("reverse", e.name): len(e.ports) for e in previous.nat.reverse_exposures}
+        held = {
+            (g.kind, g.peer, g.exposure): len(g.sources) * before.get((g.kind, g.exposure), 0)
+            for g in previous.nat.grants
+        }
 
     def cost(w: tuple[GrantKey, tuple[str, ...]]) -> int:
         (kind, _, exposure), sources = w
         return len(sources) * ports.get((kind, exposure), 0)
 
+    def first(w: tuple[GrantKey, tuple[str, ...]]) -> bool:
+        return w[0] in held and cost(w) <= held[w[0]]
+
     within: list[tuple[GrantKey, tuple[str, ...]]] = []
     out: list[GrantKey] = []
     used = 0
-    for w in sorted(wanted, key=lambda w: (w[0] not in held, w[0][1], w[0][0], w[0][2])):
+    for w in sorted(wanted, key=lambda w: (not first(w), w[0][1], w[0][0], w[0][2])):
         if used + cost(w) <= budget:
             within.append(w)
             used += cost(w)

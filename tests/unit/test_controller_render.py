@@ -315,6 +315,25 @@ def test_grants_past_the_rule_budget_are_left_out_and_deployed_ones_come_first(
     assert [(p.error.value, p.reason) for p in again.left_out] == [('"db"', "TooManyRules")]
 
 
+def test_a_deployed_grant_that_grew_waits_with_the_new_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a held grant ranked first whatever it costs now, so one peer adding subnets could
+    push out another peer's deployed grants. Deployed: s1 web (2 rules), s2 web (1). s1 now asks for three
+    more subnets (5 rules): with a budget of 5, s2's deployed grant stays and s1's grown one waits."""
+    monkeypatch.setattr(render_module, "MAX_GRANT_RULES", 10**6)
+    only_web = edit(IPSEC, 1, ["spec", "authorization"], {"exposures": ["web"]})
+    deployed = render_documents(only_web, OPTS)
+    grown = edit(
+        only_web,
+        1,
+        ["spec", "ipsec", "remoteSubnets"],
+        ["203.0.113.0/28", "198.19.1.16/28", "198.19.2.0/28", "198.19.3.0/28", "198.19.4.0/28"],
+    )
+    monkeypatch.setattr(render_module, "MAX_GRANT_RULES", 5)
+    again = render_parts(*_parsed(grown), RenderOptions(internal_source_cidrs=INTERNAL, previous=deployed))
+    assert {(g.peer, g.exposure) for g in again.plan.nat.grants} == {("s2", "web")}
+    assert [(p.resource, p.reason) for p in again.left_out] == [("VPNPeer/tenant-acme/s1", "TooManyRules")]
+
+
 @pytest.mark.parametrize(
     "mask, rule",
     [
