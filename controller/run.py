@@ -83,6 +83,8 @@ class Elector(Protocol):
 
     async def run(self) -> None: ...
 
+    async def release(self) -> None: ...
+
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -300,4 +300,6 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
                 await tg.start(op.run, args.listen)
             except OSError as exc:
                 raise RunFailed(f"--listen {args.listen}: {exc.strerror or exc}") from exc
+        # Every worker has stopped: hand the Lease over at once instead of letting it run out.
+        await elector.release()
     return 0

@@ -437,6 +437,20 @@ def test_two_replicas_elect_one_leader_and_the_other_takes_over(cluster: Cluster
     assert "leader.started" in standby.log()
 
 
+def test_a_stopped_leader_hands_its_lease_over_at_once(cluster: Cluster) -> None:
+    """SIGTERM (a rolling update): the leader stops its work, then gives the Lease up (no holder), and the
+    standby leads at its next try, well inside the 15 s the lease would otherwise take to run out."""
+    a = start(cluster, name="a")
+    b = start(cluster, name="b")
+    wait_for(
+        lambda: "vpngw_controller_leader 1.0" in a.get("/metrics")[1] + b.get("/metrics")[1], 20, "a leader"
+    )
+    leader, standby = (a, b) if "vpngw_controller_leader 1.0" in a.get("/metrics")[1] else (b, a)
+    assert leader.stop(signal.SIGTERM) == 0
+    assert "leader.released" in leader.log()
+    wait_for(lambda: "leader.started" in standby.log(), 8, "the standby to lead, long before 15 s")
+
+
 def test_bad_settings_exit_2_naming_the_setting(tmp_path: Path, cluster: Cluster) -> None:
     bad = copy.deepcopy(CONFIG)
     bad["staticNICs"]["tenant-acme/acme"]["mac"] = "nope"  # type: ignore[index]
