@@ -170,11 +170,8 @@ def render_gateway(
         if previous is not None:
             asked = still_asked(snap, {p.meta.name for p in peers})
             allowed = settings.allowance(snap.key.namespace).service_cidrs
-            outside = allowed is not None and not any(
-                ipaddress.IPv4Network(previous.nat.service_cidr).subnet_of(ipaddress.IPv4Network(c))
-                for c in allowed
-            )
-            if not snap.namespace_enabled or outside:
+            cidr = previous.nat.service_cidr
+            if not snap.namespace_enabled or (cidr is not None and not within(cidr, allowed)):
                 # Its namespace no longer enabled, or its serviceCIDR no longer allowed there: nothing of it
                 # is served (no tunnel, no grant); the pod, NIC2 and the public address stay until that
                 # changes back or the CR goes (found by review: a narrowed serviceCIDRs allowance did not
@@ -406,9 +403,13 @@ def holds(claim: Claim, enabled: bool, allowed: Sequence[str] | None, refused: b
     ``refused_as_is``), else a CR that can never render would block a range others need."""
     if claim.deployed:
         return True
-    net = ipaddress.IPv4Network(claim.service_cidr)
-    inside_allowance = allowed is None or any(net.subnet_of(ipaddress.IPv4Network(c)) for c in allowed)
-    return enabled and inside_allowance and not refused
+    return enabled and within(claim.service_cidr, allowed) and not refused
+
+
+def within(cidr: str, allowed: Sequence[str] | None) -> bool:
+    """``cidr`` lies inside one of a namespace's allowed serviceCIDRs (``allowed`` None: any range)."""
+    net = ipaddress.IPv4Network(cidr)
+    return allowed is None or any(net.subnet_of(ipaddress.IPv4Network(c)) for c in allowed)
 
 
 NOT_ITS_OWN = frozenset({"PartlyRendered", TRANSIT_UNKNOWN, "SecretsUnreadable", "ServiceCIDRTaken"})

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -304,9 +304,7 @@ def render_parts(
                 for e in gateway.reverse_exposures
                 if inside(e.address, t.remote_subnets)
             ]
-    ports = {("exposure", e.name): len(e.ports) for e in exposures}
-    ports |= {("reverse", e.name): len(e.ports) for e in reverse}
-    wanted, over, rules = rule_budget(wanted, ports, previous, MAX_GRANT_RULES)
+    wanted, over, rules = rule_budget(wanted, port_counts(exposures, reverse), previous, MAX_GRANT_RULES)
     if over:
         why = (
             f"is left out: {gateway.meta}'s grants would need {rules} filter rules in the gateway pod (each "
@@ -411,6 +409,14 @@ def _marks_exhausted(
     return _grants_left_out(gateway, peers, exc.grants, why, ALLOCATION_FAILED)
 
 
+def port_counts(
+    exposures: Iterable[gwplan.Exposure], reverse: Iterable[gwplan.ReverseExposure]
+) -> dict[tuple[str, str], int]:
+    """(kind, exposure) -> its number of ports: what one source of a grant of it costs in rules."""
+    out = {("exposure", e.name): len(e.ports) for e in exposures}
+    return out | {("reverse", e.name): len(e.ports) for e in reverse}
+
+
 def rule_budget(
     wanted: Sequence[tuple[GrantKey, tuple[str, ...]]],
     ports: Mapping[tuple[str, str], int],
@@ -424,8 +430,7 @@ def rule_budget(
     peer's deployed grants (found by review)."""
     held: dict[GrantKey, int] = {}
     if previous is not None:
-        before = {("exposure", e.name): len(e.ports) for e in previous.nat.exposures}
-        before |= {("reverse", e.name): len(e.ports) for e in previous.nat.reverse_exposures}
+        before = port_counts(previous.nat.exposures, previous.nat.reverse_exposures)
         held = {
             (g.kind, g.peer, g.exposure): len(g.sources) * before.get((g.kind, g.exposure), 0)
             for g in previous.nat.grants
@@ -746,6 +751,6 @@ def keep_only_still_asked(previous: gwplan.Plan, still: StillAsked) -> gwplan.Pl
             for g in nat.grants
             if granted(g)
         ),
-        allowed_targets=allowed if still.exposure_targets is not None else nat.allowed_targets,
+        allowed_targets=nat.allowed_targets if allowed is None else allowed,
     )
     return dataclasses.replace(previous, ipsec=ipsec, wireguard=wireguard, nat=nat)
