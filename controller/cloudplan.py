@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import gwplan
-from controller.names import GatewayKey
+from controller.names import GATEWAY_KINDS, GatewayKey
 from controller.status import Condition
 
 SECURITY_GROUP_SCOPED = "SecurityGroupScoped"
@@ -61,7 +61,27 @@ class CloudPlan:
 
 def tags(key: GatewayKey, instance: str) -> tuple[str, str]:
     """The Neutron tags of everything owned for ``key`` (no commas: Neutron's tag filter splits on them)."""
-    return (f"vpngw-instance:{instance}", f"vpngw-gateway:{key.kind}.{key.namespace}.{key.name}")
+    return (instance_tag(instance), f"{GATEWAY_TAG}{key.kind}.{key.namespace}.{key.name}")
+
+
+GATEWAY_TAG = "vpngw-gateway:"
+
+
+def instance_tag(instance: str) -> str:
+    return f"vpngw-instance:{instance}"
+
+
+def key_of_tags(found: Iterable[str]) -> GatewayKey | None:
+    """The gateway a resource's tags (``tags``) name; None when they name none. A namespace has no dot
+    (a DNS label) and a kind none, so the name is the rest, dots and all."""
+    for tag in found:
+        if not tag.startswith(GATEWAY_TAG):
+            continue
+        kind, _, rest = tag.removeprefix(GATEWAY_TAG).partition(".")
+        namespace, _, name = rest.partition(".")
+        if kind in GATEWAY_KINDS and namespace and name:
+            return GatewayKey(kind, namespace, name)
+    return None
 
 
 def resource_name(key: GatewayKey) -> str:

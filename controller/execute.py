@@ -18,7 +18,7 @@ from controller import diff
 from controller.names import FINALIZER, GatewayKey
 from controller.reconcile import Decision
 from controller.status import event_object
-from gwkit.kube import Conflict, KubeClient, NotFound, Resource
+from gwkit.kube import Conflict, KubeClient, NotFound, Obj, Resource
 from gwkit.kube.client import BY_KIND, EVENTS
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,21 @@ async def delete_all(kube: KubeClient, deletions: list[diff.Delete]) -> int:
     for d in deletions:
         await _perform(kube, d, counts)
     return counts.writes
+
+
+async def add_finalizer(kube: KubeClient, key: GatewayKey, gateway: Mapping[str, Any]) -> Obj:
+    """Put the finalizer on the gateway (on the version read: 409 requeues); the object as the API now
+    holds it."""
+    md = gateway["metadata"]
+    finalizers = [*(md.get("finalizers") or []), FINALIZER]
+    try:
+        obj: Obj = await _guarded(
+            kube.patch(gateway_resource(key), key.name, _finalizers_at(md, finalizers), key.namespace)
+        )
+    except NotFound:
+        raise Requeue(f"{key} is gone") from None
+    log.info("gateway.finalizer_added gateway=%s", key)
+    return obj
 
 
 async def remove_finalizer(kube: KubeClient, key: GatewayKey, gateway: Mapping[str, Any]) -> None:

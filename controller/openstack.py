@@ -19,8 +19,9 @@ fails (``PortFailed``, ``AttachFailed``, ...):
    on the routers of the ClusterLinks naming the gateway; our routes (nexthop: the port's address) are
    removed from every other router.
 
-``release`` deletes all of it (the finalizer). openstacksdk is synchronous: each call runs on a worker
-thread.
+``release`` deletes all of it (the finalizer, and the sweep for a gateway gone: ``owned`` lists every
+gateway this instance holds resources for, by the instance tag). openstacksdk is synchronous: each call
+runs on a worker thread.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import anyio
@@ -39,6 +41,8 @@ from controller.cloud import CLOUD_READY, CloudError, CloudState, CloudWant
 from controller.cloudplan import (
     Rule,
     address_pairs,
+    instance_tag,
+    key_of_tags,
     plan_cloud,
     resource_name,
     routes,
@@ -137,8 +141,11 @@ class OpenStackCloud:
     async def ensure(self, want: CloudWant) -> CloudState:
         return await anyio.to_thread.run_sync(self._ensure, want)
 
-    async def release(self, key: GatewayKey) -> None:
-        await anyio.to_thread.run_sync(self._release, key)
+    async def release(self, key: GatewayKey) -> int:
+        return await anyio.to_thread.run_sync(self._release, key)
+
+    async def owned(self) -> dict[GatewayKey, float]:
+        return await anyio.to_thread.run_sync(self._owned)
 
     async def transit_cidrs(self) -> tuple[str, ...] | None:
         """The gateway subnet's CIDR (looked up once); None while Neutron cannot be asked."""
@@ -397,14 +404,28 @@ class OpenStackCloud:
         conds = (ready, scope_condition(cp), routing_condition(cp, True))
         return CloudState(nic, str(fip.floating_ip_address), conds)
 
-    def _release(self, key: GatewayKey) -> None:
+    def _owned(self) -> dict[GatewayKey, float]:
+        net = self.conn.network
+        out: dict[GatewayKey, float] = {}
+        with _Step("Owned"):
+            mine = instance_tag(self.settings.instance)
+            for listing in (net.ports, net.ips, net.security_groups):
+                for r in listing(tags=mine):
+                    key = key_of_tags(getattr(r, "tags", None) or [])
+                    if key is not None:
+                        out[key] = max(out.get(key, 0.0), _last_touched(r))
+        return out
+
+    def _release(self, key: GatewayKey) -> int:
         net, compute = self.conn.network, self.conn.compute
+        deleted = 0
         with _Step("Release"):
             ports = self._find(net.ports, key, name=resource_name(key))
-            for fip in self._find(net.ips, key) + [
-                f for p in ports for f in self._find(net.ips, key, port_id=p.id)
-            ]:
+            fips = {f.id: f for f in self._find(net.ips, key)}
+            fips.update({f.id: f for p in ports for f in self._find(net.ips, key, port_id=p.id)})
+            for fip in fips.values():
                 net.delete_ip(fip, ignore_missing=True)
+                deleted += 1
             for port in ports:
                 address = port.fixed_ips[0]["ip_address"] if port.fixed_ips else None
                 if address:
@@ -413,6 +434,24 @@ class OpenStackCloud:
                     compute.delete_server_interface(port.id, server=port.device_id, ignore_missing=True)
                     self._wait_port(port.id, lambda p: not p.device_id, "detached")
                 net.delete_port(port, ignore_missing=True)
+                deleted += 1
             for sg in self._find(net.security_groups, key, name=resource_name(key)):
                 net.delete_security_group(sg, ignore_missing=True)
-        log.info("cloud.released gateway=%s", key)
+                deleted += 1
+        log.info("cloud.released gateway=%s deleted=%d", key, deleted)
+        return deleted
+
+
+def _last_touched(resource: Any) -> float:
+    """When Neutron last created or changed ``resource`` (epoch seconds; its ``created_at``/``updated_at``,
+    ISO 8601 in UTC); 0 when it says neither."""
+    times = []
+    for field in ("created_at", "updated_at"):
+        value = str(getattr(resource, field, "") or "")
+        if value:
+            try:
+                stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            times.append((stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp())
+    return max(times, default=0.0)
