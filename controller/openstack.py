@@ -340,7 +340,13 @@ class OpenStackCloud:
             and any(ip.get("subnet_id") == subnet_id for ip in p.fixed_ips or [])
         }
 
-    def _routes(self, routers: tuple[str, ...], vips: tuple[str, ...], nexthop: str) -> None:
+    def _routes(
+        self, routers: tuple[str, ...], vips: tuple[str, ...], nexthop: str, *, releasing: bool = False
+    ) -> None:
+        """Our routes exactly on ``routers`` and on no other. Ours: next hop the port's address and a /32
+        destination (we program nothing else); a wider route someone pointed at the gateway is theirs and
+        stays, until ``releasing``: the port's address is about to be free, and a route left pointing at
+        it would send that traffic to whichever port gets the address next."""
         net = self.conn.network
         with _Step("Routes"):
             want = {(r["destination"], r["nexthop"]) for r in routes(vips, nexthop)}
@@ -352,6 +358,7 @@ class OpenStackCloud:
                     (r["destination"], r["nexthop"])
                     for r in router.routes or []
                     if r.get("nexthop") == nexthop
+                    and (releasing or str(r.get("destination", "")).endswith("/32"))
                 }
                 target = want if router.id in routers else set()
                 add, remove = target - have, have - target
@@ -429,7 +436,7 @@ class OpenStackCloud:
             for port in ports:
                 address = port.fixed_ips[0]["ip_address"] if port.fixed_ips else None
                 if address:
-                    self._routes((), (), str(address))
+                    self._routes((), (), str(address), releasing=True)
                 if port.device_id and str(port.device_owner or "").startswith("compute:"):
                     compute.delete_server_interface(port.id, server=port.device_id, ignore_missing=True)
                     self._wait_port(port.id, lambda p: not p.device_id, "detached")

@@ -184,6 +184,39 @@ def test_the_sweep_releases_what_a_gateway_gone_left_and_nothing_else(
     assert nothing(tagged(conn, instance_tag(instance)))
 
 
+def test_a_wider_route_someone_points_at_the_gateway_stays_until_its_port_goes(
+    openstack_lab: OpenStackLab,
+) -> None:
+    """We program /32s only: a route another party pointed at the gateway's port is theirs while the port
+    lives, and goes with the port (its address is then free for any other port)."""
+    lab = openstack_lab
+    net = lab.cloud
+    conn = lab.connect(direct=True)
+    cloud = OpenStackCloud(
+        lab.connect(connect_retries=0, status_code_retries=0),
+        OpenStackSettings(net.gateway.network_id, net.external.network_id, net.gateway.subnet_id, "routes"),
+    )
+    key = GatewayKey("VPNGateway", NS, "gw4")
+    gw, peer = gateway_docs(4)
+    peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
+    rendered = render_gateway(
+        Snapshot(key, {**gw, "metadata": {**gw["metadata"], "uid": "u"}}, peers), Settings()
+    )
+    assert rendered.plan is not None, rendered.problems
+    router = net.clusters[0].router_id
+    want = CloudWant(key, None, None, rendered.plan, (router,))
+    try:
+        state = anyio.run(cloud.ensure, want)
+        assert state.nic is not None
+        theirs = {"destination": "198.51.100.0/25", "nexthop": state.nic.address.split("/")[0]}
+        conn.network.add_extra_routes_to_router(router, {"router": {"routes": [theirs]}})
+        anyio.run(cloud.ensure, want)
+        assert theirs in list(conn.network.get_router(router).routes or []), "a reconcile took it"
+    finally:
+        anyio.run(cloud.release, key)
+    assert theirs not in list(conn.network.get_router(router).routes or []), "left pointing at a free address"
+
+
 def _free_address(conn: Any, subnet_id: str) -> str:
     """An address of the subnet no port holds (a foreign route's next hop)."""
     import ipaddress
