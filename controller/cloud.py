@@ -63,6 +63,9 @@ class CloudState:
     conditions: tuple[Condition, ...]
     failed: bool = False
     """A step after the NIC failed (the routes): the state stands, and the reconcile is retried."""
+    fenced: bool = False
+    """NIC2 is attached to the pinned node's server and to no other: a pod of the gateway left on another
+    node can no longer serve, so it may be deleted without its kubelet's word (``placement.stranded``)."""
 
 
 class Cloud(Protocol):
@@ -87,7 +90,8 @@ class Cloud(Protocol):
 
 
 class StaticCloud:
-    """``Cloud`` over configured NICs: ``namespace/name`` -> MAC, address, gateway (and a public IP)."""
+    """``Cloud`` over configured NICs: ``namespace/name`` -> MAC, address, gateway (and a public IP).
+    It fences nothing: the NIC is wherever the operator put it."""
 
     def __init__(self, nics: Mapping[str, StaticNic]) -> None:
         self.nics = dict(nics)

@@ -17,9 +17,9 @@ from typing import Any
 from controller import diff
 from controller.names import FINALIZER, GatewayKey
 from controller.reconcile import Decision
-from controller.status import event_object
+from controller.status import StatusEvent, event_object
 from gwkit.kube import Conflict, KubeClient, NotFound, Obj, Resource
-from gwkit.kube.client import BY_KIND, EVENTS
+from gwkit.kube.client import BY_KIND, EVENTS, PODS
 
 log = logging.getLogger(__name__)
 
@@ -163,3 +163,31 @@ async def remove_finalizer(kube: KubeClient, key: GatewayKey, gateway: Mapping[s
         await _guarded(kube.patch(gateway_resource(key), key.name, _finalizers_at(md, rest), key.namespace))
     except NotFound:
         return
+
+
+async def force_delete(
+    kube: KubeClient,
+    key: GatewayKey,
+    gateway: Mapping[str, Any],
+    pod: Mapping[str, Any],
+    why: str,
+    *,
+    now: str,
+    reporter: str,
+) -> bool:
+    """Delete ``pod`` with grace 0 (the API forgets it at once, no kubelet asked) and say so in an Event
+    on the gateway; False when it was gone already (or replaced: the uid precondition)."""
+    md = pod["metadata"]
+    try:
+        await kube.delete(PODS, md["name"], md["namespace"], uid=md.get("uid"), grace_seconds=0)
+    except (NotFound, Conflict):
+        return False
+    log.warning("pod.force_deleted gateway=%s pod=%s/%s why=%r", key, md["namespace"], md["name"], why)
+    ev = StatusEvent("Warning", "PodForceDeleted", f"pod {md['name']}: {why}")
+    try:
+        await kube.create(
+            EVENTS, event_object(key, str(gateway["metadata"]["uid"]), ev, now, reporter), key.namespace
+        )
+    except Exception as exc:  # an Event is a courtesy
+        log.warning("event.failed gateway=%s reason=%s error=%r", key, ev.reason, str(exc))
+    return True

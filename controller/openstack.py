@@ -394,6 +394,8 @@ class OpenStackCloud:
                 )
             port = self._attach(port, server)
         where = f"attached to server {server}" if want.node is not None else "not attached (no node)"
+        # _attach returned: Neutron shows the port on the pinned node's server, detached from any other.
+        fenced = want.node is not None
         ready = Condition(
             CLOUD_READY,
             True,
@@ -407,9 +409,9 @@ class OpenStackCloud:
         except CloudError as exc:
             log.warning("cloud.failed gateway=%s step=%s error=%r", want.key, exc.step, str(exc))
             conds = (ready, scope_condition(cp), routing_condition(cp, False, str(exc)))
-            return CloudState(nic, str(fip.floating_ip_address), conds, failed=True)
+            return CloudState(nic, str(fip.floating_ip_address), conds, failed=True, fenced=fenced)
         conds = (ready, scope_condition(cp), routing_condition(cp, True))
-        return CloudState(nic, str(fip.floating_ip_address), conds)
+        return CloudState(nic, str(fip.floating_ip_address), conds, fenced=fenced)
 
     def _owned(self) -> dict[GatewayKey, float]:
         net = self.conn.network

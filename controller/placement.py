@@ -100,3 +100,40 @@ def place(
         return Placement(best, "Placed", f"pinned to node {best}")
     gone = "is gone" if current not in by_name else "is not Ready or no longer matches the node selector"
     return Placement(best, "Repinned", f"node {current} {gone}: re-pinned to {best}", moved_from=current)
+
+
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+"""The taint an administrator puts on a node known to be down (Kubernetes' non-graceful node shutdown,
+KEP-2268): its pods may go without their kubelet's word."""
+
+
+def stranded(
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
+    pin: str | None,
+    *,
+    fenced: bool,
+) -> list[Mapping[str, Any]]:
+    """The gateway's pods to delete without waiting for their kubelet (grace 0): on a node other than the
+    pin that is not Ready, so no kubelet will confirm their deletion, and the Recreate Deployment would
+    wait for them forever before it starts the pod on the pin. Only when none of them can still serve:
+    the cloud ``fenced`` the old node off (NIC2 is attached to the pin's server now), or, without a
+    fence, the node is gone or tainted out-of-service (a NotReady node may only be cut off from the API,
+    its pod still holding NIC2 and the tunnels)."""
+    if pin is None:
+        return []
+    by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
+    out = []
+    for pod in pods:
+        on = str((pod.get("spec") or {}).get("nodeName") or "")
+        if not on or on == pin:
+            continue
+        node = by_name.get(on)
+        if node is not None and ready(node):
+            continue
+        out_of_service = node is not None and any(
+            t.get("key") == OUT_OF_SERVICE for t in (node.get("spec") or {}).get("taints") or []
+        )
+        if fenced or node is None or out_of_service:
+            out.append(pod)
+    return out

@@ -127,6 +127,13 @@ GATEWAY_NAMESPACE = Scope(
             "controller.desired: NIC2 by MAC",
         ),
         Right("", ("pods",), WATCH, "controller.run: PodReady"),
+        Right(
+            "",
+            ("pods",),
+            ("delete",),
+            "controller.run: a gateway pod left on a dead node once it cannot serve (placement.stranded), "
+            "with grace 0",
+        ),
     ),
     "The controller's Role in the gateway namespace: the gateway pods and their objects.",
 )

@@ -249,6 +249,11 @@ class Operator:
                 return keys
             names = {str(o["metadata"]["name"]) for o in objs}
             keys |= {k for k, node in self.pins.items() if node in names}
+            # And those with a pod there (re-pinned away: the pod may now be deleted without its kubelet,
+            # placement.stranded, when the node is tainted out-of-service or goes).
+            for pod in self.informers["Pod"].items():
+                if (pod.get("spec") or {}).get("nodeName") in names:
+                    keys |= self._keys("Pod", None, pod)
             if new is not None and ready(new):
                 # A node that can take gateways: those without a node look again, and those pinned to a node
                 # that cannot keep them (found when status writes stopped driving reconciles: a gateway
@@ -462,6 +467,21 @@ class Operator:
         counts = await execute.apply(
             self.kube, key, gateway, decision, now=now, reporter=self.elector.identity
         )
+        # The Deployment now pins the new node; the old pod on a dead node is deleted without its kubelet's
+        # word once it cannot serve (the cloud fenced it off, or the node is gone or out of service):
+        # else the Recreate Deployment waits for it forever (no kubelet confirms its deletion).
+        homed = [p for p in snap.pods if p["metadata"].get("namespace") == self.settings.gateway_namespace]
+        for pod in placement.stranded(homed, snap.nodes, where.node, fenced=cloud.fenced):
+            on = pod["spec"]["nodeName"]
+            why = (
+                f"node {on} is not Ready and NIC2 is attached to {where.node} now"
+                if cloud.fenced
+                else f"node {on} is gone or out of service"
+            )
+            if await execute.force_delete(
+                self.kube, key, gateway, pod, why, now=now, reporter=self.elector.identity
+            ):
+                counts.writes += 1
         for verb, n in (("create", counts.creates), ("replace", counts.replaces)):
             if n:
                 self.metrics.writes.labels(verb).inc(n)

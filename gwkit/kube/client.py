@@ -332,12 +332,15 @@ class KubeClient:
         *,
         uid: str | None = None,
         propagation: Literal["Background", "Foreground", "Orphan"] | None = None,
+        grace_seconds: int | None = None,
     ) -> Obj:
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if uid:
             body["preconditions"] = {"uid": uid}
         if propagation:
             body["propagationPolicy"] = propagation
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         return await self.request("DELETE", res.path(namespace, name), body=body)
 
 

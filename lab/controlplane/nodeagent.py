@@ -39,7 +39,9 @@ class NodeAgent:
             "metadata": {"name": self.name, "namespace": "kube-node-lease"},
             "spec": {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": _now()},
         }
-        self.cp.kubectl("create", "-f", "-", kubeconfig=self.kubeconfig, input=json.dumps(lease))
+        # apply, not create: a Lease of an earlier node of this name outlives it until the garbage
+        # collector follows its ownerReference to the deleted Node.
+        self.cp.kubectl("apply", "-f", "-", kubeconfig=self.kubeconfig, input=json.dumps(lease))
         if ready:
             self.start()
 

@@ -96,8 +96,11 @@ def installed(controlplane: ControlPlane, helm: str, node: NodeAgent, tmp_path: 
         yield cp.service_account_kubeconfig(NAMESPACE, "vpngw-controller", path=tmp_path / "sa.kubeconfig")
     finally:
         run_helm(helm, "uninstall", "vpngw", "--kubeconfig", admin, "-n", NAMESPACE, "--wait")
+        # No kubelet confirms a gateway pod's deletion: what one would do, so that the namespaces go
+        # before the next test installs into them again (the control plane lives for the session).
+        cp.kubectl("delete", "pods", "--all", "-n", GATEWAYS, "--grace-period=0", "--force", check=False)
         for ns in (TENANT, GATEWAYS, NAMESPACE):
-            cp.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+            cp.kubectl("delete", "namespace", ns, "--ignore-not-found", "--timeout=90s", check=False)
         for crd in crds():  # helm keeps what crds/ installed
             name = crd["metadata"]["name"]
             cp.kubectl("delete", "crd", name, "--timeout=30s", "--ignore-not-found", check=False)
