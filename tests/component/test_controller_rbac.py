@@ -174,7 +174,25 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
 
         wait_for(restored, 20, "every owned object back")
         node = gateway(c)["status"]["nodeName"]
+        # The gateway's pod on that node, as the ReplicaSet controller makes it (no kubelet here).
+        template = c.owned("apps/v1", "Deployment", "acme", "tenant-acme")["spec"]["template"]  # type: ignore[index]
+        c.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": "acme-old",
+                        "namespace": home_ns,
+                        "labels": template["metadata"]["labels"],
+                    },
+                    "spec": {"nodeName": node, "containers": [{"name": "c", "image": "lab"}]},
+                }
+            ]
+        )
         c.set_node_ready(node, False)  # re-pin: the Deployment updated, an Event
+        c.kube.delete("v1", "Node", node)  # gone: its pod is deleted without its kubelet (pods delete)
+        wait_for(lambda: c.get("v1", "Pod", "acme-old", home_ns) is None, 20, "the stranded pod deleted")
         c.kube.patch(
             "vpn.bnerd.net/v1alpha1",
             "VPNPeer",
