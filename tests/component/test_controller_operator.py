@@ -381,15 +381,19 @@ def test_the_controllers_and_the_agents_status_writes_do_not_clobber_each_other(
     apply_ipsec(cluster)
     wait_for(lambda: condition(gateway(cluster), "ConfigRendered"), 20, "the controller's status")
     stop = threading.Event()
+    failed: list[BaseException] = []
 
     def agent() -> None:  # the status-agent's merge patch of its own keys, as fast as it can
         i = 0
-        while not stop.is_set():
-            i += 1
-            tunnels = [{"name": "s1", "state": "Established", "bytesIn": i}]
-            cluster.kube.patch(
-                VPN, "VPNGateway", "acme", {"status": {"tunnels": tunnels}}, NS, subresource="status"
-            )
+        try:
+            while not stop.is_set():
+                i += 1
+                tunnels = [{"name": "s1", "state": "Established", "bytesIn": i}]
+                cluster.kube.patch(
+                    VPN, "VPNGateway", "acme", {"status": {"tunnels": tunnels}}, NS, subresource="status"
+                )
+        except BaseException as exc:  # raised again below: in a thread it would only be a warning
+            failed.append(exc)
 
     t = threading.Thread(target=agent)
     t.start()
@@ -405,6 +409,8 @@ def test_the_controllers_and_the_agents_status_writes_do_not_clobber_each_other(
     finally:
         stop.set()
         t.join()
+    if failed:
+        raise failed[0]
     st = gateway(cluster)["status"]
     assert st["tunnels"][0]["state"] == "Established" and st["tunnels"][0]["bytesIn"] > 1
     assert condition(gateway(cluster), "ConfigRendered") and st["publicIP"] == "203.0.113.10"
