@@ -1,6 +1,7 @@
 """Test tiers and the lab fixtures.
 
-* tests/unit: pure functions, no I/O.
+* tests/unit: pure functions; they may read the repository's files and write tmp_path, but start no process
+  and open no network connection (enforced while a unit test runs: ``_record_commands``).
 * tests/component: shells against fakes, socketpairs, lab.kubeapi (a real HTTPS Kubernetes API emulator)
   with the controller and agents as real processes.
 * tests/integration: marked ``lab``: root, network namespaces, live charon / wireguard-go / iptables /
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,31 @@ _commands_run: dict[str, str] = {}
 """Every command this session started (name -> one argv that started it), for the install-drift check."""
 
 
+UNIT = Path(__file__).parent / "unit"
+_NO_PROCESSES = (
+    "subprocess.Popen",
+    "os.system",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.exec",
+    "os.fork",
+    "os.forkpty",
+)
+_NO_NETWORK = ("socket.connect", "socket.bind")
+_UNIT_EXCEPTIONS = {"tests/unit/test_logs.py::test_the_time_is_utc_whatever_the_time_zone"}
+"""Unit tests that still start a process (to be moved to tests/component); no new ones."""
+_in_unit_test: dict[int, str] = {}
+"""The unit test running now: its thread's id -> its node id (the tier's rules apply in that thread; other
+threads belong to fixtures of other tiers, which may run in the same session)."""
+
+
 def _record_commands(event: str, args: tuple[Any, ...]) -> None:
+    unit_test = _in_unit_test.get(threading.get_ident()) if _in_unit_test else None
+    if unit_test is not None and (event in _NO_PROCESSES or event in _NO_NETWORK):
+        raise RuntimeError(
+            f"{unit_test}: a unit test starts no process and opens no network connection "
+            f"({event} {args[:2]!r}); it belongs in tests/component"
+        )
     if event != "subprocess.Popen":
         return
     argv = args[1]
@@ -105,6 +131,17 @@ def _record_commands(event: str, args: tuple[Any, ...]) -> None:
 
 
 sys.addaudithook(_record_commands)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """The unit tier's rules hold while a unit test runs (setup, call and teardown)."""
+    if item.path.is_relative_to(UNIT) and item.nodeid not in _UNIT_EXCEPTIONS:
+        _in_unit_test[threading.get_ident()] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        _in_unit_test.clear()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.desired import plan_of
 from controller.names import LABEL_TENANT, TENANT_ENABLED, GatewayKey
@@ -299,18 +300,36 @@ def test_the_api_server_away_for_30_s_is_survived_without_a_lost_change(cluster:
     assert "informer.failed" in ctl.log()
 
 
+def metric(ctl: Controller, name: str) -> float:
+    """The sum of the samples named ``name`` (every label set) on the controller's /metrics."""
+    _, text = ctl.get("/metrics")
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
 def test_a_no_op_resync_writes_nothing(cluster: Cluster) -> None:
     ctl = cluster.start_controller(CONFIG, "--resync-seconds", "10")
     wait_for(ctl.ready, 30, "ready")
     apply_ipsec(cluster)
     apply_with_secrets(cluster, wireguard_docs())
     wait_for(lambda: converged(cluster) and converged(cluster, "acme-wg", "tenant-wg"), 20, "both gateways")
-    wait_for(lambda: condition(gateway(cluster, "acme-wg", "tenant-wg"), "Ready"), 10, "a status")
-    time.sleep(1)
+
+    def settled() -> bool:
+        """The set-up's writes are done: both gateways have a status, every write the emulator logged from
+        the controller is one its reconciles counted (the reconcile that made it has returned), and no
+        gateway waits in the queue."""
+        if not all(
+            condition(gateway(cluster, *k), "Ready") for k in (("acme", NS), ("acme-wg", "tenant-wg"))
+        ):
+            return False
+        logged = sum(1 for r in writes(cluster, 0) if r.user_agent == "vpngw-controller")
+        counted = metric(ctl, "vpngw_controller_api_writes_total")
+        return counted == logged and metric(ctl, "vpngw_controller_queue_depth") == 0
+
+    wait_for(settled, 10, "the controller to settle")
     mark = seq(cluster)
-    # At least one full resync (every 10 s) happens in the window.
-    time.sleep(12)
-    assert "reconcile_total" in ctl.get("/metrics")[1]
+    before = metric(ctl, "vpngw_controller_reconcile_total")
+    # The periodic resync (every 10 s) reconciles both gateways again in the window, and writes nothing.
+    wait_for(lambda: metric(ctl, "vpngw_controller_reconcile_total") >= before + 2, 25, "a resync of both")
     assert writes(cluster, mark) == []
     # The controller never gets a Secret: it lists and watches only those opted in for gateways, and keeps
     # their metadata (controller.informer.metadata_only).
@@ -362,15 +381,19 @@ def test_the_controllers_and_the_agents_status_writes_do_not_clobber_each_other(
     apply_ipsec(cluster)
     wait_for(lambda: condition(gateway(cluster), "ConfigRendered"), 20, "the controller's status")
     stop = threading.Event()
+    failed: list[BaseException] = []
 
     def agent() -> None:  # the status-agent's merge patch of its own keys, as fast as it can
         i = 0
-        while not stop.is_set():
-            i += 1
-            tunnels = [{"name": "s1", "state": "Established", "bytesIn": i}]
-            cluster.kube.patch(
-                VPN, "VPNGateway", "acme", {"status": {"tunnels": tunnels}}, NS, subresource="status"
-            )
+        try:
+            while not stop.is_set():
+                i += 1
+                tunnels = [{"name": "s1", "state": "Established", "bytesIn": i}]
+                cluster.kube.patch(
+                    VPN, "VPNGateway", "acme", {"status": {"tunnels": tunnels}}, NS, subresource="status"
+                )
+        except BaseException as exc:  # raised again below: in a thread it would only be a warning
+            failed.append(exc)
 
     t = threading.Thread(target=agent)
     t.start()
@@ -386,6 +409,8 @@ def test_the_controllers_and_the_agents_status_writes_do_not_clobber_each_other(
     finally:
         stop.set()
         t.join()
+    if failed:
+        raise failed[0]
     st = gateway(cluster)["status"]
     assert st["tunnels"][0]["state"] == "Established" and st["tunnels"][0]["bytesIn"] > 1
     assert condition(gateway(cluster), "ConfigRendered") and st["publicIP"] == "203.0.113.10"

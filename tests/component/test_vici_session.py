@@ -43,14 +43,23 @@ Script = Callable[[socket.socket], None]
 
 @pytest.fixture
 def peer() -> Iterator[Callable[[Script], socket.socket]]:
-    """Runs ``script`` on the far end of a socketpair in a thread; returns our end."""
+    """Runs ``script`` on the far end of a socketpair in a thread; returns our end. What a script raises
+    (its assertions on what we sent) is raised again in the test, at its teardown: a thread's exception
+    alone would only be a warning."""
     threads: list[threading.Thread] = []
     socks: list[socket.socket] = []
+    errors: list[BaseException] = []
+
+    def run(script: Script, sock: socket.socket) -> None:
+        try:
+            script(sock)
+        except BaseException as exc:
+            errors.append(exc)
 
     def start(script: Script) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         socks.extend([ours, theirs])
-        t = threading.Thread(target=script, args=(theirs,), daemon=True)
+        t = threading.Thread(target=run, args=(script, theirs), daemon=True)
         t.start()
         threads.append(t)
         return ours
@@ -60,6 +69,8 @@ def peer() -> Iterator[Callable[[Script], socket.socket]]:
         s.close()
     for t in threads:
         t.join(timeout=2)
+    if errors:
+        raise errors[0]
 
 
 async def _session(sock: socket.socket, timeout: float = 1.0) -> ViciSession:

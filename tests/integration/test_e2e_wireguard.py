@@ -13,6 +13,7 @@ import base64
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,11 +31,11 @@ LANS = {"s1": ["203.0.113.0/28"], "s2": ["203.0.113.16/28"]}
 TUNNEL_ADDR = {"s1": "10.99.0.2", "s2": "10.99.0.3", "s3": "10.99.0.4"}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EWorld]:
-    """One world for the module: the second test reads what the first one's traffic left on eth0."""
-    tmp = tmp_path_factory.mktemp("e2e-wg")
-    with E2EWorld(tmp, static_nic=f"{NS}/acme-wg", controller_args=["--wireguard-mode", "wireguard-go"]) as w:
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[E2EWorld]:
+    with E2EWorld(
+        tmp_path, static_nic=f"{NS}/acme-wg", controller_args=["--wireguard-mode", "wireguard-go"]
+    ) as w:
         run_id = w.k.run_id
         yield w
     assert [n for n in netns.list_namespaces() if n.startswith(run_id)] == []
@@ -119,16 +120,23 @@ def connected(world: E2EWorld, names: list[str]) -> bool:
     return set(peers) == set(names) and all(p.get("state") == "Connected" for p in peers.values())
 
 
-def test_two_wireguard_peers_handshake_connect_and_a_removed_peer_is_cut(world: E2EWorld) -> None:
-    sites = {n: world.lab.add_site(lans=lans) for n, lans in LANS.items()}
+def bring_up(world: E2EWorld, names: tuple[str, ...]) -> tuple[dict[str, Host], dict[str, tuple[str, str]]]:
+    """Sites configured by their tenant, then the gateway and its peers applied with the gateway's key;
+    every peer Connected. Returns the sites and the key pairs (the gateway's under ``gw``)."""
+    sites = {n: world.lab.add_site(lans=LANS[n]) for n in names}
     keys = {n: keypair() for n in ("gw", *sites)}
     for name, site in sites.items():
         configure_site(world, site, name, keys, keys["gw"][1])
     t0 = time.monotonic()
     world.apply(docs(keys, sites))
     world.c.apply([secret_doc(NS, "acme-wg", {"privateKey": keys["gw"][0]})])
-    world.wait(lambda: connected(world, ["s1", "s2"]), 30, "both peers Connected in status.peers")
+    world.wait(lambda: connected(world, list(names)), 30, "every peer Connected in status.peers")
     print(f"e2e.measured what=wireguard_apply_to_connected seconds={time.monotonic() - t0:.3f}")
+    return sites, keys
+
+
+def test_two_wireguard_peers_handshake_connect_and_a_removed_peer_is_cut(world: E2EWorld) -> None:
+    sites, _ = bring_up(world, ("s1", "s2"))
     peers = world.wg_peers("acme-wg", NS)
     assert all(p.get("latestHandshake") for p in peers.values()), peers
     pod = world.pod("acme-wg", NS)
@@ -165,6 +173,7 @@ def test_a_site_that_never_initiates_connects_through_nic2_and_nothing_leaves_et
     """Found by running the pod (docs/e2e.md): the gateway's own WireGuard initiations followed the pod's
     main table out of eth0. The device now marks its packets with the NIC2 reply bit (agent), and
     init-nat's fwmark rules send them out through NIC2."""
+    bring_up(world, ("s1",))
     site = world.lab.add_site(lans=["203.0.113.32/28"])
     keys = {"s3": keypair()}
     gw = world.c.get("v1", "Secret", "acme-wg", NS)
@@ -186,6 +195,7 @@ def test_a_site_that_never_initiates_connects_through_nic2_and_nothing_leaves_et
     assert pod is not None and pod.capture is not None
     egress = {(f.protocol, f.peer, f.port) for f in pod.capture.egress()}
     print("e2e.egress", sorted(egress))
+    assert ("TCP", "10.96.0.1", 443) in egress, f"the capture saw the agent reach the API server: {egress}"
     assert egress <= {("TCP", "10.96.0.1", 443), ("UDP", "10.96.0.10", 53)}, (
         "WireGuard's UDP must stay on NIC2"
     )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import tracemalloc
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -213,3 +215,115 @@ def test_a_shared_key_is_for_its_peer_alone(owners: list[str], message: str) -> 
 )
 def test_ike_id_wildcard_follows_charons_parser(ike_id: str, wildcard: bool) -> None:
     assert (g.ike_id_wildcard(ike_id) is not None) is wildcard
+
+
+# Golden plans: the bytes and hash a released controller writes, checked in. A pod's agent may be older or
+# newer than the controller that rendered its plan; a change to the encoding (key names, order, escaping,
+# what is left out when unset, what the hash covers) must fail here, not when a running pod refuses a plan.
+GOLDEN = Path(__file__).parent / "golden"
+IPSEC_GOLDEN = g.Plan(
+    gateway=g.GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-acme", "acme"),
+    type="ipsec",
+    nic=g.Nic(
+        "fa:16:3e:00:00:01", "192.0.2.2/26", "192.0.2.1", table=101, rule_priority=1100, reply_mark=0x1
+    ),
+    ipsec=g.Ipsec(
+        secrets=(g.IkeSecret("psk-hq", ("büro.example",), g.SecretRef("hq-psk", "psk")),),
+        tunnels=(
+            g.Tunnel(
+                "hq",
+                True,
+                (g.Child("hq-0", "10.1.0.0/24"), g.Child("hq-1", "10.2.0.0/24")),
+                {
+                    "hq": {
+                        "version": "2",
+                        "remote_addrs": ["198.51.100.2"],
+                        "local": {"auth": "psk", "id": "gw.example"},
+                        "remote": {"auth": "psk", "id": "büro.example"},
+                        "children": {
+                            "hq-0": {"local_ts": ["198.18.0.0/24"], "remote_ts": ["10.1.0.0/24"]},
+                            "hq-1": {"local_ts": ["198.18.0.0/24"], "remote_ts": ["10.2.0.0/24"]},
+                        },
+                    }
+                },
+            ),
+            g.Tunnel(
+                "rw",
+                False,
+                (g.Child("rw-0", "10.3.0.0/24"),),
+                {"rw": {"version": "2", "local": {"auth": "pubkey"}, "remote": {"auth": "pubkey"}}},
+                peer_cas=("ca-rw",),
+            ),
+        ),
+        certificates=(
+            g.IkeCertificate("gw-cert", g.SecretRef("gw-tls", "tls.crt")),
+            g.IkeCertificate("ca-rw", g.SecretRef("rw-ca", "ca.crt"), ca=True),
+        ),
+        private_keys=(g.IkePrivateKey("gw-key", g.SecretRef("gw-tls", "tls.key")),),
+    ),
+    nat=g.Nat(
+        service_cidr="198.18.0.0/24",
+        source_address="198.18.0.1",
+        internal_source_cidrs=("192.0.2.64/26",),
+        exposures=(
+            g.Exposure("web", "198.18.0.10", (g.Port(443), g.Port(53, "UDP")), target_address="192.0.2.70"),
+            g.Exposure("db", "198.18.0.11", (g.Port(5432),), target_host="db.fabric.example"),
+        ),
+        reverse_exposures=(g.ReverseExposure("hq-ldap", "198.18.0.20", "10.1.0.5", (g.Port(636),)),),
+        grants=(
+            g.Grant("hq", "web", "exposure", ("10.1.0.0/24", "10.2.0.0/24"), 0x10000),
+            g.Grant("hq", "hq-ldap", "reverse", ("192.0.2.64/26",), 0x20000),
+        ),
+        allowed_targets=("192.0.2.64/26",),
+    ),
+)
+IPSEC_GOLDEN_HASH = "sha256:57dcf13ea4decaeaca92db1497bc63785890cadb36e9d52d2e18c2d1ad21c34b"
+WIREGUARD_GOLDEN = g.Plan(
+    gateway=g.GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-wg", "acme-wg"),
+    type="wireguard",
+    nic=g.Nic("fa:16:3e:00:00:02", "192.0.2.3/26", "192.0.2.1"),
+    wireguard=g.WireGuard(
+        "wg0",
+        51820,
+        "10.99.0.1/24",
+        g.SecretRef("acme-wg", "privateKey"),
+        peers=(
+            g.WgPeer(
+                "s1",
+                "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=",
+                ("10.99.0.2/32", "10.1.0.0/24"),
+                endpoint="site1.example:51820",
+                preshared_key_ref=g.SecretRef("s1-psk", "presharedKey"),
+                persistent_keepalive=25,
+            ),
+            g.WgPeer("laptop", "TrMvSoP4jYQlY6RIzBgbssQqY3vxI2Pi+y71lOWWXX0=", ("10.99.0.3/32",)),
+        ),
+    ),
+    nat=g.Nat(
+        service_cidr="198.18.1.0/24",
+        source_address="198.18.1.1",
+        exposures=(g.Exposure("web", "198.18.1.10", (g.Port(443),), target_address="192.0.2.70"),),
+        grants=(g.Grant("s1", "web", "exposure", ("10.99.0.2/32", "10.1.0.0/24"), 0x10000),),
+    ),
+)
+WIREGUARD_GOLDEN_HASH = "sha256:6c3d18e5583ee270ae7c752ac2e5ad9a450154d7ad393f8e46fcf281a7668167"
+
+
+@pytest.mark.parametrize(
+    ("plan", "path", "digest"),
+    [
+        pytest.param(IPSEC_GOLDEN, "plan-ipsec.json", IPSEC_GOLDEN_HASH, id="ipsec"),
+        pytest.param(WIREGUARD_GOLDEN, "plan-wireguard.json", WIREGUARD_GOLDEN_HASH, id="wireguard"),
+    ],
+)
+def test_the_encoding_is_the_one_checked_in(plan: g.Plan, path: str, digest: str) -> None:
+    golden = (GOLDEN / path).read_bytes()
+    assert g.dumps(plan) == golden, f"the encoding of {path} changed: an agent of another version refuses it"
+    assert g.plan_hash(plan) == digest
+    assert g.loads(golden) == plan
+    # The hash is the SHA-256 of the canonical document without it (keys sorted, so "hash" sits between
+    # "gateway" and the next key: cut its member out of the bytes as they are, no codec involved).
+    member = f',"hash":"{digest}"'.encode()
+    assert golden.count(member) == 1
+    body = golden.replace(member, b"").rstrip(b"\n")
+    assert "sha256:" + hashlib.sha256(body).hexdigest() == digest
