@@ -106,8 +106,6 @@ _NO_PROCESSES = (
     "os.forkpty",
 )
 _NO_NETWORK = ("socket.connect", "socket.bind")
-_UNIT_EXCEPTIONS = {"tests/unit/test_logs.py::test_the_time_is_utc_whatever_the_time_zone"}
-"""Unit tests that still start a process (to be moved to tests/component); no new ones."""
 _in_unit_test: dict[int, str] = {}
 """The unit test running now: its thread's id -> its node id (the tier's rules apply in that thread; other
 threads belong to fixtures of other tiers, which may run in the same session)."""
@@ -136,7 +134,7 @@ sys.addaudithook(_record_commands)
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """The unit tier's rules hold while a unit test runs (setup, call and teardown)."""
-    if item.path.is_relative_to(UNIT) and item.nodeid not in _UNIT_EXCEPTIONS:
+    if item.path.is_relative_to(UNIT):
         _in_unit_test[threading.get_ident()] = item.nodeid
     try:
         return (yield)
