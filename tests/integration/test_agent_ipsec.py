@@ -551,23 +551,33 @@ async def test_child_rekey_never_shows_zero_bytes_or_a_non_established_state(lab
 
     before = child_ids(await gw_sas(lab))
     ping = start_ping(lab, site.lan_host)
-    samples: list[dict[str, Any]] = []
+    samples: list[tuple[float, dict[str, Any]]] = []
+    rekeyed: float | None = None  # when charon first showed a CHILD_SA other than the first
     try:
         agent.wait_for(lambda ts: ts[site.role]["bytesOut"] > 0, 10, "traffic counted")
         end = time.monotonic() + 26
         while time.monotonic() < end:
-            samples.append(agent.tunnels()[site.role])
+            now = time.monotonic()
+            samples.append((now, agent.tunnels()[site.role]))
+            if rekeyed is None and len(samples) % 10 == 0 and child_ids(await gw_sas(lab)) - before:
+                rekeyed = now
             await anyio.sleep(0.1)
     finally:
         ping.terminate()
         ping.wait(timeout=5)
     after = child_ids(await gw_sas(lab))
     assert not before & after, "a CHILD_SA rekey happened during the sampling"
+    assert rekeyed is not None and rekeyed < end - 3, "the rekey was seen with 3 s of sampling after it"
     assert len(samples) > 200
-    assert all(s["state"] == "Established" for s in samples), [s["state"] for s in samples]
-    assert all(s["bytesOut"] > 0 and s["bytesIn"] > 0 for s in samples)
-    outs = [s["bytesOut"] for s in samples]
-    assert outs == sorted(outs), "counters never go backwards across the rekey"
+    states = [s["state"] for _, s in samples]
+    assert all(x == "Established" for x in states), states
+    assert all(s["bytesOut"] > 0 and s["bytesIn"] > 0 for _, s in samples)
+    for counter in ("bytesOut", "bytesIn"):
+        values = [s[counter] for _, s in samples]
+        assert values == sorted(values), f"{counter} never goes backwards across the rekey"
+        # and keeps counting after it: the agent republishes counters on its 2 s resync
+        at_rekey = next(s[counter] for t, s in samples if t >= rekeyed)
+        assert values[-1] > at_rekey, f"{counter} stopped at the rekey ({at_rekey})"
 
 
 async def test_invalid_plan_keeps_the_running_tunnels_and_says_why(lab: Lab, agent: Agent) -> None:
