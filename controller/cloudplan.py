@@ -154,12 +154,21 @@ def routing_condition(cp: CloudPlan, programmed: bool, detail: str = "") -> Cond
         return Condition(
             ROUTING_READY, False, "RoutesPending", detail or "address pairs or routes not programmed"
         )
-    where = (
-        f"on router(s) {', '.join(cp.routers)}"
-        if cp.routers
-        else "no ClusterLink names this gateway: no router routes"
+    if not cp.routers:
+        # Paired on the port, but nothing routes fabric traffic to them: they cannot be reached.
+        return Condition(
+            ROUTING_READY,
+            False,
+            "NoRouter",
+            f"{len(cp.vips)} virtual IP(s) paired, but no ClusterLink names this gateway, so no router "
+            "carries them: add the gateway's name to a ClusterLink's spec.gateways",
+        )
+    return Condition(
+        ROUTING_READY,
+        True,
+        "RoutesProgrammed",
+        f"{len(cp.vips)} virtual IP(s) paired; on router(s) {', '.join(cp.routers)}",
     )
-    return Condition(ROUTING_READY, True, "RoutesProgrammed", f"{len(cp.vips)} virtual IP(s) paired; {where}")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,13 @@ class LeaderElector:
         self._seen_at = 0.0
         self.transitions = 0
 
+    def leads(self) -> bool:
+        """Leading, and within the renew deadline of the last renewal sent, by the clock now: never true
+        longer than ``leading``, and safe to ask from any thread (the controller's writes and cloud steps
+        ask before each one, so a deposed leader whose event loop has not yet noticed writes nothing)."""
+        at = self._renewed_at
+        return self.leading and at is not None and self._mono() - at < self.renew_deadline
+
     def _flip(self, leading: bool, why: str) -> None:
         if leading == self.leading:
             return
@@ -183,6 +190,9 @@ class AlwaysLeader:
         self.leading = True
         self.changed = anyio.Event()
         self.identity = "single"
+
+    def leads(self) -> bool:
+        return True
 
     async def run(self) -> None:
         await anyio.sleep_forever()

@@ -125,13 +125,51 @@ class _Step:
         ) from ev
 
 
+WRITE_PREFIXES = ("create_", "update_", "delete_", "set_", "add_", "remove_")
+"""The openstacksdk proxy methods that change the cloud (every one this backend calls)."""
+
+
+class _Guarded:
+    """An openstacksdk proxy (``conn.network``, ``conn.compute``) whose writes first ask ``guard``: a
+    deposed leader's worker thread, still in a step when its reconcile was cancelled (a cancel cannot stop
+    a thread), sends nothing more. What it created untagged is adopted by the next leader (``_find``)."""
+
+    def __init__(self, proxy: Any, guard: Callable[[], bool]) -> None:
+        self._proxy, self._guard = proxy, guard
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._proxy, name)
+        if not name.startswith(WRITE_PREFIXES):
+            return attr
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if not self._guard():
+                log.warning("cloud.fenced call=%s: not sent, this replica no longer leads", name)
+                raise CloudError("NotLeading", f"{name}: not sent, this replica no longer leads")
+            return attr(*args, **kwargs)
+
+        return write
+
+
+class _GuardedConnection:
+    def __init__(self, conn: Any, guard: Callable[[], bool]) -> None:
+        self.network = _Guarded(conn.network, guard)
+        self.compute = _Guarded(conn.compute, guard)
+
+
 class OpenStackCloud:
     """``controller.cloud.Cloud`` over an openstacksdk ``Connection``."""
 
     def __init__(
-        self, conn: Any, settings: OpenStackSettings, *, sleep: Callable[[float], None] = time.sleep
+        self,
+        conn: Any,
+        settings: OpenStackSettings,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        guard: Callable[[], bool] | None = None,
     ) -> None:
-        self.conn = conn
+        self.conn = conn if guard is None else _GuardedConnection(conn, guard)
+        """With ``guard`` (the controller: whether it still leads), every write asks it first."""
         self.settings = settings
         self._sleep = sleep
         self._ids: tuple[str, str, str, str, int, str | None] | None = None
@@ -139,13 +177,15 @@ class OpenStackCloud:
     # --- Cloud ----------------------------------------------------------------------------------
 
     async def ensure(self, want: CloudWant) -> CloudState:
-        return await anyio.to_thread.run_sync(self._ensure, want)
+        # abandon_on_cancel: a cancelled reconcile (leadership lost) does not wait for the thread, which
+        # sends no further write (``guard``).
+        return await anyio.to_thread.run_sync(self._ensure, want, abandon_on_cancel=True)
 
     async def release(self, key: GatewayKey) -> int:
-        return await anyio.to_thread.run_sync(self._release, key)
+        return await anyio.to_thread.run_sync(self._release, key, abandon_on_cancel=True)
 
     async def owned(self) -> dict[GatewayKey, float]:
-        return await anyio.to_thread.run_sync(self._owned)
+        return await anyio.to_thread.run_sync(self._owned, abandon_on_cancel=True)
 
     async def transit_cidrs(self) -> tuple[str, ...] | None:
         """The gateway subnet's CIDR (looked up once); None while Neutron cannot be asked."""

@@ -82,6 +82,8 @@ class Elector(Protocol):
     changed: anyio.Event
     identity: str
 
+    def leads(self) -> bool: ...
+
     async def run(self) -> None: ...
 
     async def release(self) -> None: ...
@@ -434,6 +436,7 @@ class Operator:
             # first reconcile is then held until ``release`` ran. Written after the cloud, as it was, 3 of
             # 6 gateways deleted 0-2.5 s after creation left their port and floating IP for good.
             gateway = {**await execute.add_finalizer(self.kube, key, gateway), "kind": key.kind}
+            self.metrics.writes.labels("patch").inc()
             snap = self.snapshot(key, gateway)
         tenant = await self.tenant_caches(key.namespace) if snap.namespace_enabled else None
         snap = self.snapshot(key, gateway, tenant)

@@ -5,10 +5,12 @@ operator until SIGTERM/SIGINT. Wiring only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -236,7 +238,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return check(s)
 
 
-def cloud_of(s: Settings, args: argparse.Namespace) -> Cloud:
+def cloud_of(s: Settings, args: argparse.Namespace, guard: Callable[[], bool] | None = None) -> Cloud:
     if s.cloud == "static":
         return StaticCloud(s.static_nics)
     for flag, value in (("--os-cloud", args.os_cloud), ("--gateway-network", args.gateway_network),
@@ -259,6 +261,7 @@ def cloud_of(s: Settings, args: argparse.Namespace) -> Cloud:
     return OpenStackCloud(
         conn,
         OpenStackSettings(args.gateway_network, args.external_network, args.gateway_subnet, s.instance),
+        guard=guard,
     )
 
 
@@ -276,13 +279,26 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
 
     log = logging.getLogger("controller")
     identity = f"{socket.gethostname()}_{secrets.token_hex(4)}"
-    async with KubeClient(config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller") as kube:
+    # Two clients: the Lease's own (renewals never wait behind the reconciles' requests), and the
+    # reconciles', which sends no write once this replica no longer leads (``leads``: by the clock, also
+    # before the elector's task noticed), as the cloud starts no step then.
+    async with contextlib.AsyncExitStack() as stack:
+        lease_kube = await stack.enter_async_context(
+            KubeClient(config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller")
+        )
         elector: Elector
         if args.leader_elect:
-            elector = LeaderElector(kube, settings.operator_namespace, args.leader_election_id, identity)
+            elector = LeaderElector(
+                lease_kube, settings.operator_namespace, args.leader_election_id, identity
+            )
         else:
             elector = AlwaysLeader()
-        op = Operator(kube, settings, cloud_of(settings, args), elector, workers=args.workers,
+        kube = await stack.enter_async_context(
+            KubeClient(
+                config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller", write_guard=elector.leads
+            )
+        )
+        op = Operator(kube, settings, cloud_of(settings, args, elector.leads), elector, workers=args.workers,
                       resync_seconds=args.resync_seconds, sweep_grace=args.sweep_grace_seconds)  # fmt: skip
         log.info(
             "controller.starting identity=%s api=%s source=%s namespace=%s instance=%s cloud=%s "

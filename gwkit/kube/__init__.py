@@ -3,7 +3,17 @@ async client on httpx, and its errors (``client``, ``config``, ``errors``)."""
 
 from gwkit.kube.client import JSON_PATCH, MERGE, KubeClient, Obj, Resource, WatchEvent
 from gwkit.kube.config import ClusterConfig, ConfigError, load
-from gwkit.kube.errors import ApiError, Conflict, Forbidden, Gone, Invalid, KubeError, NotFound, Unreachable
+from gwkit.kube.errors import (
+    ApiError,
+    Conflict,
+    Fenced,
+    Forbidden,
+    Gone,
+    Invalid,
+    KubeError,
+    NotFound,
+    Unreachable,
+)
 
 __all__ = [
     "JSON_PATCH",
@@ -12,6 +22,7 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "Conflict",
+    "Fenced",
     "Forbidden",
     "Gone",
     "Invalid",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -25,7 +25,7 @@ from urllib.parse import quote
 import httpx
 
 from gwkit.kube.config import ClusterConfig
-from gwkit.kube.errors import Gone, KubeError, Unreachable, from_status
+from gwkit.kube.errors import Fenced, Gone, KubeError, Unreachable, from_status
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +100,14 @@ class KubeClient:
         field_manager: str | None = None,
         user_agent: str = "vpngw",
         max_connections: int = 50,
+        write_guard: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
         self.timeout = timeout
         self.field_manager = field_manager
+        self.write_guard = write_guard
+        """Asked before every write (any method but GET) is sent; False: ``Fenced`` instead. The
+        controller's: whether it still leads, so that a deposed leader writes nothing."""
 
         def client(limit: int | None) -> httpx.AsyncClient:
             return httpx.AsyncClient(
@@ -165,6 +169,8 @@ class KubeClient:
         timeout: float | None = None,
         metadata_only: bool = False,
     ) -> Obj:
+        if method != "GET" and self.write_guard is not None and not self.write_guard():
+            raise Fenced(f"{method} {path}: not sent, this replica no longer leads")
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         if content is not None and content_type is None:
             content_type = "application/json"

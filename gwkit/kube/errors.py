@@ -32,6 +32,10 @@ class Unreachable(KubeError):
     """No answer: the API server is down, unreachable, or too slow."""
 
 
+class Fenced(KubeError):
+    """A write the client's own guard refused before sending it (this replica no longer leads)."""
+
+
 class ApiError(KubeError):
     def __init__(self, code: int, reason: str, message: str, retry_after: float | None = None) -> None:
         super().__init__(f"HTTP {code} {reason}: {message}" if message else f"HTTP {code} {reason}")

@@ -70,3 +70,32 @@ def test_a_hanging_renewal_does_not_keep_the_leader_leading() -> None:
 
     anyio.run(scenario)
     assert not elector.leading and elector.transitions == 2
+
+
+def test_leads_is_false_by_the_clock_once_the_deadline_passed_even_before_the_loop_noticed() -> None:
+    """``leads()`` is what a worker thread asks before each write or cloud step: it must not wait for the
+    elector's task to flip ``leading`` (that task may be between two tries)."""
+    now = [100.0]
+    leases = HangingLeases()
+    elector = LeaderElector(
+        leases,  # type: ignore[arg-type]
+        "ns",
+        "lease",
+        "me",
+        lease_duration=15,
+        renew_deadline=10,
+        retry_period=2,
+        monotonic=lambda: now[0],
+    )
+    assert not elector.leads(), "not leading yet"
+
+    async def acquire() -> None:
+        with anyio.move_on_after(1):
+            await elector.run()
+
+    anyio.run(acquire)
+    assert elector.leading and elector.leads()
+    now[0] += 9.9
+    assert elector.leads()
+    now[0] += 0.1  # the renew deadline since the last renewal was sent: no write may go out now
+    assert elector.leading and not elector.leads()
