@@ -3,9 +3,11 @@
 What the real server does to the parts of a pod spec the operator's settings reach, each from its
 source (kubernetes v1.35.4, apimachinery v0.35.4):
 
-* Decoding into the Go types (``core/v1`` ``ResourceRequirements``, ``Toleration``, ``EmptyDirVolumeSource``):
-  every quantity parsed and printed again (``lab.kubeapi.quantity``: ``0.5`` -> ``500m``), a value that is
-  no quantity a 400 (``<Kind> in version "v1" cannot be handled as a <Kind>: <the parser's error>``);
+* Decoding into the Go types (``core/v1`` ``ResourceRequirements``, ``Toleration``,
+  ``EmptyDirVolumeSource``): every quantity parsed and printed again (``lab.kubeapi.quantity``: ``0.5`` ->
+  ``500m``), those of a ``ResourceList`` (requests, limits, overhead) rounded up to 1m
+  (``SetDefaults_ResourceList``, pkg/apis/core/v1/defaults.go), a value that is no quantity a 400
+  (``<Kind> in version "v1" cannot be handled as a <Kind>: <the parser's error>``);
   fields the type does not have dropped with a warning (``unknown field "<path>"``), a 400 under
   ``fieldValidation=Strict``; ``omitempty`` fields that are empty (``""``, ``null``, an empty map) gone.
 * ``ValidateTolerations`` (pkg/apis/core/validation/validation.go): the key a qualified name; an empty key
@@ -28,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lab.kubeapi.errors import ApiError, FieldError, bad_request
-from lab.kubeapi.quantity import QuantityError, json_text, parse
+from lab.kubeapi.quantity import QuantityError, json_text, parse, round_up
 
 Obj = dict[str, Any]
 
@@ -94,13 +96,16 @@ class Decoding:
             self.warnings.append(f'unknown field "{path}.{k}"')
             del body[k]
 
-    def quantity(self, value: Any) -> str:
+    def quantity(self, value: Any, *, resource_list: bool = False) -> str:
+        """The quantity as stored; ``resource_list``: a ``ResourceList`` value, rounded up to 1m by
+        ``SetDefaults_ResourceList``."""
         if value is None:
             return "0"  # UnmarshalJSON of null: the zero Quantity
         try:
-            return str(parse(json_text(value).strip()))
+            q = parse(json_text(value).strip())
         except QuantityError as exc:
             raise self.fail(str(exc)) from None
+        return str(round_up(q) if resource_list else q)
 
 
 def qualified_name_errors(value: str) -> list[str]:
@@ -152,7 +157,7 @@ def _resource_list(d: Decoding, body: Obj, key: str) -> None:
         raise d.fail(
             f"json: cannot unmarshal {type(values).__name__} into Go value of type core.ResourceList"
         )
-    body[key] = {str(k): d.quantity(v) for k, v in values.items()}
+    body[key] = {str(k): d.quantity(v, resource_list=True) for k, v in values.items()}
 
 
 def _resources(d: Decoding, body: Any, path: str) -> None:
@@ -306,22 +311,24 @@ def _extended(name: str) -> bool:
 
 
 def _container_name_errors(name: str, at: str) -> list[FieldError]:
-    """validateContainerResourceName (validateResourceName first)."""
+    """validateContainerResourceName: validateResourceName's errors (a qualified name; without a prefix,
+    a standard resource), then its own (without a prefix, a container's; with one, native or extended)."""
     errs = [FieldError(at, "Invalid value", m, name, True) for m in qualified_name_errors(name)]
-    if errs:
-        return errs
+    standard = name in STANDARD_RESOURCES or name.startswith("requests.hugepages-")
+    if not errs and "/" not in name and not standard:
+        errs.append(
+            FieldError(at, "Invalid value", "must be a standard resource type or fully qualified", name, True)
+        )
     if "/" not in name:
-        if name not in STANDARD_RESOURCES and not name.startswith("requests.hugepages-"):
-            return [
-                FieldError(
-                    at, "Invalid value", "must be a standard resource type or fully qualified", name, True
-                )
-            ]
         if name not in STANDARD_CONTAINER_RESOURCES and not name.startswith("hugepages-"):
-            return [FieldError(at, "Invalid value", "must be a standard resource for containers", name, True)]
+            errs.append(
+                FieldError(at, "Invalid value", "must be a standard resource for containers", name, True)
+            )
     elif not _native(name) and not _extended(name):
-        return [FieldError(at, "Invalid value", "doesn't follow extended resource name standard", name, True)]
-    return []
+        errs.append(
+            FieldError(at, "Invalid value", "doesn't follow extended resource name standard", name, True)
+        )
+    return errs
 
 
 def _pod_name_errors(name: str, at: str) -> list[FieldError]:

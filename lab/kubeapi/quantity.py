@@ -53,6 +53,8 @@ class Quantity:
     format: Format
     text: str = ""
     """The string as written, when ``ParseQuantity`` keeps it (already canonical); else empty."""
+    scale: int | None = None
+    """The power of ten of Go's int64 form (``int64Amount.scale``); None: held as an ``inf.Dec``."""
 
     def __str__(self) -> str:
         return self.text or canonical_of(self.value, self.format)
@@ -134,7 +136,7 @@ def parse(text: str) -> Quantity:
     if not s:
         raise QuantityError(ERR_FORMAT)
     if s == "0":
-        return Quantity(Fraction(0), "DecimalSI", s)
+        return Quantity(Fraction(0), "DecimalSI", s, 0)
     positive, value, num, denom, suffix = _split(s)
     base, exponent, fmt = _interpret(suffix)
     precision, scale, mantissa = 0, 0, 1
@@ -160,7 +162,7 @@ def parse(text: str) -> Quantity:
                     keep = exponent % 10 == 0 and number & 0x07 != 0
                 else:
                     keep = scale % 3 == 0 and not shifted.endswith("000") and shifted[0] != "0"
-                return Quantity(amount, fmt, s if keep else "")
+                return Quantity(amount, fmt, s if keep else "", scale)
     amount = _inf_dec(value)
     amount *= Fraction(10) ** exponent if base == 10 else 1 << exponent
     negative = amount < 0
@@ -172,6 +174,20 @@ def parse(text: str) -> Quantity:
     if fmt == "BinarySI" and 0 < amount < 1:
         fmt = "DecimalSI"
     return Quantity(-amount if negative else amount, fmt)
+
+
+def round_up(q: Quantity, scale: int = -3) -> Quantity:
+    """``Quantity.RoundUp(scale)``: away from zero to a multiple of 10^scale. An int64 form already that
+    coarse is left alone, its string kept; otherwise the string is dropped (printed canonical again).
+    ``SetDefaults_ResourceList`` (kubernetes pkg/apis/core/v1/defaults.go) does this at -3 to every value
+    of every ``ResourceList`` (a container's requests and limits, ...): ``1n`` is stored as ``1m``."""
+    if q.scale is not None and q.scale >= scale:
+        return q
+    unit = Fraction(10) ** scale
+    rounded = math.ceil(abs(q.value) / unit) * unit
+    return Quantity(
+        -rounded if q.value < 0 else rounded, q.format, "", scale if q.scale is not None else None
+    )
 
 
 def _decimal_parts(value: Fraction) -> tuple[int, int]:

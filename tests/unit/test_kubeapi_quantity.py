@@ -16,7 +16,7 @@ import pytest
 
 from lab.kubeapi.errors import ApiError
 from lab.kubeapi.podspec import Decoding, decode_pod_spec, validate_pod_spec
-from lab.kubeapi.quantity import QuantityError, canonical
+from lab.kubeapi.quantity import QuantityError, canonical, parse, round_up
 
 CORPUS = json.loads((Path(__file__).parent / "quantity" / "apimachinery-v0.35.4.json").read_text())
 
@@ -59,14 +59,16 @@ def deployment_spec(**fields: Any) -> dict[str, Any]:
 
 def test_the_pod_spec_decode_canonicalises_and_drops_what_the_go_types_have_not() -> None:
     spec: dict[str, Any] = {
-        "containers": [{"name": "c", "resources": {"requests": {"cpu": 0.5}, "limits": {}, "x": 1}}],
+        "containers": [
+            {"name": "c", "resources": {"requests": {"cpu": 0.5, "memory": "1n"}, "limits": {}, "x": 1}}
+        ],
         "initContainers": [{"name": "i", "resources": None}],
         "tolerations": [{"key": "k", "operator": "Exists", "value": "", "effect": None, "y": 2}],
         "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1024Ki"}}],
     }
     d = Decoding("Deployment", "v1", strict=False)
     decode_pod_spec(d, spec, "spec.template.spec")
-    assert spec["containers"][0]["resources"] == {"requests": {"cpu": "500m"}}
+    assert spec["containers"][0]["resources"] == {"requests": {"cpu": "500m", "memory": "1m"}}
     assert spec["initContainers"][0]["resources"] == {}
     assert spec["tolerations"] == [{"key": "k", "operator": "Exists"}]
     assert spec["volumes"][0]["emptyDir"] == {"sizeLimit": "1Mi"}
@@ -110,7 +112,9 @@ def test_requests_above_limits_and_bad_tolerations_are_invalid_in_the_servers_wo
     ]
     assert errors_of(deployment_spec(resources={"limits": {"gpu": "1"}})) == [
         'spec.template.spec.containers[0].resources.limits[gpu]: Invalid value: "gpu": must be a standard '
-        "resource type or fully qualified"
+        "resource type or fully qualified",
+        'spec.template.spec.containers[0].resources.limits[gpu]: Invalid value: "gpu": must be a standard '
+        "resource for containers",
     ]
     assert errors_of({"tolerations": [{"operator": "Equal", "value": "x"}]}) == [
         'spec.template.spec.tolerations[0].operator: Invalid value: "Equal": operator must be Exists when '
@@ -136,3 +140,20 @@ def test_requests_above_limits_and_bad_tolerations_are_invalid_in_the_servers_wo
         'spec.template.spec.tolerations[0].key: Invalid value: "a/b/c": a valid label key must consist'
     )
     assert errors_of(deployment_spec(resources={"requests": {"cpu": "1"}, "limits": {"cpu": "1000m"}})) == []
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("1n", "1m"),
+        ("1001u", "2m"),
+        ("+1", "+1"),
+        ("1500m", "1500m"),
+        ("0.1Gi", "107374182400m"),
+        ("-1n", "-1m"),
+    ],
+)
+def test_a_request_or_limit_is_rounded_up_to_1m_as_set_defaults_resource_list_does(
+    text: str, want: str
+) -> None:
+    assert str(round_up(parse(text))) == want
