@@ -178,7 +178,8 @@ def canonical_quantity(text: str) -> str:
     ``1e3`` -> ``1e3``); binary SI prints binary when the value is a whole number of at least 1024
     (``1024Mi`` -> ``1Gi``), else decimal SI (``0.5Gi`` -> ``512Mi``, ``0.1Gi`` -> ``107374182400m``); the
     exponent is the largest (a multiple of 3, of 10 for binary) that loses no digit, and a value finer
-    than 1n is rounded up to 1n. A setting in this form is one the server stores unchanged, so the
+    than 1m is rounded up to 1m (as ``SetDefaults_ResourceList``, kubernetes pkg/apis/core/v1/defaults.go,
+    rounds every request and limit). A setting in this form is one the server stores unchanged, so the
     Deployment the controller writes is the Deployment it reads back. Raises ValueError (no sign: the
     server refuses negative resources; at most 2^63-1)."""
     m = _QUANTITY.fullmatch(text)
@@ -191,7 +192,7 @@ def canonical_quantity(text: str) -> str:
         value *= 1 << (10 * _BINARY_SI[suffix])
     else:
         value *= Fraction(10) ** _power_of_ten(suffix)
-    value = Fraction(math.ceil(value * 10**9), 10**9)  # rounded up to 1n
+    value = Fraction(math.ceil(value * 1000), 1000)  # SetDefaults_ResourceList: rounded up to 1m
     if value > _MAX_QUANTITY:
         raise ValueError(f"more than {_MAX_QUANTITY}, the largest quantity")
     if value == 0:
