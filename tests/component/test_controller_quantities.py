@@ -94,3 +94,19 @@ def test_settings_in_any_valid_form_make_no_write_at_a_resync(cluster: Cluster) 
     assert reconciles(ctl) > done, "a resync reconciled the gateway in the window"
     assert writes(cluster, mark) == [], ctl.log()[-3000:]
     assert api_writes(ctl) == wrote
+
+
+def test_settings_the_server_would_refuse_stop_the_controller_at_start_naming_the_field_and_the_rule(
+    cluster: Cluster,
+) -> None:
+    over = {"charon": {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}}}
+    ctl = cluster.start_controller({**CONFIG, "gatewayPod": {"resources": over}}, name="over")
+    assert ctl.proc.wait(30) == 2
+    assert (
+        "config.gatewayPod.resources.charon.requests.memory: 1Gi is more than its limit 512Mi (the API "
+        "server refuses a request above its limit: ValidateResourceRequirements)"
+    ) in ctl.log()
+    bad = {"tolerations": [{"operator": "Equal", "value": "vpn"}]}
+    ctl2 = cluster.start_controller({**CONFIG, "gatewayPod": bad}, name="tolerations")
+    assert ctl2.proc.wait(30) == 2
+    assert "config.gatewayPod.tolerations[0].operator: must be Exists when key is empty" in ctl2.log()
