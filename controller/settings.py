@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any, Literal
 
 import gwplan
@@ -156,7 +158,117 @@ _LABEL_KEY = re.compile(
 )
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?")
+_QUANTITY = re.compile(
+    r"(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[numkMGTPE]?|[KMGTPE]i|[eE][-+]?[0-9]{1,3})"
+)
+_DECIMAL_SI = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SI = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_MAX_QUANTITY = (1 << 63) - 1
+
+
+def _power_of_ten(suffix: str) -> int:
+    """A decimal SI suffix's (``k``: 3) or an exponent's (``e3``, ``E-3``)."""
+    return _DECIMAL_SI[suffix] if suffix in _DECIMAL_SI else int(suffix[1:])
+
+
+def canonical_quantity(text: str) -> str:
+    """``text`` as the API server stores it: a ``resource.Quantity`` printed in canonical form
+    (k8s.io/apimachinery pkg/api/resource quantity.go, ``ParseQuantity`` then ``CanonicalizeBytes``). The
+    suffix family stays: decimal SI and exponents print decimal (``0.5`` -> ``500m``, ``1000m`` -> ``1``,
+    ``1e3`` -> ``1e3``); binary SI prints binary when the value is a whole number of at least 1024
+    (``1024Mi`` -> ``1Gi``), else decimal SI (``0.5Gi`` -> ``512Mi``, ``0.1Gi`` -> ``107374182400m``); the
+    exponent is the largest (a multiple of 3, of 10 for binary) that loses no digit, and a value finer
+    than 1m is rounded up to 1m (as ``SetDefaults_ResourceList``, kubernetes pkg/apis/core/v1/defaults.go,
+    rounds every request and limit). A setting in this form is one the server stores unchanged, so the
+    Deployment the controller writes is the Deployment it reads back. Raises ValueError (no sign: the
+    server refuses negative resources; at most 2^63-1)."""
+    m = _QUANTITY.fullmatch(text)
+    if m is None:
+        raise ValueError("not a quantity (e.g. 250m, 0.5, 64Mi, 1Gi, 1e3)")
+    number, suffix = m["number"], m["suffix"]
+    value = Fraction(number)
+    binary = suffix in _BINARY_SI
+    if binary:
+        value *= 1 << (10 * _BINARY_SI[suffix])
+    else:
+        value *= Fraction(10) ** _power_of_ten(suffix)
+    value = Fraction(math.ceil(value * 1000), 1000)  # SetDefaults_ResourceList: rounded up to 1m
+    if value > _MAX_QUANTITY:
+        raise ValueError(f"more than {_MAX_QUANTITY}, the largest quantity")
+    if value == 0:
+        return "0"
+    if binary and value >= 1024 and value.denominator == 1:
+        whole, power = int(value), 0
+        while whole % 1024 == 0:
+            whole, power = whole // 1024, power + 1
+        return f"{whole}{next(k for k, v in _BINARY_SI.items() if v == power) if power else ''}"
+    exponent = 0
+    while value.denominator != 1:
+        value, exponent = value * 10, exponent - 1
+    mantissa = int(value)
+    while mantissa % 10 == 0:
+        mantissa, exponent = mantissa // 10, exponent + 1
+    mantissa, exponent = mantissa * 10 ** (exponent % 3), exponent - exponent % 3
+    if suffix not in _DECIMAL_SI and not binary:  # an exponent (e3): printed as one
+        return f"{mantissa}e{exponent}" if exponent else str(mantissa)
+    return f"{mantissa}{next(k for k, v in _DECIMAL_SI.items() if v == exponent)}"
+
+
+TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_QUALIFIED_NAME = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
+
+def canonical_toleration(doc: Any, what: str) -> dict[str, Any]:
+    """A toleration as the API server stores it (``core/v1 Toleration``: its five fields, the empty ones
+    left out as ``omitempty`` does), refused here by the rules of ``ValidateTolerations``
+    (kubernetes pkg/apis/core/validation/validation.go) with the field named."""
+    if not isinstance(doc, Mapping):
+        raise SettingsError(
+            f"{what}: expected a toleration (key, operator, value, effect, tolerationSeconds)"
+        )
+    unknown = sorted(str(k) for k in doc if k not in TOLERATION_KEYS)
+    if unknown:
+        raise SettingsError(
+            f"{what}: unknown field(s) {', '.join(unknown)} (a toleration has {', '.join(TOLERATION_KEYS)};"
+            " the API server would drop them)"
+        )
+    out: dict[str, Any] = {}
+    for k in ("key", "operator", "value", "effect"):
+        v = doc.get(k)
+        if v is not None and not isinstance(v, str):
+            raise SettingsError(f"{what}.{k}: {v!r} is not a string")
+        if v:
+            out[k] = v
+    seconds = doc.get("tolerationSeconds")
+    if seconds is not None:
+        if isinstance(seconds, float) and seconds.is_integer():
+            seconds = int(seconds)  # Helm's numbers are float64
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            raise SettingsError(f"{what}.tolerationSeconds: {seconds!r} is not a whole number of seconds")
+        out["tolerationSeconds"] = seconds
+    key, op, value, effect = (str(out.get(k, "")) for k in ("key", "operator", "value", "effect"))
+    if key and (not _QUALIFIED_NAME.fullmatch(key) or len(key.rpartition("/")[2]) > 63 or len(key) > 317):
+        raise SettingsError(f"{what}.key: {key!r} is not a qualified name ([prefix/]name, as a label key)")
+    if not key and op != "Exists":
+        raise SettingsError(
+            f"{what}.operator: must be Exists when key is empty (it then matches every taint)"
+        )
+    if "tolerationSeconds" in out and effect != "NoExecute":
+        raise SettingsError(f"{what}.effect: must be NoExecute when tolerationSeconds is set")
+    if op not in ("", "Equal", "Exists"):
+        raise SettingsError(f"{what}.operator: {op!r} is not Equal or Exists")
+    if op == "Exists" and value:
+        raise SettingsError(f"{what}.value: must be empty when operator is Exists")
+    if op != "Exists" and not _LABEL_VALUE.fullmatch(value):
+        raise SettingsError(f"{what}.value: {value!r} is not a label value (at most 63 characters)")
+    if effect and effect not in TAINT_EFFECTS:
+        raise SettingsError(f"{what}.effect: {effect!r} is not one of {', '.join(TAINT_EFFECTS)}")
+    return out
+
+
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
@@ -223,12 +335,33 @@ def _resources(doc: Any, what: str) -> dict[str, ContainerResources]:
             values = body.get(part) or {}
             if not isinstance(values, Mapping):
                 raise SettingsError(f"{what}.{name}.{part}: expected a mapping")
+            parts[part] = {}
             for k, v in values.items():
-                if k not in ("cpu", "memory") or not _QUANTITY.fullmatch(str(v)):
+                if k not in ("cpu", "memory") or isinstance(v, bool) or not isinstance(v, str | int | float):
                     raise SettingsError(f"{what}.{name}.{part}.{k}: {v!r} is not a cpu/memory quantity")
-            parts[part] = {str(k): str(v) for k, v in values.items()}
+                try:
+                    parts[part][str(k)] = canonical_quantity(str(v).strip())
+                except ValueError as exc:
+                    raise SettingsError(f"{what}.{name}.{part}.{k}: {v!r}: {exc}") from None
+        for k, request in parts["requests"].items():
+            limit = parts["limits"].get(k)
+            if limit is not None and _quantity_value(request) > _quantity_value(limit):
+                raise SettingsError(
+                    f"{what}.{name}.requests.{k}: {request} is more than its limit {limit} (the API server "
+                    "refuses a request above its limit: ValidateResourceRequirements)"
+                )
         out[str(name)] = ContainerResources(parts["requests"], parts["limits"])
     return out
+
+
+def _quantity_value(canonical: str) -> Fraction:
+    """The value of a quantity ``canonical_quantity`` printed."""
+    m = _QUANTITY.fullmatch(canonical)
+    assert m is not None
+    suffix = m["suffix"]
+    if suffix in _BINARY_SI:
+        return Fraction(m["number"]) * (1 << (10 * _BINARY_SI[suffix]))
+    return Fraction(m["number"]) * Fraction(10) ** _power_of_ten(suffix)
 
 
 def _static_nics(doc: Any, what: str) -> dict[str, StaticNic]:
@@ -355,9 +488,14 @@ def from_config(doc: Any, base: Settings | None = None) -> Settings:
         )
     if "tolerations" in pod:
         tol = pod["tolerations"] or []
-        if not isinstance(tol, list) or not all(isinstance(t, Mapping) for t in tol):
+        if not isinstance(tol, list):
             raise SettingsError("config.gatewayPod.tolerations: expected a list of tolerations")
-        p = replace(p, tolerations=tuple(dict(t) for t in tol))
+        p = replace(
+            p,
+            tolerations=tuple(
+                canonical_toleration(t, f"config.gatewayPod.tolerations[{i}]") for i, t in enumerate(tol)
+            ),
+        )
     if "resources" in pod:
         p = replace(p, resources=_resources(pod["resources"], "config.gatewayPod.resources"))
     if "priorityClassName" in pod:

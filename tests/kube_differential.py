@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 
 from gwkit.kube import ApiError, KubeClient
-from gwkit.kube.client import CONFIGMAPS, NAMESPACES, VPNGATEWAYS
+from gwkit.kube.client import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, VPNGATEWAYS
 from gwkit.kube.config import from_kubeconfig
-from gwkit.kube.errors import Conflict, NotFound
+from gwkit.kube.errors import Conflict, Forbidden, NotFound
 from tests.examples import example_docs
 from tests.kube_contract import _with_crds
 
@@ -268,11 +268,136 @@ async def owned_objects(kube: KubeClient, ns: str) -> Observations:
     return o.seen
 
 
+def _deployment(name: str, namespace: str, containers: list[dict[str, Any]], **pod: Any) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 0,  # nothing to schedule: the object as stored is what is compared
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": containers, **pod}},
+        },
+    }
+
+
+def _container(name: str, **resources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "image": "registry.example/x:1", "resources": resources}
+
+
+def _pod_shape(spec: dict[str, Any]) -> Any:
+    return {
+        "resources": {c["name"]: c.get("resources") for c in spec.get("containers") or []},
+        "tolerations": spec.get("tolerations"),
+        "volumes": spec.get("volumes"),
+    }
+
+
+async def pod_specs(kube: KubeClient, ns: str) -> Observations:
+    """Quantities, resources and tolerations in a Deployment's pod template and a Pod, as each server
+    decodes, stores and validates them (lab.kubeapi.podspec): canonical forms, the string kept as written
+    when it already is canonical, empty fields gone, unknown fields dropped, requests above limits and
+    bad tolerations refused, a limit without a request defaulted (Pods only)."""
+    o = Observer(kube, ns)
+    canonicalised = _deployment(
+        "quantities",
+        ns,
+        [
+            _container(
+                "a", requests={"cpu": 0.5, "memory": "1024Mi"}, limits={"cpu": "1000m", "memory": "1.5Gi"}
+            ),
+            _container("b", requests={"cpu": "+1", "memory": "01", "ephemeral-storage": "1."}),
+            _container(
+                "c",
+                requests={"cpu": "0.1n", "memory": "0.1Gi", "ephemeral-storage": "1e3"},
+                limits={"memory": "2Gi"},
+            ),
+            _container("d", requests={}, limits={}),
+            _container("e", requests={"cpu": "1001u", "memory": "1000001n", "ephemeral-storage": "+0.5Ki"}),
+        ],
+        tolerations=[
+            {"key": "k", "operator": "Exists", "value": "", "effect": "NoExecute", "tolerationSeconds": 0},
+            {"key": "dedicated", "operator": "Equal", "value": "vpn", "effect": "", "unknown": "x"},
+            {"operator": "Exists", "tolerationSeconds": None},
+        ],
+        volumes=[{"name": "v", "emptyDir": {"medium": "Memory", "sizeLimit": "1024Ki"}}],
+    )
+    await o.call(
+        "non-canonical",
+        kube.create(DEPLOYMENTS, canonicalised, ns),
+        lambda x: _pod_shape(x["spec"]["template"]["spec"]),
+    )
+    await o.call(
+        "merge patch of a quantity",
+        kube.patch(
+            DEPLOYMENTS,
+            "quantities",
+            {"spec": {"template": {"spec": {"volumes": [{"name": "v", "emptyDir": {"sizeLimit": 0.5}}]}}}},
+            ns,
+        ),
+        lambda x: x["spec"]["template"]["spec"]["volumes"],
+    )
+    over = _container("a", requests={"cpu": "1", "memory": "1Gi"}, limits={"cpu": "0.5", "memory": "1Gi"})
+    await o.call("requests above limits", kube.create(DEPLOYMENTS, _deployment("over", ns, [over]), ns))
+    await o.call(
+        "not a quantity",
+        kube.create(DEPLOYMENTS, _deployment("bad", ns, [_container("a", limits={"cpu": "1 core"})]), ns),
+    )
+    await o.call(
+        "a suffix after an exponent",
+        kube.create(DEPLOYMENTS, _deployment("bad", ns, [_container("a", limits={"memory": "1e3Mi"})]), ns),
+    )
+    await o.call(
+        "negative",
+        kube.create(DEPLOYMENTS, _deployment("neg", ns, [_container("a", requests={"memory": "-1Mi"})]), ns),
+    )
+    await o.call(
+        "unknown resource",
+        kube.create(DEPLOYMENTS, _deployment("gpu", ns, [_container("a", limits={"gpu": "1"})]), ns),
+    )
+    for label, toleration in (
+        ("toleration without key, Equal", {"operator": "Equal", "value": "x"}),
+        ("tolerationSeconds without NoExecute", {"key": "k", "operator": "Exists", "tolerationSeconds": 5}),
+        ("toleration Exists with a value", {"key": "k", "operator": "Exists", "value": "v"}),
+        ("toleration effect", {"key": "k", "effect": "Never"}),
+        ("toleration operator", {"key": "k", "operator": "In"}),
+        ("toleration key", {"key": "a/b/c", "operator": "Exists"}),
+    ):
+        doc = _deployment("tol", ns, [_container("a")], tolerations=[toleration])
+        await o.call(label, kube.create(DEPLOYMENTS, doc, ns))
+    strict = _deployment("strict", ns, [_container("a")], tolerations=[{"key": "k", "bogus": 1}])
+    await o.call(
+        "unknown field, Strict",
+        kube.request("POST", DEPLOYMENTS.path(ns), params={"fieldValidation": "Strict"}, body=strict),
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "limits-only", "namespace": ns},
+        "spec": {
+            "nodeName": "nowhere",  # never scheduled, never run
+            "automountServiceAccountToken": False,
+            "containers": [_container("a", limits={"cpu": "0.25", "memory": "64Mi"})],
+        },
+    }
+    with anyio.fail_after(30):
+        while True:
+            try:
+                made = await kube.create(PODS, pod, ns)
+                break
+            except Forbidden:  # the namespace's default ServiceAccount, a moment after the namespace
+                await anyio.sleep(0.2)
+    o.seen["Pod with limits only"] = _pod_shape(made["spec"])["resources"]
+    return o.seen
+
+
 SCENARIOS: dict[str, Callable[[KubeClient, str], Awaitable[Observations]]] = {
     "config_maps": config_maps,
     "gateway_status_and_finalizers": gateway_status_and_finalizers,
     "lists": lists,
     "owned_objects": owned_objects,
+    "pod_specs": pod_specs,
 }
 
 

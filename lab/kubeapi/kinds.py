@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab.kubeapi.errors import FieldError
+from lab.kubeapi.podspec import default_pod_requests
 from lab.kubeapi.resources import ResourceType
 
 SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -202,6 +203,7 @@ def apply_defaults(rtype: ResourceType, obj: dict[str, Any]) -> None:
         _default_pod_spec(tmpl.setdefault("spec", {}))
     elif key == ("", "pods"):
         _default_pod_spec(obj.setdefault("spec", {}))
+        default_pod_requests(obj["spec"])
     elif key == ("", "secrets"):
         obj.setdefault("type", "Opaque")
     elif key == ("", "namespaces"):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from lab.kubeapi import kinds
+from lab.kubeapi import kinds, podspec
 from lab.kubeapi.errors import (
     ApiError,
     FieldError,
@@ -52,6 +52,11 @@ Ident = tuple[str, str]
 
 NS_KEY: StorageKey = ("", "namespaces")
 CRD_KEY: StorageKey = ("apiextensions.k8s.io", "customresourcedefinitions")
+POD_SPECS: dict[StorageKey, tuple[str, ...]] = {
+    ("", "pods"): ("spec",),
+    ("apps", "deployments"): ("spec", "template", "spec"),
+}
+"""Where the built-in kinds the emulator serves carry a pod spec (``lab.kubeapi.podspec``)."""
 FOREGROUND = "foregroundDeletion"
 ORPHAN = "orphan"
 CRD_CLEANUP = "customresourcecleanup.apiextensions.k8s.io"
@@ -421,7 +426,19 @@ class Store:
         """Kind strategies, then (custom resources) schema validation and defaulting."""
         name = obj["metadata"].get("name", "")
         errs: list[FieldError] = []
+        spec_path = POD_SPECS.get(rtype.key)
+        spec: Any = None
+        if spec_path is not None:  # decoded into the Go types first (quantities, tolerations)
+            spec = obj
+            for step in spec_path:
+                spec = spec.get(step) if isinstance(spec, dict) else None
+            decoding = podspec.Decoding(rtype.kind, version or rtype.version, field_validation == "Strict")
+            podspec.decode_pod_spec(decoding, spec, ".".join(spec_path))
+            if warnings is not None:
+                warnings.extend(decoding.warnings)
         kinds.apply_defaults(rtype, obj)
+        if spec_path is not None:
+            errs += podspec.validate_pod_spec(spec, ".".join(spec_path))
         if rtype.key == ("", "secrets"):
             errs += kinds.fold_secret(obj)
         if rtype.key == ("", "configmaps"):
