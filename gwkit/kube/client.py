@@ -263,7 +263,10 @@ class KubeClient:
         if field_selector:
             params["fieldSelector"] = field_selector
         path = res.path(namespace)
-        timeout = httpx.Timeout(self.timeout, read=timeout_seconds + 30.0)
+        # With bookmarks the server sends something at least every minute (k8s.io/apiserver cacher.go,
+        # defaultBookmarkFrequency): 90 s of silence is a half-open connection, not a quiet resource.
+        silence = timeout_seconds + 30.0
+        timeout = httpx.Timeout(self.timeout, read=min(silence, BOOKMARK_SILENCE) if bookmarks else silence)
         try:
             async with self._watches.stream(
                 "GET",
@@ -372,6 +375,8 @@ def _answer(res: httpx.Response, method: str, path: str) -> Obj:
 
 # --- the resources the project uses ----------------------------------------------------------------
 
+BOOKMARK_SILENCE = 90.0
+"""Seconds without a byte on a watch with bookmarks after which it is given up (and re-made)."""
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
 SECRETS = Resource("", "v1", "secrets", "Secret")
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")

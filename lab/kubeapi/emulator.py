@@ -218,6 +218,11 @@ class KubeAPI:
         """End every open watch stream cleanly (clients see the stream end and re-watch)."""
         return self.server.close_watches()
 
+    def stall_watches(self) -> int:
+        """Every open watch goes half-open: the connection stays, nothing more is sent (no event, no
+        bookmark, no end), as behind a middlebox that lost it. Only the client's read timeout ends it."""
+        return self.server.stall_watches()
+
     def now(self) -> datetime:
         """The wall clock the emulator stamps creationTimestamp/deletionTimestamp with."""
         return self.store.clock()
@@ -463,6 +468,9 @@ class KubeAPIThread:
 
     def close_watches(self) -> int:
         return self.call(self._a.close_watches)
+
+    def stall_watches(self) -> int:
+        return self.call(self._a.stall_watches)
 
     def now(self) -> datetime:
         return self.call(self._a.now)

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 CONTROL_PREFIX = "/_emulator"
 JSON = "application/json"
 CLOSE = "__close__"
+STALL = "__stall__"
+"""A half-open watch: the connection stays, nothing more is sent (a lost FIN, a dead middlebox)."""
 DISCONNECT_CHECK = 1.0
 """Seconds between checks whether an idle watch's client is still connected."""
 
@@ -223,6 +225,7 @@ class ApiServer:
         self.log = RequestLog()
         self.faults = Faults()
         self._watch_streams: set[Callable[[], None]] = set()
+        self._stallable: set[Callable[[], None]] = set()
         self._cache = _WatchCache()
         self._gc_event = anyio.Event()
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -839,7 +842,11 @@ class ApiServer:
         def close() -> None:
             push(CLOSE, {})
 
+        def stall() -> None:
+            push(STALL, {})
+
         self._watch_streams.add(close)
+        self._stallable.add(stall)
         try:
             if expired is not None:
                 await resp.write(b'{"type":"ERROR","object":' + _dumps(expired.status()) + b"}\n")
@@ -865,6 +872,13 @@ class ApiServer:
                     etype, obj = item
                     if etype == CLOSE:
                         break
+                    if etype == STALL:
+                        # Half-open: no event, no bookmark, no end of the stream (not even at its
+                        # timeout) until the client gives up on the connection.
+                        with anyio.CancelScope(shield=True):
+                            while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110 (aiohttp tells no one a client left)
+                                await anyio.sleep(DISCONNECT_CHECK)
+                        break
                     if as_list:
                         break
                     if etype == "INITIAL-END":
@@ -877,6 +891,7 @@ class ApiServer:
             pass  # the client went away (or the emulator dropped it)
         finally:
             self._watch_streams.discard(close)
+            self._stallable.discard(stall)
             if watcher is not None:
                 self.store.unwatch(watcher)
             send.close()
@@ -887,6 +902,13 @@ class ApiServer:
         streams = list(self._watch_streams)
         for close in streams:
             close()
+        return len(streams)
+
+    def stall_watches(self) -> int:
+        """Every open watch goes half-open (``STALL``); watches opened later are served as usual."""
+        streams = list(self._stallable)
+        for stall in streams:
+            stall()
         return len(streams)
 
     # --- escalation -------------------------------------------------------------------------------------
@@ -1165,6 +1187,8 @@ class ApiServer:
             return _json_response({"compactedResourceVersion": str(self.store.compact())})
         if path == "/close-watches" and request.method == "POST":
             return _json_response({"closed": self.close_watches()})
+        if path == "/stall-watches" and request.method == "POST":
+            return _json_response({"stalled": self.stall_watches()})
         if path == "/unreachable" and request.method == "POST":
             seconds = float(q.get("seconds", (body or {}).get("seconds", 1)))
             if self.on_unreachable is None:

@@ -248,3 +248,28 @@ def test_a_plan_planted_in_the_configmap_is_never_taken(
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(10)
+
+
+def test_a_revocation_reaches_the_pod_after_its_watches_went_half_open(
+    world: tuple[Cluster, Controller], tmp_path: Path
+) -> None:
+    """Every watch goes half-open (the connection stays, nothing more comes: no event, no bookmark, no end)
+    and then a grant is revoked. With bookmarks a real server sends something at least every minute
+    (k8s.io/apiserver cacher.go), so 90 s of silence is a dead watch: the controller's and the agent's
+    are made again, and the revocation reaches the live plan (before: only after the watch's 330 s read
+    timeout)."""
+    c, _ = world
+    agent = start_agent(c, tmp_path)
+    try:
+        wait_for(lambda: live_plan(tmp_path), 15, "the live plan")
+        assert c.kube.stall_watches() > 0
+        c.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
+        wait_for(
+            lambda: (p := live_plan(tmp_path)) and not any(g.peer == "s2" for g in p.nat.grants),
+            90 + 10,
+            "the revocation in the live plan after the half-open watches",
+        )
+        assert agent.poll() is None
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(10)
