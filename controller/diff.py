@@ -63,21 +63,59 @@ WHOLE: Mapping[str, tuple[str, ...]] = {"ConfigMap": ("data", "binaryData")}
 map and an empty one are the same: the API server drops empty ones)."""
 
 
-def covers(actual: Any, want: Any) -> bool:
-    """Every field of ``want`` is in ``actual`` with the same value (lists: same length, item by item)."""
+_POD = ("spec", "template", "spec")
+SHARED_LISTS: Mapping[str, frozenset[tuple[str, ...]]] = {
+    "Deployment": frozenset(
+        {
+            (*_POD, "containers"),
+            (*_POD, "initContainers"),
+            (*_POD, "volumes"),
+            (*_POD, "tolerations"),
+            (*_POD, "imagePullSecrets"),
+            *((*_POD, c, "*", f) for c in ("containers", "initContainers") for f in ("env", "volumeMounts")),
+        }
+    )
+}
+"""Lists, per kind, into which mutating admission adds items of its own (a sidecar and its volume, a
+toleration, an env var in every container: Istio, Kyverno, a proxy injector): ours must be there, others
+may be too (``covers``). Elsewhere a list is ours exactly: an ingress rule someone added to our
+NetworkPolicy is restored away. Without this a webhook's sidecar made every reconcile replace the
+Deployment, which the webhook mutated again: a write loop."""
+
+
+def covers(
+    actual: Any, want: Any, shared: frozenset[tuple[str, ...]] = frozenset(), at: tuple[str, ...] = ()
+) -> bool:
+    """Every field of ``want`` is in ``actual`` with the same value. Lists: same length, item by item;
+    at a path in ``shared`` (``*`` matches an item), every item of ours covered by one of theirs (named
+    items by their name) and others allowed."""
     if isinstance(want, Mapping):
         return isinstance(actual, Mapping) and all(
-            k in actual and covers(actual[k], v) for k, v in want.items()
+            k in actual and covers(actual[k], v, shared, (*at, str(k))) for k, v in want.items()
         )
     if isinstance(want, list):
-        return (
-            isinstance(actual, list)
-            and len(actual) == len(want)
-            and all(covers(a, w) for a, w in zip(actual, want, strict=True))
+        if not isinstance(actual, list):
+            return False
+        item = (*at, "*")
+        if at in shared:
+            return all(_covered_by_one(actual, w, shared, item) for w in want)
+        return len(actual) == len(want) and all(
+            covers(a, w, shared, item) for a, w in zip(actual, want, strict=True)
         )
     if isinstance(want, bool) or isinstance(actual, bool):
         return actual is want
     return bool(actual == want)
+
+
+def _covered_by_one(
+    actual: list[Any], want: Any, shared: frozenset[tuple[str, ...]], at: tuple[str, ...]
+) -> bool:
+    if isinstance(want, Mapping) and "name" in want:
+        return any(
+            isinstance(a, Mapping) and a.get("name") == want["name"] and covers(a, want, shared, at)
+            for a in actual
+        )
+    return any(covers(a, want, shared, at) for a in actual)
 
 
 def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -136,7 +174,9 @@ def plan_actions(
         if want_hash != have_hash:
             actions.append(Replace(replacement(have, want), "changed"))
         elif _whole_differs(have, want) or not covers(
-            have, {k: v for k, v in want.items() if k not in ("apiVersion", "kind")}
+            have,
+            {k: v for k, v in want.items() if k not in ("apiVersion", "kind")},
+            SHARED_LISTS.get(kind, frozenset()),
         ):
             actions.append(Replace(replacement(have, want), "restored"))
     return actions, foreign

@@ -31,7 +31,7 @@ from lab.kubeapi.rbac import UserInfo
 from lab.kubeapi.resources import ResourceType
 from lab.kubeapi.schema import validator
 from lab.kubeapi.server import ApiServer, Settings
-from lab.kubeapi.store import DeleteOptions, Store
+from lab.kubeapi.store import DeleteOptions, Mutator, Store
 from lab.kubeapi.tls import Certs, kubeconfig, make_certs, server_context, write_kubeconfig
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,11 @@ class KubeAPI:
     def close_watches(self) -> int:
         """End every open watch stream cleanly (clients see the stream end and re-watch)."""
         return self.server.close_watches()
+
+    def add_mutator(self, mutate: Mutator) -> None:
+        """Mutating admission from now on: ``mutate((group, plural), obj)`` on every create and update, as
+        a webhook would (a sidecar, a label, a toleration)."""
+        self.store.mutators.append(mutate)
 
     def stall_watches(self) -> int:
         """Every open watch goes half-open: the connection stays, nothing more is sent (no event, no
@@ -471,6 +476,9 @@ class KubeAPIThread:
 
     def stall_watches(self) -> int:
         return self.call(self._a.stall_watches)
+
+    def add_mutator(self, mutate: Mutator) -> None:
+        self.call(self._a.add_mutator, mutate)
 
     def now(self) -> datetime:
         return self.call(self._a.now)

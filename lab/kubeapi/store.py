@@ -150,6 +150,10 @@ class Stats:
     gc_deletions: int = 0
 
 
+Mutator = Callable[[tuple[str, str], dict[str, Any]], None]
+"""A mutating admission hook: (group, plural) and the object, changed in place."""
+
+
 @dataclass
 class Store:
     """All objects of the emulated cluster."""
@@ -174,6 +178,10 @@ class Store:
         self._gc_check: set[str] = set()
         self._gc_owners: set[str] = set()
         self.stats = Stats()
+        self.mutators: list[Mutator] = []
+        """Mutating admission (as a webhook would): each called with the resource's (group, plural) and
+        the object on every create and update, after defaulting and before validation (kube-apiserver's
+        order: mutating admission, then validation; k8s.io/apiserver pkg/endpoints/handlers/create.go)."""
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(self.rtype("", "namespaces"), "", {"metadata": {"name": name}})
 
@@ -437,6 +445,8 @@ class Store:
             if warnings is not None:
                 warnings.extend(decoding.warnings)
         kinds.apply_defaults(rtype, obj)
+        for mutate in self.mutators:
+            mutate(rtype.key, obj)
         if spec_path is not None:
             errs += podspec.validate_pod_spec(spec, ".".join(spec_path))
         if rtype.key == ("", "secrets"):
