@@ -152,9 +152,19 @@ class _Guarded:
 
 
 class _GuardedConnection:
+    """``conn`` with guarded ``network`` and ``compute``, looked up when used (as openstacksdk does: its
+    proxies authenticate and discover endpoints on first use)."""
+
     def __init__(self, conn: Any, guard: Callable[[], bool]) -> None:
-        self.network = _Guarded(conn.network, guard)
-        self.compute = _Guarded(conn.compute, guard)
+        self._conn, self._guard = conn, guard
+
+    @property
+    def network(self) -> _Guarded:
+        return _Guarded(self._conn.network, self._guard)
+
+    @property
+    def compute(self) -> _Guarded:
+        return _Guarded(self._conn.compute, self._guard)
 
 
 class OpenStackCloud:
