@@ -144,7 +144,7 @@ class _Guarded:
 
         def write(*args: Any, **kwargs: Any) -> Any:
             if not self._guard():
-                log.warning("cloud.fenced call=%s: not sent, this replica no longer leads", name)
+                log.warning("cloud.not_leading call=%s: not sent, this replica no longer leads", name)
                 raise CloudError("NotLeading", f"{name}: not sent, this replica no longer leads")
             return attr(*args, **kwargs)
 

@@ -71,7 +71,7 @@ from controller.settings import Settings
 from controller.status import Condition
 from controller.workqueue import WorkQueue
 from gwkit import httpd
-from gwkit.kube import ApiError, KubeClient, KubeError, Obj, Resource, Unreachable
+from gwkit.kube import ApiError, Fenced, KubeClient, KubeError, Obj, Resource, Unreachable
 from gwkit.kube.client import BY_KIND, CLUSTERLINKS, NAMESPACES, NODES, PODS, SECRETS, VPNPEERS
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,12 @@ class Metrics:
         self.gateways = Gauge(
             "vpngw_controller_gateways", "Gateways by their Ready condition.", ["ready"], registry=r
         )
+        self.force_deleted = Counter(
+            "vpngw_controller_pods_force_deleted",
+            "Gateway pods deleted with grace 0 on a node that cannot confirm it (gone, out of service, or "
+            "fenced off by the cloud).",
+            registry=r,
+        )
         self.swept = Counter(
             "vpngw_controller_cloud_swept",
             "Cloud resources deleted because the gateway they were held for no longer exists.",
@@ -134,6 +140,8 @@ class Metrics:
             if isinstance(exc, ApiError)
             else "unreachable"
             if isinstance(exc, Unreachable)
+            else "not_leading"
+            if isinstance(exc, Fenced)
             else "other"
         )
         self.api_errors.labels(str(res), code).inc()
@@ -484,7 +492,8 @@ class Operator:
             if await execute.force_delete(
                 self.kube, key, gateway, pod, why, now=now, reporter=self.elector.identity
             ):
-                counts.writes += 1
+                self.metrics.writes.labels("delete").inc()
+                self.metrics.force_deleted.inc()
         for verb, n in (("create", counts.creates), ("replace", counts.replaces)):
             if n:
                 self.metrics.writes.labels(verb).inc(n)

@@ -97,7 +97,7 @@ def test_a_deposed_leader_sends_no_cloud_step_and_no_write_after_its_deadline(
             (r.method, r.path) for r in lab.neutron_proxy.records() if r.seq > mark and r.method in WRITES
         ]
         assert late == [], f"Neutron writes of the deposed leader: {late}\n{old.log()[-3000:]}"
-        assert "cloud.fenced call=" in old.log(), old.log()[-3000:]  # the thread was stopped, not done
+        assert "cloud.not_leading call=" in old.log(), old.log()[-3000:]  # the thread was stopped, not done
         api_writes = [
             (r.verb, r.resource, r.name)
             for r in c.kube.requests(user="ctl-old", writes_only=True)
