@@ -561,13 +561,18 @@ def pod_condition(snap: Snapshot, node: str | None, nic: bool, where: placement.
         if not (p.get("metadata") or {}).get("deletionTimestamp")
         and (p.get("spec") or {}).get("nodeName") == node
     ]
+    failure = replica_failure(snap.owned.get("Deployment"))
     if not pods:
+        if failure is not None:
+            return failure
         return Condition(POD_READY, False, "NoPod", f"no gateway pod on node {node} yet")
     pod = sorted(pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")))[-1]
     st = pod.get("status") or {}
     for c in st.get("conditions") or []:
         if c.get("type") == "Ready" and c.get("status") == "True":
             return Condition(POD_READY, True, "PodReady", f"pod {pod['metadata']['name']} is ready on {node}")
+    if failure is not None:  # a replacement that cannot be created says more than the pod that is going
+        return failure
     waiting = [
         f"{cs.get('name')}: {(cs.get('state') or {}).get('waiting', {}).get('reason')}"
         for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
@@ -575,7 +580,27 @@ def pod_condition(snap: Snapshot, node: str | None, nic: bool, where: placement.
     ]
     phase = st.get("phase") or "Pending"
     detail = f" ({', '.join(waiting)})" if waiting else ""
+    # A pod the kubelet rejected (e.g. SysctlForbidden) or evicted says why in its status.
+    why = ": ".join(str(x) for x in (st.get("reason"), st.get("message")) if x)
+    detail += f": {why}" if why else ""
     return Condition(POD_READY, False, "PodNotReady", f"pod {pod['metadata']['name']} is {phase}{detail}")
+
+
+def replica_failure(deployment: Mapping[str, Any] | None) -> Condition | None:
+    """``PodReady=False`` from the Deployment's ``ReplicaFailure`` condition: the controller-manager's
+    ReplicaSet controller could not create the pod (PodSecurity admission, a ResourceQuota, a missing
+    ServiceAccount, ...) and the Deployment controller copies the ReplicaSet's condition (reason
+    ``FailedCreate``, the API's refusal as its message); it is removed once a pod could be created."""
+    st = (deployment or {}).get("status") or {}
+    for c in st.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return Condition(
+                POD_READY,
+                False,
+                str(c.get("reason") or "FailedCreate"),
+                f"the gateway pod cannot be created: {c.get('message') or 'no reason given'}",
+            )
+    return None
 
 
 def decide(
