@@ -50,10 +50,10 @@ from controller.plan.render import (
     with_nic,
 )
 from controller.settings import Settings
-from controller.status import Condition, StatusEvent
+from controller.status import Condition, StatusEvent, WriteFailure
 
 Obj = dict[str, Any]
-CONFIG_RENDERED, POD_READY = "ConfigRendered", "PodReady"
+CONFIG_RENDERED, POD_READY, DEPLOYED_PLAN = "ConfigRendered", "PodReady", "DeployedPlan"
 
 
 @dataclass(frozen=True)
@@ -506,6 +506,45 @@ def provider_id(snap: Snapshot, node: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class Report:
+    """What a gateway's status is computed from (``outcome``): the decision's conditions and what the
+    decision saw, so that the executor can add the writes the API refused without deciding anything."""
+
+    parts: tuple[Condition, ...]
+    """Every condition but ``Ready`` (computed from them) and ``OwnedObjects`` (``owned_condition``)."""
+    foreign: tuple[str, ...]
+    """``Kind/namespace/name`` of the objects of our name that are someone else's."""
+    seen: Mapping[str, Any]
+    """The status the decision saw."""
+    generation: int
+    node: str | None
+    public_ip: str | None
+    now: str
+    also: tuple[StatusEvent, ...] = ()
+    """Events of the decision that no condition carries (``Repinned``)."""
+
+
+def outcome(report: Report, failures: Sequence[WriteFailure] = ()) -> tuple[Obj | None, list[StatusEvent]]:
+    """The status patch (None: already so) and the Events of a reconcile whose writes ``failures`` were
+    refused by the API. Events come from condition transitions against the status the decision saw, so a
+    failure that stays the same says so once, not on every retry."""
+    parts = list(report.parts)
+    owned = status.owned_condition(report.foreign, failures)
+    if owned is not None:  # where it always stood: after PodReady, before DeployedPlan
+        at = next((i for i, c in enumerate(parts) if c.type == DEPLOYED_PLAN), len(parts))
+        parts.insert(at, owned)
+    before = list(report.seen.get("conditions") or [])
+    conds = status.conditions(parts, before, report.generation, report.now)
+    wanted: Obj = {
+        "conditions": conds,
+        "observedGeneration": report.generation,
+        "nodeName": report.node,
+        "publicIP": report.public_ip,
+    }
+    return status.status_patch(report.seen, wanted), [*status.events(before, conds), *report.also]
+
+
+@dataclass(frozen=True)
 class Decision:
     actions: tuple[diff.Action, ...]
     foreign: tuple[diff.Foreign, ...]
@@ -514,6 +553,8 @@ class Decision:
     events: tuple[StatusEvent, ...]
     add_finalizer: bool
     desired: Desired | None
+    report: Report | None = None
+    """What ``status`` and ``events`` were computed from (``outcome`` with no failures)."""
 
 
 LEFT_OUT = "PartlyRendered"
@@ -561,13 +602,18 @@ def pod_condition(snap: Snapshot, node: str | None, nic: bool, where: placement.
         if not (p.get("metadata") or {}).get("deletionTimestamp")
         and (p.get("spec") or {}).get("nodeName") == node
     ]
+    failure = replica_failure(snap.owned.get("Deployment"))
     if not pods:
+        if failure is not None:
+            return failure
         return Condition(POD_READY, False, "NoPod", f"no gateway pod on node {node} yet")
     pod = sorted(pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")))[-1]
     st = pod.get("status") or {}
     for c in st.get("conditions") or []:
         if c.get("type") == "Ready" and c.get("status") == "True":
             return Condition(POD_READY, True, "PodReady", f"pod {pod['metadata']['name']} is ready on {node}")
+    if failure is not None:  # a replacement that cannot be created says more than the pod that is going
+        return failure
     waiting = [
         f"{cs.get('name')}: {(cs.get('state') or {}).get('waiting', {}).get('reason')}"
         for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or [])
@@ -575,7 +621,27 @@ def pod_condition(snap: Snapshot, node: str | None, nic: bool, where: placement.
     ]
     phase = st.get("phase") or "Pending"
     detail = f" ({', '.join(waiting)})" if waiting else ""
+    # A pod the kubelet rejected (e.g. SysctlForbidden) or evicted says why in its status.
+    why = ": ".join(str(x) for x in (st.get("reason"), st.get("message")) if x)
+    detail += f": {why}" if why else ""
     return Condition(POD_READY, False, "PodNotReady", f"pod {pod['metadata']['name']} is {phase}{detail}")
+
+
+def replica_failure(deployment: Mapping[str, Any] | None) -> Condition | None:
+    """``PodReady=False`` from the Deployment's ``ReplicaFailure`` condition: the controller-manager's
+    ReplicaSet controller could not create the pod (PodSecurity admission, a ResourceQuota, a missing
+    ServiceAccount, ...) and the Deployment controller copies the ReplicaSet's condition (reason
+    ``FailedCreate``, the API's refusal as its message); it is removed once a pod could be created."""
+    st = (deployment or {}).get("status") or {}
+    for c in st.get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return Condition(
+                POD_READY,
+                False,
+                str(c.get("reason") or "FailedCreate"),
+                f"the gateway pod cannot be created: {c.get('message') or 'no reason given'}",
+            )
+    return None
 
 
 def decide(
@@ -631,27 +697,23 @@ def decide(
     if not any(c.type == CLOUD_READY for c in cloud.conditions):
         parts.append(Condition(CLOUD_READY, True, "Ready", "the cloud holds what the gateway needs"))
     parts.append(pod_condition(snap, where.node, cloud.nic is not None, where))
-    if foreign:
-        names = ", ".join(f"{f.kind}/{f.name}" for f in foreign)
-        parts.append(
-            Condition(
-                "OwnedObjects", False, "ObjectNameTaken", f"{names} exist and do not belong to this gateway"
-            )
-        )
     if rendered.previous_error and rendered.plan is None:
-        parts.append(Condition("DeployedPlan", False, "PreviousPlanInvalid", rendered.previous_error))
-    before = list(snap.current_status.get("conditions") or [])
-    conds = status.conditions(parts, before, snap.generation, now)
-    wanted: Obj = {
-        "conditions": conds,
-        "observedGeneration": snap.generation,
-        "nodeName": where.node if where.node is not None else snap.current_node,
-        "publicIP": cloud.public_ip,
-    }
-    patch = status.status_patch(snap.current_status, wanted)
-    evts = status.events(before, conds)
-    if where.moved_from is not None and where.node is not None:
-        evts.append(StatusEvent("Normal", "Repinned", where.message))
+        parts.append(Condition(DEPLOYED_PLAN, False, "PreviousPlanInvalid", rendered.previous_error))
+    report = Report(
+        parts=tuple(parts),
+        foreign=tuple(f"{f.kind}/{f.name}" for f in foreign),
+        seen=snap.current_status,
+        generation=snap.generation,
+        node=where.node if where.node is not None else snap.current_node,
+        public_ip=cloud.public_ip,
+        now=now,
+        also=(
+            (StatusEvent("Normal", "Repinned", where.message),)
+            if where.moved_from is not None and where.node is not None
+            else ()
+        ),
+    )
+    patch, evts = outcome(report)
     return Decision(
         tuple(actions),
         tuple(foreign),
@@ -659,6 +721,7 @@ def decide(
         tuple(evts),
         not snap.has_finalizer and not snap.deleting,
         plan_desired,
+        report,
     )
 
 

@@ -508,6 +508,8 @@ class Operator:
                 where.node,
                 "yes" if rendered.plan is not None else "no",
             )
+        if counts.failures:  # the status says them; try again with the backoff
+            raise execute.Failed(counts.failures)
         return "cloud-failed" if cloud_failed else "ok"
 
     async def _ensure(

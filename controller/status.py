@@ -17,6 +17,9 @@ computes an unchanged status and the controller writes nothing:
 * (with OpenStack) ``RoutingReady``, ``SecurityGroupScoped``: passed through from the cloud backend.
   ``SecurityGroupScoped`` False says the IKE/WireGuard port is open wider than the peers' addresses
   (a peer known by hostname); the gateway still serves, so it does not make ``Ready`` False.
+* ``OwnedObjects`` (only while False): an object of the gateway's name is not ours (``ObjectNameTaken``),
+  or the API refused a write of one (``owned_condition``: the API's reason, ``Forbidden``, ``NotFound``,
+  ``AlreadyExists``, ``Invalid``, and its message; never the object's content).
 """
 
 from __future__ import annotations
@@ -59,6 +62,65 @@ class StatusEvent:
     message: str
 
 
+OWNED_OBJECTS = "OwnedObjects"
+OBJECT_NAME_TAKEN = "ObjectNameTaken"
+
+
+@dataclass(frozen=True)
+class WriteFailure:
+    """A write of one of the gateway's objects that the API refused (``controller.execute`` collects
+    them). Only what the API said: never the object's content (a plan, a Secret's name-value pairs)."""
+
+    kind: str
+    name: str
+    """``namespace/name``."""
+    verb: str
+    """``create``, ``replace``, ``delete``, ``patch``."""
+    code: int
+    """The HTTP status (403, 404, 409, 422, ...)."""
+    reason: str
+    """The API's ``Status.reason``: ``Forbidden``, ``NotFound``, ``AlreadyExists``, ``Invalid``, ..."""
+    message: str
+    """The API's ``Status.message`` (it names the object and the rule)."""
+    holder: str | None = None
+    """``AlreadyExists``: whose the object of that name is (``whose``)."""
+
+    def __str__(self) -> str:
+        whose = f" (it is not this gateway's: {self.holder})" if self.holder else ""
+        return f"{self.verb} {self.kind} {self.name}: {self.reason}: {self.message}{whose}"
+
+
+MAX_HOLDER = 512
+
+
+def whose(obj: Mapping[str, Any]) -> str:
+    """Who an object seems to belong to, by its labels and ownerReferences only (never its content)."""
+    md = obj.get("metadata") or {}
+    labels = md.get("labels") or {}
+    refs = [
+        f"{r.get('kind')}/{r.get('name')}" for r in md.get("ownerReferences") or [] if isinstance(r, Mapping)
+    ]
+    parts = [
+        "labels " + (", ".join(f"{k}={v}" for k, v in sorted(labels.items())) if labels else "none"),
+        "ownerReferences " + (", ".join(refs) if refs else "none"),
+    ]
+    return "; ".join(parts)[:MAX_HOLDER]
+
+
+def owned_condition(foreign: Sequence[str], failures: Sequence[WriteFailure]) -> Condition | None:
+    """``OwnedObjects=False`` when an object of the gateway's name is someone else's (``foreign``:
+    ``Kind/namespace/name``, seen in the caches) or the API refused a write (``failures``); None when all
+    is well. The reason is the first failure's API reason (``ObjectNameTaken`` when only ``foreign``);
+    the message names every object with its reason and the API's message."""
+    if not foreign and not failures:
+        return None
+    said = [str(f) for f in failures]
+    if foreign:
+        said.append(f"{', '.join(foreign)} exist and do not belong to this gateway")
+    reason = failures[0].reason if failures else OBJECT_NAME_TAKEN
+    return Condition(OWNED_OBJECTS, False, reason or "Error", "; ".join(said))
+
+
 ADVISORY = frozenset({"SecurityGroupScoped"})
 """Conditions that say something worth knowing but do not stop the gateway serving: not part of Ready."""
 
@@ -88,11 +150,15 @@ def conditions(
     return out
 
 
+CONTROLLER_KEYS = ("conditions", "observedGeneration", "nodeName", "publicIP")
+"""The status keys the controller owns (the status-agent owns the others)."""
+
+
 def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> Obj | None:
     """A merge patch of the controller's status keys that turns ``current`` into ``wanted``; None when
     they already agree (a no-op reconcile writes nothing). A key we no longer want is patched to null."""
     patch: Obj = {}
-    for key in ("conditions", "observedGeneration", "nodeName", "publicIP"):
+    for key in CONTROLLER_KEYS:
         want = wanted.get(key)
         if current.get(key) != want:
             patch[key] = want

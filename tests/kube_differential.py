@@ -392,7 +392,44 @@ async def pod_specs(kube: KubeClient, ns: str) -> Observations:
     return o.seen
 
 
+async def not_served(kube: KubeClient, ns: str) -> Observations:
+    """Writes of a kind the server does not serve (the NetworkAttachmentDefinition without Multus: the
+    controller says the answer in its status), and a status patch on a stale resourceVersion (the
+    controller's status carries the version its decision saw)."""
+    from gwkit.kube import Resource
+
+    o = Observer(kube, ns)
+    widget = {"apiVersion": "nothing.example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    for label, res in (
+        ("group not served", Resource("nothing.example.com", "v1", "widgets", "Widget")),
+        ("core resource not served", Resource("", "v1", "widgets", "Widget")),
+        ("apps resource not served", Resource("apps", "v1", "widgets", "Widget")),
+    ):
+        await o.call(f"create: {label}", kube.create(res, widget, ns))
+        await o.call(f"list: {label}", kube.request("GET", res.path(ns)))
+    await _with_crds(kube)
+    doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
+    doc["metadata"]["namespace"] = ns
+    with anyio.fail_after(30):
+        while True:
+            try:
+                gw = await kube.create(VPNGATEWAYS, doc, ns)
+                break
+            except NotFound:  # the endpoint is not served yet
+                await anyio.sleep(0.2)
+    name, version = gw["metadata"]["name"], gw["metadata"]["resourceVersion"]
+    status = {"status": {"observedGeneration": 1}}
+    await o.call("status patch", kube.patch(VPNGATEWAYS, name, status, ns, subresource="status"))
+    stale = {**status, "metadata": {"resourceVersion": version}}
+    await o.call(
+        "status patch on a stale resourceVersion",
+        kube.patch(VPNGATEWAYS, name, stale, ns, subresource="status"),
+    )
+    return o.seen
+
+
 SCENARIOS: dict[str, Callable[[KubeClient, str], Awaitable[Observations]]] = {
+    "not_served": not_served,
     "config_maps": config_maps,
     "gateway_status_and_finalizers": gateway_status_and_finalizers,
     "lists": lists,

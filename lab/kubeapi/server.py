@@ -35,6 +35,7 @@ from lab.kubeapi.errors import (
     bad_request,
     for_code,
     forbidden,
+    group_version_not_served,
     invalid,
     method_not_allowed,
     not_found,
@@ -170,6 +171,9 @@ def _json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | Non
 
 
 def _error_response(err: ApiError) -> web.Response:
+    if err.plain:  # Go's http.Error: text/plain; charset=utf-8, nosniff
+        headers = {**err.headers, "X-Content-Type-Options": "nosniff"}
+        return web.Response(text=err.message, status=err.code, content_type="text/plain", headers=headers)
     return _json_response(err.status(), err.code, err.headers)
 
 
@@ -475,6 +479,8 @@ class ApiServer:
     def _resolve(self, info: RequestInfo) -> ResourceType:
         rtype = self.store.registry.lookup(info.group, info.version, info.resource)
         if rtype is None:
+            if info.group and not self.store.registry.in_group_version(info.group, info.version):
+                raise group_version_not_served()
             raise path_not_found()
         if info.namespace and not rtype.namespaced and not (rtype.key == ("", "namespaces")):
             raise path_not_found()
