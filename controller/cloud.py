@@ -5,8 +5,8 @@ interface the controller owns.
 now (``CloudWant``), it makes the cloud hold that (creating, updating, deleting what it owns) and reports
 what the gateway can use (``CloudState``): NIC2's MAC, address and router, the public IP, and the
 conditions it is responsible for. ``release`` removes everything it holds for a gateway (the finalizer).
-``owned`` says what it holds for which gateways, so that what a gateway gone left behind (a crash, the
-seed's operator, a finalizer removed by hand) is found and released by the sweep (``sweepable``).
+It is also called for a gateway gone without its finalizer (removed by hand, or gone while no
+controller ran): what the cloud still holds for it goes.
 
 Backends:
 
@@ -19,7 +19,7 @@ Backends:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -77,11 +77,6 @@ class Cloud(Protocol):
         """Delete everything held for ``key`` (idempotent); the number of resources deleted."""
         ...
 
-    async def owned(self) -> dict[GatewayKey, float]:
-        """Every gateway this installation holds cloud resources for, with the time (epoch seconds) the
-        newest of them was created or changed; raises CloudError when the cloud cannot be asked."""
-        ...
-
     async def transit_cidrs(self) -> tuple[str, ...] | None:
         """The networks gateways' NIC2s sit on (no serviceCIDR may overlap them: a virtual IP there could
         claim another gateway's NIC2 address); None while unknown (the cloud cannot be asked yet: nothing
@@ -120,33 +115,8 @@ class StaticCloud:
     async def release(self, key: GatewayKey) -> int:
         return 0
 
-    async def owned(self) -> dict[GatewayKey, float]:
-        return {}
-
     async def transit_cidrs(self) -> tuple[str, ...] | None:
         return tuple(sorted({str(ipaddress.IPv4Interface(n.address).network) for n in self.nics.values()}))
-
-
-def sweepable(
-    owned: Mapping[GatewayKey, float],
-    existing: Set[GatewayKey],
-    *,
-    now: float,
-    grace: float,
-    namespace: str | None = None,
-) -> list[GatewayKey]:
-    """The gateways whose cloud resources the sweep releases: held for a gateway that does not exist,
-    untouched for ``grace`` seconds (a gateway created a moment ago may not be in the caches yet), and in
-    the namespace this controller watches (``namespace``; None: all), since of another namespace's
-    gateways it knows nothing."""
-    return sorted(
-        (
-            key
-            for key, last in owned.items()
-            if key not in existing and now - last >= grace and namespace in (None, key.namespace)
-        ),
-        key=str,
-    )
 
 
 _conforms: Cloud = StaticCloud({})

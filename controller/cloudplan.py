@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import gwplan
-from controller.names import GATEWAY_KINDS, GatewayKey
+from controller.names import GatewayKey
 from controller.status import Condition
 
 SECURITY_GROUP_SCOPED = "SecurityGroupScoped"
@@ -69,19 +69,6 @@ GATEWAY_TAG = "vpngw-gateway:"
 
 def instance_tag(instance: str) -> str:
     return f"vpngw-instance:{instance}"
-
-
-def key_of_tags(found: Iterable[str]) -> GatewayKey | None:
-    """The gateway a resource's tags (``tags``) name; None when they name none. A namespace has no dot
-    (a DNS label) and a kind none, so the name is the rest, dots and all."""
-    for tag in found:
-        if not tag.startswith(GATEWAY_TAG):
-            continue
-        kind, _, rest = tag.removeprefix(GATEWAY_TAG).partition(".")
-        namespace, _, name = rest.partition(".")
-        if kind in GATEWAY_KINDS and namespace and name:
-            return GatewayKey(kind, namespace, name)
-    return None
 
 
 def resource_name(key: GatewayKey) -> str:

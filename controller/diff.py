@@ -65,22 +65,13 @@ map and an empty one are the same: the API server drops empty ones)."""
 
 _POD = ("spec", "template", "spec")
 SHARED_LISTS: Mapping[str, frozenset[tuple[str, ...]]] = {
-    "Deployment": frozenset(
-        {
-            (*_POD, "containers"),
-            (*_POD, "initContainers"),
-            (*_POD, "volumes"),
-            (*_POD, "tolerations"),
-            (*_POD, "imagePullSecrets"),
-            *((*_POD, c, "*", f) for c in ("containers", "initContainers") for f in ("env", "volumeMounts")),
-        }
-    )
+    "Deployment": frozenset({(*_POD, "tolerations"), (*_POD, "imagePullSecrets")})
 }
-"""Lists, per kind, into which mutating admission adds items of its own (a sidecar and its volume, a
-toleration, an env var in every container: Istio, Kyverno, a proxy injector): ours must be there, others
-may be too (``covers``). Elsewhere a list is ours exactly: an ingress rule someone added to our
-NetworkPolicy is restored away. Without this a webhook's sidecar made every reconcile replace the
-Deployment, which the webhook mutated again: a write loop."""
+"""Lists, per kind, into which mutating admission may add items of its own (a policy engine's
+toleration, a registry's pull secret): ours must be there, others may be too (``covers``). Elsewhere a
+list is ours exactly. Not the containers, volumes or env: the gateway pod holds NET_ADMIN, NIC2, the
+tunnels' keys and its tenant's Secrets, so a sidecar, a volume or an env var someone added goes at the
+next reconcile (a webhook that injects them into Deployments must leave the gateway namespace out)."""
 
 
 def covers(

@@ -79,18 +79,7 @@ async def apply(
 ) -> Counts:
     counts = Counts()
     md = gateway["metadata"]
-    res = gateway_resource(key)
     version = str(md.get("resourceVersion") or "")
-    if decision.add_finalizer:
-        finalizers = [*(md.get("finalizers") or []), FINALIZER]
-        try:
-            patched = await _guarded(kube.patch(res, key.name, _finalizers_at(md, finalizers), key.namespace))
-            version = str((patched or {}).get("metadata", {}).get("resourceVersion") or version)
-            counts.writes += 1
-        except NotFound:
-            raise Requeue(f"{key} is gone") from None
-        except ApiError as exc:
-            counts.failures.append(_failure(key.kind, f"{key.namespace}/{key.name}", "patch", exc))
     for action in decision.actions:
         try:
             await _perform(kube, action, counts)

@@ -90,6 +90,10 @@ class Informer:
         self.synced = anyio.Event()
         self.relists = 0
         self.failures = 0
+        self.served = False
+        """The last list succeeded: the cache says what exists. False while the resource answers 404 (its
+        CRD not installed, or not served yet: kube-apiserver answers 404 for custom resources until its
+        CRD informer has synced), when an empty cache says nothing about what exists."""
 
     def get(self, namespace: str, name: str) -> Obj | None:
         return self.store.get((namespace, name))
@@ -124,6 +128,7 @@ class Informer:
         self.resource_version = rv
         self.relists += 1
         self.last_error = None
+        self.served = True
         self.synced.set()
 
     async def run(self) -> None:
@@ -158,6 +163,7 @@ class Informer:
                 if not self.synced.is_set() or self.failures == 0:
                     log.warning("informer.not_served resource=%s error=%r", self.res, str(exc))
                 self.failures += 1
+                self.served = False
                 self.on_error(self.res, exc)
                 self.synced.set()
                 need_list = True

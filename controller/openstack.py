@@ -19,9 +19,8 @@ fails (``PortFailed``, ``AttachFailed``, ...):
    on the routers of the ClusterLinks naming the gateway; our routes (nexthop: the port's address) are
    removed from every other router.
 
-``release`` deletes all of it (the finalizer, and the sweep for a gateway gone: ``owned`` lists every
-gateway this instance holds resources for, by the instance tag). openstacksdk is synchronous: each call
-runs on a worker thread.
+``release`` deletes all of it (the finalizer; and a gateway gone without it). openstacksdk is
+synchronous: each call runs on a worker thread.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import anyio
@@ -41,8 +39,6 @@ from controller.cloud import CLOUD_READY, CloudError, CloudState, CloudWant
 from controller.cloudplan import (
     Rule,
     address_pairs,
-    instance_tag,
-    key_of_tags,
     plan_cloud,
     resource_name,
     routes,
@@ -180,6 +176,7 @@ class OpenStackCloud:
     ) -> None:
         self.conn = conn if guard is None else _GuardedConnection(conn, guard)
         """With ``guard`` (the controller: whether it still leads), every write asks it first."""
+        self.guard = guard or (lambda: True)
         self.settings = settings
         self._sleep = sleep
         self._ids: tuple[str, str, str, str, int, str | None] | None = None
@@ -187,15 +184,13 @@ class OpenStackCloud:
     # --- Cloud ----------------------------------------------------------------------------------
 
     async def ensure(self, want: CloudWant) -> CloudState:
-        # abandon_on_cancel: a cancelled reconcile (leadership lost) does not wait for the thread, which
-        # sends no further write (``guard``).
-        return await anyio.to_thread.run_sync(self._ensure, want, abandon_on_cancel=True)
+        # Not abandoned on cancel: a cancelled reconcile (leadership lost) waits for its thread, which sends
+        # no further write (``guard``) and so ends soon; a thread of one term never runs beside the next
+        # term's reconcile of the same gateway.
+        return await anyio.to_thread.run_sync(self._ensure, want)
 
     async def release(self, key: GatewayKey) -> int:
-        return await anyio.to_thread.run_sync(self._release, key, abandon_on_cancel=True)
-
-    async def owned(self) -> dict[GatewayKey, float]:
-        return await anyio.to_thread.run_sync(self._owned, abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(self._release, key)
 
     async def transit_cidrs(self) -> tuple[str, ...] | None:
         """The gateway subnet's CIDR (looked up once); None while Neutron cannot be asked."""
@@ -370,6 +365,10 @@ class OpenStackCloud:
             port = self.conn.network.get_port(port_id)
             if done(port):
                 return port
+            if not self.guard():  # deposed while waiting: the wait is the new leader's now
+                raise CloudError(
+                    "NotLeading", f"Attach: stopped waiting for port {port_id}, no longer leading"
+                )
             if time.monotonic() > deadline:
                 raise CloudError(
                     "AttachFailed",
@@ -463,18 +462,6 @@ class OpenStackCloud:
         conds = (ready, scope_condition(cp), routing_condition(cp, True))
         return CloudState(nic, str(fip.floating_ip_address), conds, fenced=fenced)
 
-    def _owned(self) -> dict[GatewayKey, float]:
-        net = self.conn.network
-        out: dict[GatewayKey, float] = {}
-        with _Step("Owned"):
-            mine = instance_tag(self.settings.instance)
-            for listing in (net.ports, net.ips, net.security_groups):
-                for r in listing(tags=mine):
-                    key = key_of_tags(getattr(r, "tags", None) or [])
-                    if key is not None:
-                        out[key] = max(out.get(key, 0.0), _last_touched(r))
-        return out
-
     def _release(self, key: GatewayKey) -> int:
         net, compute = self.conn.network, self.conn.compute
         deleted = 0
@@ -499,18 +486,3 @@ class OpenStackCloud:
                 deleted += 1
         log.info("cloud.released gateway=%s deleted=%d", key, deleted)
         return deleted
-
-
-def _last_touched(resource: Any) -> float:
-    """When Neutron last created or changed ``resource`` (epoch seconds; its ``created_at``/``updated_at``,
-    ISO 8601 in UTC); 0 when it says neither."""
-    times = []
-    for field in ("created_at", "updated_at"):
-        value = str(getattr(resource, field, "") or "")
-        if value:
-            try:
-                stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-            times.append((stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp())
-    return max(times, default=0.0)

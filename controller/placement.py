@@ -114,9 +114,10 @@ def stranded(
     *,
     fenced: bool,
 ) -> list[Mapping[str, Any]]:
-    """The gateway's pods to delete without waiting for their kubelet (grace 0): on a node other than the
-    pin that is not Ready, so no kubelet will confirm their deletion, and the Recreate Deployment would
-    wait for them forever before it starts the pod on the pin. Only when none of them can still serve:
+    """The gateway's pods to delete without waiting for their kubelet (grace 0): already being deleted
+    (the Recreate rollout), on a node other than the pin that is not Ready, so no kubelet will confirm
+    their deletion, and the Recreate Deployment would wait for them forever before it starts the pod on
+    the pin. Only when none of them can still serve:
     the cloud ``fenced`` the old node off (NIC2 is attached to the pin's server now), or, without a
     fence, the node is gone or tainted out-of-service (a NotReady node may only be cut off from the API,
     its pod still holding NIC2 and the tunnels)."""
@@ -127,6 +128,11 @@ def stranded(
     for pod in pods:
         on = str((pod.get("spec") or {}).get("nodeName") or "")
         if not on or on == pin:
+            continue
+        if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            # Not yet deleted by the Recreate rollout (the Deployment controller scales the old
+            # ReplicaSet to 0 first): gone now, the ReplicaSet would make it again, on the dead node
+            # (podgc's gcTerminating takes only terminating pods, for the same reason).
             continue
         node = by_name.get(on)
         if node is not None and ready(node):

@@ -551,7 +551,6 @@ class Decision:
     status: Obj | None
     """The merge patch of the controller's status keys; None: already so."""
     events: tuple[StatusEvent, ...]
-    add_finalizer: bool
     desired: Desired | None
     report: Report | None = None
     """What ``status`` and ``events`` were computed from (``outcome`` with no failures)."""
@@ -719,7 +718,6 @@ def decide(
         tuple(foreign),
         patch,
         tuple(evts),
-        not snap.has_finalizer and not snap.deleting,
         plan_desired,
         report,
     )

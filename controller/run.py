@@ -7,8 +7,8 @@
         -> workers (only while this replica leads): reconcile(key)
               snapshot from the caches -> render -> place -> cloud.ensure -> decide -> execute
               409 / stale cache: requeued at once-ish; other failures: requeued with a capped backoff
-        -> a resync enqueues every gateway now and then (a no-op reconcile writes nothing), and sweeps
-           the cloud: what it holds for a gateway that no longer exists is released (``sweepable``)
+        -> a resync enqueues every gateway now and then (a no-op reconcile writes nothing), and every
+           gateway the gateway namespace holds objects of: of one gone, those and its cloud resources go
 
 Metrics (``/metrics``): reconciles by result, reconcile duration, queue depth, API errors by resource
 and code, leadership, gateways by Ready, cloud resources swept. ``/healthz`` answers while the process
@@ -31,7 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import gwplan
 from controller import execute, placement
-from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant, sweepable
+from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
 from controller.desired import HOME_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, plan_of
 from controller.informer import Informer, lean, metadata_only
 from controller.names import (
@@ -157,7 +157,6 @@ class Operator:
         *,
         workers: int = 4,
         resync_seconds: float = 600.0,
-        sweep_grace: float = 300.0,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -165,7 +164,6 @@ class Operator:
         self.elector = elector
         self.workers = workers
         self.resync_seconds = resync_seconds
-        self.sweep_grace = sweep_grace
         self.queue: WorkQueue[GatewayKey] = WorkQueue()
         self.metrics = Metrics()
         self.pins: dict[GatewayKey, str] = {}
@@ -422,12 +420,22 @@ class Operator:
             self.pins.pop(key, None)
             if self.settings.namespace not in (None, key.namespace):
                 return "gone"  # not watched here: its gateway's existence is unknown
+            if not self.informers[key.kind].served:
+                return "gone"  # its kind answers 404: an empty cache says nothing of what exists
             home = self.settings.gateway_namespace
             objs = [{**o, "kind": k} for k in HOME_KINDS if (o := self.informers[k].get(home, key.home_name))]
             gone = orphans(key, objs)
             if gone:
                 log.warning("gateway.orphans gateway=%s objects=%d", key, len(gone))
                 await execute.delete_all(self.kube, gone)
+            # Its finalizer was removed by hand (or it went while no controller ran): what the cloud holds
+            # for it goes too. Here, one key at a time through the work queue, and only for a gateway this
+            # cluster had (a deletion seen, or its objects in the gateway namespace): never a cloud-wide
+            # sweep by the instance tag, which two clusters with the same instance name share.
+            released = await self.cloud.release(key)
+            if released:
+                log.warning("cloud.swept gateway=%s deleted=%d", key, released)
+                self.metrics.swept.inc(released)
             return "gone"
         gateway = {**gateway, "kind": key.kind}
         snap = self.snapshot(key, gateway)
@@ -439,13 +447,6 @@ class Operator:
                 await execute.remove_finalizer(self.kube, key, gateway)
                 log.info("gateway.released gateway=%s deleted=%d", key, deleted)
             return "deleted"
-        if not snap.has_finalizer:
-            # On the CR, and confirmed by the API, before any cloud call: a gateway deleted during its
-            # first reconcile is then held until ``release`` ran. Written after the cloud, as it was, 3 of
-            # 6 gateways deleted 0-2.5 s after creation left their port and floating IP for good.
-            gateway = {**await execute.add_finalizer(self.kube, key, gateway), "kind": key.kind}
-            self.metrics.writes.labels("patch").inc()
-            snap = self.snapshot(key, gateway)
         tenant = await self.tenant_caches(key.namespace) if snap.namespace_enabled else None
         snap = self.snapshot(key, gateway, tenant)
         transit = await self.cloud.transit_cidrs()
@@ -464,6 +465,14 @@ class Operator:
                 cloud = CloudState(None, None, (Condition(CLOUD_READY, False, TRANSIT_UNKNOWN, why),))
                 cloud_failed = True
         else:
+            if not snap.has_finalizer:
+                # On the CR, and confirmed by the API, before the first cloud step that creates anything:
+                # a gateway deleted during its first reconcile is then held until ``release`` ran. Written
+                # after the cloud, as it was, 3 of 6 gateways deleted 0-2.5 s after creation left their
+                # port and floating IP for good. (Not before: a gateway that never renders holds nothing,
+                # and its deletion must not wait for the cloud.)
+                gateway = {**await execute.add_finalizer(self.kube, key, gateway), "kind": key.kind}
+                self.metrics.writes.labels("patch").inc()
             async with self._place_lock:
                 snap = self.snapshot(key, gateway, tenant)  # the pins of reconciles that placed meanwhile
                 where = place(snap, self.settings)
@@ -625,32 +634,8 @@ class Operator:
 
     async def _resync(self) -> None:
         while True:
-            await self.sweep()
             await anyio.sleep(self.resync_seconds)
             self.enqueue_all()
-
-    async def sweep(self) -> int:
-        """Release what the cloud holds for gateways that no longer exist (a finalizer removed by hand,
-        resources from before the finalizer came first, the seed's); the number of resources deleted.
-        A failure is logged, and the next resync tries again."""
-        try:
-            owned = await self.cloud.owned()
-            existing = {self._key(gw) for gw in self._gateways()}
-            gone = sweepable(
-                owned, existing, now=time.time(), grace=self.sweep_grace, namespace=self.settings.namespace
-            )
-            deleted = 0
-            for key in gone:
-                if not self.elector.leading:
-                    break
-                n = await self.cloud.release(key)
-                log.warning("cloud.swept gateway=%s deleted=%d", key, n)
-                self.metrics.swept.inc(n)
-                deleted += n
-            return deleted
-        except CloudError as exc:
-            log.warning("cloud.sweep_failed step=%s error=%r", exc.step, str(exc))
-            return 0
 
     async def run(
         self,

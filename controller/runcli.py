@@ -182,13 +182,6 @@ def add_run_parser(sub: Any) -> None:
     r.add_argument(
         "--resync-seconds", type=float, default=600.0, help="every gateway is looked at again this often"
     )
-    r.add_argument(
-        "--sweep-grace-seconds",
-        type=float,
-        default=300.0,
-        help="the cloud resources of a gateway that no longer exists are released at the next resync "
-        "once untouched this long",
-    )
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -229,8 +222,6 @@ def settings_of(args: argparse.Namespace) -> Settings:
         raise SettingsError("--workers: must be 1-64")
     if not 10 <= args.resync_seconds <= 86400:  # also refuses nan
         raise SettingsError("--resync-seconds: must be 10-86400")
-    if not 0 <= args.sweep_grace_seconds <= 86400:
-        raise SettingsError("--sweep-grace-seconds: must be 0-86400")
     try:
         httpd.split_listen(args.listen)
     except ValueError as exc:
@@ -299,7 +290,7 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
             )
         )
         op = Operator(kube, settings, cloud_of(settings, args, elector.leads), elector, workers=args.workers,
-                      resync_seconds=args.resync_seconds, sweep_grace=args.sweep_grace_seconds)  # fmt: skip
+                      resync_seconds=args.resync_seconds)  # fmt: skip
         log.info(
             "controller.starting identity=%s api=%s source=%s namespace=%s instance=%s cloud=%s "
             "leader_elect=%s",

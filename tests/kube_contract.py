@@ -15,7 +15,6 @@ from controller import execute
 from controller.api.crds import crds
 from controller.execute import Requeue
 from controller.names import FINALIZER, key_of
-from controller.reconcile import Decision
 from gwkit.kube.client import NAMESPACES, SECRETS, VPNGATEWAYS, KubeClient
 from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict, NotFound
@@ -87,7 +86,6 @@ async def a_stale_finalizer_write_is_requeued(kubeconfig: Path, namespace: str) 
                     await anyio.sleep(0.2)
         key = key_of(created)
         name = key.name
-        add = Decision((), (), None, (), True, None)
 
         async def moved() -> None:
             await kube.patch(
@@ -96,9 +94,9 @@ async def a_stale_finalizer_write_is_requeued(kubeconfig: Path, namespace: str) 
 
         await moved()
         with pytest.raises(Requeue):
-            await execute.apply(kube, key, created, add, now="2026-01-01T00:00:00Z", reporter="test")
+            await execute.add_finalizer(kube, key, created)
         fresh = await kube.get(VPNGATEWAYS, name, namespace)
-        await execute.apply(kube, key, fresh, add, now="2026-01-01T00:00:00Z", reporter="test")
+        await execute.add_finalizer(kube, key, fresh)
         fresh = await kube.get(VPNGATEWAYS, name, namespace)
         assert FINALIZER in fresh["metadata"]["finalizers"]
         await moved()

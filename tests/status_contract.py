@@ -62,7 +62,7 @@ def _decision(
         now=now,
     )
     status, events = outcome(report)
-    return Decision(tuple(actions), (), status, tuple(events), False, None, report)
+    return Decision(tuple(actions), (), status, tuple(events), None, report)
 
 
 def _config_map(

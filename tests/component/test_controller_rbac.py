@@ -185,14 +185,21 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
                         "name": "acme-old",
                         "namespace": home_ns,
                         "labels": template["metadata"]["labels"],
+                        "finalizers": ["lab.example/held"],  # a terminating pod no kubelet confirms
                     },
                     "spec": {"nodeName": node, "containers": [{"name": "c", "image": "lab"}]},
                 }
             ]
         )
         c.set_node_ready(node, False)  # re-pin: the Deployment updated, an Event
+        c.kube.delete("v1", "Pod", "acme-old", home_ns)  # the Recreate rollout's delete: Terminating
         c.kube.delete("v1", "Node", node)  # gone: its pod is deleted without its kubelet (pods delete)
-        wait_for(lambda: c.get("v1", "Pod", "acme-old", home_ns) is None, 20, "the stranded pod deleted")
+        wait_for(
+            lambda: c.kube.requests(verb="delete", resource="pods", name="acme-old", user=SA),
+            20,
+            "the stranded pod force-deleted",
+        )
+        c.kube.patch("v1", "Pod", "acme-old", {"metadata": {"finalizers": None}}, home_ns)
         c.kube.patch(
             "vpn.bnerd.net/v1alpha1",
             "VPNPeer",

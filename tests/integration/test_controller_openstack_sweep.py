@@ -5,10 +5,10 @@ nothing leaks, ever (issue 21, item 2).
   the moments fall before, during and after the cloud steps): once the CRs are gone, nothing tagged with
   the installation remains. Before the finalizer came first, 3 of 6 such gateways left their port,
   floating IP and security group behind for good.
-* What a gateway gone left behind (here made by the backend itself for a gateway that never existed) is
-  released by the sweep at the controller's start, counted in ``vpngw_controller_cloud_swept_total``;
-  another installation's resources, a living gateway's, and a foreign route on the same router are not
-  touched.
+* A gateway deleted after its finalizer was removed by hand has its cloud resources released, whether
+  the controller saw the deletion or finds the gateway's objects in the gateway namespace at start;
+  counted in ``vpngw_controller_cloud_swept_total``. Another installation's resources for a gateway of
+  the same name, and a foreign route on the same router, are not touched.
 """
 
 from __future__ import annotations
@@ -68,11 +68,18 @@ def nothing(found: dict[str, list[str]]) -> bool:
 
 
 def start(c: Cluster, lab: OpenStackLab, tmp_path: Path, instance: str, *extra: str) -> Any:
+    """The controller with the OpenStack backend (a new name each time: its own log)."""
     net = lab.cloud
     cfg = clouds_yaml(tmp_path / "clouds.yaml", lab.network_url, lab.compute_url)
     args = openstack_args(net.gateway.network_id, net.gateway.subnet_id, net.external.network_id)
     ctl = c.start_controller(
-        {}, *args, "--instance", instance, *extra, env={"OS_CLIENT_CONFIG_FILE": str(cfg)}
+        {},
+        *args,
+        "--instance",
+        instance,
+        *extra,
+        name=f"controller-{len(c.controllers)}",
+        env={"OS_CLIENT_CONFIG_FILE": str(cfg)},
     )
     wait_for(ctl.ready, 30, "the controller")
     return ctl
@@ -117,9 +124,12 @@ def test_gateways_deleted_during_their_first_reconcile_leave_nothing(
         assert "cloud.released" in ctl.log(), f"seed {seed}: no gateway got as far as the cloud"
 
 
-def test_the_sweep_releases_what_a_gateway_gone_left_and_nothing_else(
+def test_a_gateway_gone_without_its_finalizer_has_its_cloud_resources_released_and_nothing_else(
     openstack_lab: OpenStackLab, tmp_path: Path
 ) -> None:
+    """Its finalizer removed by hand, then deleted: while the controller runs (the deletion seen) and while
+    it is away (found at start by its objects in the gateway namespace). Another installation's resources
+    for a gateway of the same name, and a route another party keeps on the same router, stay."""
     lab = openstack_lab
     instance = "swept"
     conn = lab.connect(direct=True)
@@ -131,56 +141,50 @@ def test_the_sweep_releases_what_a_gateway_gone_left_and_nothing_else(
             OpenStackSettings(net.gateway.network_id, net.external.network_id, net.gateway.subnet_id, inst),
         )
 
-    def hold(inst: str, key: GatewayKey, i: int) -> None:
-        """What the backend makes for ``key`` (a port, its floating IP, a group), the gateway unknown to
-        the cluster."""
-        gw, peer = gateway_docs(i)
-        peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
-        gw = {**gw, "metadata": {**gw["metadata"], "name": key.name, "uid": "u", "generation": 1}}
-        rendered = render_gateway(Snapshot(key, gw, peers), Settings())
-        assert rendered.plan is not None, rendered.problems
-        anyio.run(backend(inst).ensure, CloudWant(key, None, None, rendered.plan, ()))
-
-    ghost = GatewayKey("VPNGateway", NS, "ghost")
-    theirs = GatewayKey("VPNGateway", NS, "ghost")  # same gateway name, another installation
-    hold(instance, ghost, 1)
-    hold("someone-else", theirs, 2)
-    # A route another tenant keeps on a router of the gateway subnet, next hop an address of that subnet.
+    # Another installation (same gateway name, another instance tag) holds resources for gw3 too.
+    theirs = GatewayKey("VPNGateway", NS, "gw3")
+    gw, peer = gateway_docs(3)
+    peers = peers_of(theirs, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
+    snap = Snapshot(theirs, {**gw, "metadata": {**gw["metadata"], "uid": "u", "generation": 1}}, peers)
+    rendered = render_gateway(snap, Settings())
+    assert rendered.plan is not None, rendered.problems
+    anyio.run(backend("someone-else").ensure, CloudWant(theirs, None, None, rendered.plan, ()))
     router = net.clusters[0].router_id
     foreign = {"destination": "198.51.100.128/25", "nexthop": str(_free_address(conn, net.gateway.subnet_id))}
     conn.network.add_extra_routes_to_router(router, {"router": {"routes": [foreign]}})
+
+    def held(name: str) -> dict[str, list[str]]:
+        return tagged(conn, ",".join(tags(GatewayKey("VPNGateway", NS, name), instance)))
+
+    def strip_and_delete(c: Cluster, name: str) -> None:
+        c.kube.patch("vpn.bnerd.net/v1alpha1", "VPNGateway", name, {"metadata": {"finalizers": None}}, NS)
+        c.kube.delete("vpn.bnerd.net/v1alpha1", "VPNGateway", name, NS)
+
     try:
         with Cluster(tmp_path / "k8s") as c:
             for n in net.nodes[:2]:
                 c.add_node(n.name, provider_id=n.provider_id)
-            ctl = start(c, lab, tmp_path, instance, "--sweep-grace-seconds", "0")
-            living = gateway_docs(3)
-            c.apply(secrets_for(living))
-            c.apply(living)
-            alive = GatewayKey("VPNGateway", NS, "gw3")
-            wait_for(
-                lambda: all(tagged(conn, ",".join(tags(alive, instance))).values()),
-                60,
-                "gw3's port, floating IP and group",
-            )
-            wait_for(
-                lambda: nothing(tagged(conn, ",".join(tags(ghost, instance)))),
-                60,
-                "the ghost's resources swept",
-            )
-            _, metrics = ctl.get("/metrics")
+            ctl = start(c, lab, tmp_path, instance)
+            docs = gateway_docs(3) + gateway_docs(5)
+            c.apply(secrets_for(docs))
+            c.apply(docs)
+            wait_for(lambda: all(held("gw3").values()), 60, "gw3's port, floating IP and group")
+            wait_for(lambda: all(held("gw5").values()), 60, "gw5's port, floating IP and group")
+            strip_and_delete(c, "gw3")  # seen: released at once
+            wait_for(lambda: nothing(held("gw3")), 60, "gw3's resources released")
+            assert "cloud.swept gateway=VPNGateway/tenant-acme/gw3 deleted=3" in ctl.log()
+            ctl.stop()
+            strip_and_delete(c, "gw5")  # while no controller runs
+            again = start(c, lab, tmp_path, instance)
+            wait_for(lambda: nothing(held("gw5")), 60, "gw5's resources released at start")
+            _, metrics = again.get("/metrics")
             assert "vpngw_controller_cloud_swept_total 3.0" in metrics, metrics
-            assert "cloud.swept gateway=VPNGateway/tenant-acme/ghost deleted=3" in ctl.log()
             kept = tagged(conn, ",".join(tags(theirs, "someone-else")))
             assert all(len(ids) == 1 for ids in kept.values()), kept
-            assert all(len(ids) == 1 for ids in tagged(conn, ",".join(tags(alive, instance))).values())
             assert foreign in list(conn.network.get_router(router).routes or [])
-            c.kube.delete("vpn.bnerd.net/v1alpha1", "VPNGateway", "gw3", NS)
-            wait_for(lambda: c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "gw3", NS) is None, 60, "gw3 gone")
     finally:
         conn.network.remove_extra_routes_from_router(router, {"router": {"routes": [foreign]}})
         anyio.run(backend("someone-else").release, theirs)
-        anyio.run(backend(instance).release, ghost)
     assert nothing(tagged(conn, instance_tag(instance)))
 
 

@@ -15,11 +15,14 @@ def node(name: str, ready: bool, *taints: str) -> dict[str, Any]:
     }
 
 
-def pod(name: str, on: str | None) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "gw"}, "spec": {"nodeName": on} if on else {}}
+def pod(name: str, on: str | None, deleting: bool = True) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": name, "namespace": "gw"}
+    if deleting:  # the Recreate rollout deleted it; no kubelet confirms
+        md["deletionTimestamp"] = "2026-12-02T18:00:00Z"
+    return {"metadata": md, "spec": {"nodeName": on} if on else {}}
 
 
-OLD, NEW = pod("old", "node-a"), pod("new", "node-b")
+OLD, NEW = pod("old", "node-a"), pod("new", "node-b", deleting=False)
 
 
 def names(pods: list[Any]) -> list[str]:
@@ -47,3 +50,9 @@ def test_a_ready_node_keeps_its_pod_and_nothing_goes_without_a_pin() -> None:
     assert stranded([OLD], [node("node-a", True, OUT_OF_SERVICE)], "node-b", fenced=True) == []
     assert stranded([OLD], [node("node-a", False)], None, fenced=True) == []
     assert stranded([pod("pending", None)], [], "node-b", fenced=True) == []
+
+
+def test_a_pod_the_rollout_has_not_deleted_yet_stays() -> None:
+    """Gone before the old ReplicaSet is scaled to 0, the ReplicaSet would make it again on the dead node."""
+    nodes = [node("node-a", False, OUT_OF_SERVICE), node("node-b", True)]
+    assert stranded([pod("old", "node-a", deleting=False)], nodes, "node-b", fenced=True) == []
