@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.desired import plan_of
-from lab.cluster import ROOT, Cluster, Controller, secrets_for, wait_for
+from lab.cluster import ROOT, Cluster, Controller, home_of, secrets_for, wait_for
 from lab.kubeapi.rbac import MASTERS
 
 VPN = "vpn.bnerd.net/v1alpha1"
@@ -133,7 +133,7 @@ def status_document(i: int, peers: int, rnd: int, period: float) -> dict[str, An
 
 def serve_writers(spec_file: str) -> None:
     """``--serve-writers SPEC``: write every gateway's status every ``period`` s for ``duration`` s; print
-    ``ready`` once connected, then (at the end) a JSON line with what was written."""
+    ``ready``, start on a line on stdin, then (at the end) a JSON line with what was written."""
     import anyio
 
     from agent.sink import KubeStatusApi, StatusWriteError
@@ -150,6 +150,7 @@ def serve_writers(spec_file: str) -> None:
         async with KubeClient(load(Path(spec["kubeconfig"])), user_agent=WRITER) as kube:
             api = KubeStatusApi(kube)
             print("ready", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)  # "go": once the window is marked
 
             async def one(i: int, ns: str, name: str, rnd: int) -> None:
                 t0 = anyio.current_time()
@@ -214,9 +215,10 @@ class Mark:
 
 
 class Window:
-    """What happened between two marks."""
+    """What happened between two marks; ``edited``: the (namespace, name) of the gateways edited then."""
 
-    def __init__(self, c: Cluster, a: Mark, b: Mark) -> None:
+    def __init__(self, c: Cluster, a: Mark, b: Mark, owners: Mapping[str, tuple[str, str]],
+                 edited: set[tuple[str, str]]) -> None:  # fmt: skip
         self.seconds = b.time - a.time
         d = {k: b.metrics.get(k, 0.0) - a.metrics.get(k, 0.0) for k in b.metrics}
         self.reconciles = {
@@ -239,6 +241,13 @@ class Window:
             if r.user == WRITER and r.verb == "patch" and r.subresource == "status" and r.code == 200
         )
         self.status_failed = sum(1 for r in recs if r.user == WRITER and r.code != 200)
+        # Each write's gateway: its CR, its objects in the gateway namespace (by name), its Role and
+        # RoleBinding (vpngw-<name>) and Events (<name>.<suffix>) in its namespace; unknown: not edited.
+        self.unedited = Counter(
+            f"{r.verb} {r.resource}{'/' + r.subresource if r.subresource else ''}"
+            for r in writes
+            if r.resource != "leases" and gateway_of(r.resource, r.namespace, r.name, owners) not in edited
+        )
         self.cpu_ctl = b.cpu_ctl - a.cpu_ctl
         self.cpu_self = b.cpu_self - a.cpu_self
 
@@ -258,6 +267,22 @@ class Window:
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
+def gateway_of(
+    resource: str, namespace: str, name: str, owners: Mapping[str, tuple[str, str]]
+) -> tuple[str, str] | None:
+    if name in owners:
+        return owners[name]
+    if resource == "vpngateways":
+        return namespace, name
+    if resource == "vpnpeers":
+        return namespace, name.rsplit("-p", 1)[0]
+    if resource in ("roles", "rolebindings"):
+        return namespace, name.removeprefix("vpngw-")
+    if resource == "events":
+        return namespace, name.split(".", 1)[0]
+    return None
+
+
 class Editor:
     """Edits gateways' specs, one at a time, and times each until the plan ConfigMap holds it."""
 
@@ -266,12 +291,14 @@ class Editor:
         self.port: dict[int, int] = {}
         self.extra: set[int] = set()
         self.count = 0
+        self.edited: set[tuple[str, str]] = set()
 
     def edit(self, i: int) -> tuple[str, float]:
         """One edit of gateway ``i`` (alternating kinds); its latency in seconds."""
         c, ns, name = self.c, f"tenant-{i % self.namespaces}", f"gw{i}"
         kind = self.count % 2
         self.count += 1
+        self.edited.add((ns, name))
         cm0 = c.owned("v1", "ConfigMap", name, ns)
         assert cm0 is not None
         seen = [cm0["metadata"]["resourceVersion"]]
@@ -421,6 +448,8 @@ def main() -> int:
         wait_for(quiet, 120, "the controller to be quiet (no reconcile for 3 s)", interval=0)
         print(f"quiet (no reconcile for 3 s) {time.monotonic() - started:.1f} s after start")
         editor = Editor(c, n, a.peers, a.namespaces)
+        owners = {home_of(f"gw{i}", f"tenant-{i % a.namespaces}")[0]: (f"tenant-{i % a.namespaces}", f"gw{i}")
+                  for i in range(n)}  # fmt: skip
 
         # 1. Baseline: edits alone.
         m0 = Mark(c, ctl)
@@ -430,7 +459,7 @@ def main() -> int:
             base_lat.append(editor.edit((e * 37 + 11) % n)[1])
             time.sleep(max(0.0, a.baseline_interval - (time.monotonic() - t)))
         time.sleep(2)  # the reconciles the last edit's own writes cause
-        base = Window(c, m0, Mark(c, ctl))
+        base = Window(c, m0, Mark(c, ctl), owners, editor.edited)
         per_edit_r = base.n_reconciles / max(1, len(base_lat))
         per_edit_mw = base.n_metric_writes / max(1, len(base_lat))
         per_edit_lw = base.n_log_writes / max(1, len(base_lat))
@@ -446,17 +475,21 @@ def main() -> int:
         }))  # fmt: skip
         writers = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--serve-writers", str(spec)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             text=True,
         )
-        assert writers.stdout is not None
+        assert writers.stdout is not None and writers.stdin is not None
         try:
             line = writers.stdout.readline().strip()
             if line != "ready":
                 raise SystemExit(f"the writers did not start: {line!r}")
             m1 = Mark(c, ctl)
+            editor.edited = set()
+            writers.stdin.write("go\n")
+            writers.stdin.flush()
             load_lat: list[float] = []
             e = 0
             while True:
@@ -473,7 +506,7 @@ def main() -> int:
                 writers.kill()
                 writers.wait()
         time.sleep(2)  # the reconciles the last edit's own writes cause
-        load = Window(c, m1, Mark(c, ctl))
+        load = Window(c, m1, Mark(c, ctl), owners, editor.edited)
         print(f"under load: {len(load_lat)} edits in {load.seconds:.0f} s with status writers "
               f"(every gateway every {a.period:g} s)")  # fmt: skip
 
@@ -500,6 +533,11 @@ def main() -> int:
         row("controller writes (emulator log)", str(base.n_log_writes), str(load.n_log_writes))
         row("controller writes/s (emulator log)", f"{base.n_log_writes / base.seconds:.2f}",
             f"{load.n_log_writes / load.seconds:.2f}")  # fmt: skip
+        row(
+            "controller writes to gateways not edited",
+            str(sum(base.unedited.values())),
+            str(sum(load.unedited.values())) + (f" {dict(load.unedited)}" if load.unedited else ""),
+        )
         row("per edit: reconciles / writes (log)", f"{per_edit_r:.2f} / {per_edit_lw:.2f}", "")
         extra_r = load.n_reconciles - per_edit_r * len(load_lat)
         extra_w = load.n_log_writes - per_edit_lw * len(load_lat)
