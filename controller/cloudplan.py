@@ -134,6 +134,9 @@ def scope_condition(cp: CloudPlan) -> Condition:
     )
 
 
+NO_ROUTER = "NoRouter"
+
+
 def routing_condition(cp: CloudPlan, programmed: bool, detail: str = "") -> Condition:
     if not cp.vips:
         return Condition(ROUTING_READY, True, "NoReverseExposures", "no reverse exposure needs routes")
@@ -146,7 +149,7 @@ def routing_condition(cp: CloudPlan, programmed: bool, detail: str = "") -> Cond
         return Condition(
             ROUTING_READY,
             False,
-            "NoRouter",
+            NO_ROUTER,
             f"{len(cp.vips)} virtual IP(s) paired, but no ClusterLink names this gateway, so no router "
             "carries them: add the gateway's name to a ClusterLink's spec.gateways",
         )

@@ -28,7 +28,7 @@ from controller.api.model import IPsecGateway, VPNGateway, VPNPeer, parse
 from controller.api.schema import FieldError, show
 from controller.api.validate import InvalidInput, Item, Neighbour, Problem, admit
 from controller.cloud import CLOUD_READY, CloudState
-from controller.cloudplan import ROUTING_READY
+from controller.cloudplan import NO_ROUTER, ROUTING_READY
 from controller.desired import HOME_KINDS, TENANT_SLOTS, Desired, Inputs, desired, plan_of, too_large
 from controller.names import (
     FINALIZER,
@@ -443,6 +443,9 @@ class Links:
     """The routers its reverse-exposure routes go to."""
     refused: tuple[tuple[str, str], ...] = ()
     """(ClusterLink name, router id) of the links naming a router the namespace may not use."""
+    unscoped: tuple[str, ...] = ()
+    """The namespace's ClusterLinks that name no gateway at all: the seed's shape (its links carried every
+    gateway's routes); this release routes only the gateways a link names, so they carry none."""
 
 
 def cluster_links(key: GatewayKey, links: Iterable[Mapping[str, Any]], allowed: Sequence[str]) -> Links:
@@ -450,28 +453,48 @@ def cluster_links(key: GatewayKey, links: Iterable[Mapping[str, Any]], allowed: 
     allowance (``Settings.allowance``): a tenant must not get its routes onto a router it does not own."""
     routers: set[str] = set()
     refused: list[tuple[str, str]] = []
+    unscoped: list[str] = []
     for link in links:
         md, spec = link.get("metadata") or {}, link.get("spec") or {}
         router = spec.get("routerID")
-        if md.get("namespace") != key.namespace or key.name not in (spec.get("gateways") or []) or not router:
+        if md.get("namespace") != key.namespace or not router:
+            continue
+        if not spec.get("gateways"):
+            unscoped.append(str(md.get("name")))
+        if key.name not in (spec.get("gateways") or []):
             continue
         if str(router) in allowed:
             routers.add(str(router))
         else:
             refused.append((str(md.get("name")), str(router)))
-    return Links(tuple(sorted(routers)), tuple(sorted(refused)))
+    return Links(tuple(sorted(routers)), tuple(sorted(refused)), tuple(sorted(unscoped)))
 
 
-def links_condition(links: Links, namespace: str) -> Condition | None:
+def links_condition(key: GatewayKey, links: Links, cloud: Sequence[Condition]) -> Condition | None:
+    """RoutingReady from the ClusterLinks, where they explain more than the cloud's own condition: a
+    router outside the allowance, or (the cloud found no router for the virtual IPs) links in the seed's
+    shape that name no gateway."""
     if not links.refused:
-        return None
+        no_router = any(c.type == ROUTING_READY and c.reason == NO_ROUTER for c in cloud)
+        if not (no_router and links.unscoped and not links.routers):
+            return None
+        names = ", ".join(links.unscoped)
+        return Condition(
+            ROUTING_READY,
+            False,
+            "ClusterLinkNamesNoGateways",
+            f"ClusterLink {names} names no gateways (the earlier release's shape, where a link carried every "
+            f"gateway's routes; this release routes only the gateways a link names): add {key.name} to its "
+            "spec.gateways",
+        )
     names = ", ".join(f"ClusterLink {n} (router {r})" for n, r in links.refused)
     return Condition(
         ROUTING_READY,
         False,
         "RouterNotAllowed",
-        f"{names}: the operator's allowances for namespace {namespace} do not include the router "
-        f"(the chart's allowances.namespaces.{namespace}.clusterLinkRouters); no route was programmed on it",
+        f"{names}: the operator's allowances for namespace {key.namespace} do not include the router "
+        f"(the chart's allowances.namespaces.{key.namespace}.clusterLinkRouters); "
+        "no route was programmed on it",
     )
 
 
@@ -686,7 +709,7 @@ def decide(
         actions = list(acts)
     if settings.migrate:
         actions += diff.deletions(snap.leftovers, snap.uid, "moved to the gateway namespace")
-    routing = links_condition(snap.links, snap.key.namespace)
+    routing = links_condition(snap.key, snap.links, cloud.conditions)
     parts = [
         config_condition(rendered),
         *(c for c in cloud.conditions if routing is None or c.type != ROUTING_READY),

@@ -4,6 +4,7 @@ what the operator allows each namespace."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -22,8 +23,9 @@ from controller.reconcile import (
     render_gateway,
 )
 from controller.settings import Allowance, NetworkPolicySettings, Settings, SettingsError, from_config
+from controller.status import Condition
 from tests.examples import edit, example_docs
-from tests.unit.test_controller_desired import applied, run, snapshot, written, written_plan
+from tests.unit.test_controller_desired import CLOUD, applied, run, snapshot, written, written_plan
 
 IPSEC = example_docs("ipsec.yaml")
 FABRIC = Allowance(exposure_targets=("192.0.2.64/26",))
@@ -350,6 +352,27 @@ def test_a_cluster_link_naming_a_router_outside_the_allowance_programs_no_route(
     assert conditions(d)["Ready"]["status"] == "False"
     allowed_only = run(snapshot(IPSEC, links=cluster_links(k, links[:1], ("r-ours",))), SETTINGS)
     assert "RoutingReady" not in conditions(allowed_only), "the cloud's own RoutingReady is left alone"
+
+
+def test_a_cluster_link_in_the_seeds_shape_naming_no_gateway_says_what_to_add() -> None:
+    """The seed's ClusterLink had no spec.gateways (it carried every gateway's routes); this release routes
+    only the gateways a link names, so such a link carries none, and RoutingReady says what to add."""
+    k = GatewayKey("VPNGateway", "tenant-acme", "acme")
+    seed_link = {"metadata": {"name": "old", "namespace": "tenant-acme"}, "spec": {"routerID": "r-ours"}}
+    got = cluster_links(k, [seed_link, link("elsewhere", "r-x", [], ns="tenant-b")], allowed=("r-ours",))
+    assert got == Links(unscoped=("old",))
+    no_router = Condition("RoutingReady", False, "NoRouter", "1 virtual IP(s) paired, but no ClusterLink")
+    cloud = dataclasses.replace(CLOUD, conditions=(*CLOUD.conditions, no_router))
+    cond = conditions(run(snapshot(IPSEC, links=got), SETTINGS, cloud=cloud))["RoutingReady"]
+    assert (cond["status"], cond["reason"]) == ("False", "ClusterLinkNamesNoGateways")
+    assert "ClusterLink old names no gateways" in cond["message"] and "add acme to" in cond["message"]
+    # Nothing to explain: the cloud found no router because there is no virtual IP, or a link names it.
+    assert "RoutingReady" not in conditions(run(snapshot(IPSEC, links=got), SETTINGS))
+    named = cluster_links(k, [seed_link, link("ours", "r-ours", ["acme"])], ("r-ours",))
+    assert named.routers == ("r-ours",)
+    assert conditions(run(snapshot(IPSEC, links=named), SETTINGS, cloud=cloud))["RoutingReady"]["reason"] == (
+        "NoRouter"
+    )
 
 
 @pytest.mark.parametrize(
