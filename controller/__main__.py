@@ -31,7 +31,7 @@ from controller.api.schema import show
 from controller.api.validate import InvalidInput, parse_cidrs
 from controller.plan.render import RenderOptions, render_documents
 from controller.plan.swanctl import render_swanctl
-from controller.runcli import RunFailed, add_run_parser, run_command
+from controller.runcli import RunFailed, add_adopt_parser, add_run_parser, adopt_command, run_command
 from controller.settings import SettingsError
 from gwkit.logs import LEVELS, setup_logging
 
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO", choices=LEVELS)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_parser(sub)
+    add_adopt_parser(sub)
     sub.add_parser(
         "crds",
         help="print the CustomResourceDefinitions as multi-document YAML",
@@ -248,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "run":
             return run_command(args)
+        if args.command == "adopt":
+            return adopt_command(args)
         if args.command == "chart":
             from controller.chartgen import generated_files
 

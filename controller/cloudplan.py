@@ -71,6 +71,19 @@ def instance_tag(instance: str) -> str:
     return f"vpngw-instance:{instance}"
 
 
+def adoption_refusal(what: str, resource_tags: Sequence[str], key: GatewayKey, instance: str) -> str | None:
+    """Why a resource made outside this installation (the seed's port or floating IP) may not be adopted
+    for ``key``, or None. Ours already (both our tags) is fine; a resource any vpngw installation tagged for
+    another gateway, or another installation tagged at all, belongs to someone: adopting it would take a
+    running gateway's address away."""
+    ours = set(tags(key, instance))
+    mine = [t for t in resource_tags if t.startswith((GATEWAY_TAG, "vpngw-instance:"))]
+    foreign = sorted(set(mine) - ours)
+    if foreign:
+        return f"{what} is tagged {', '.join(foreign)}: it belongs to another gateway or installation"
+    return None
+
+
 def resource_name(key: GatewayKey) -> str:
     return f"{key.object_name}.{key.namespace}"
 

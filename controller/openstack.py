@@ -39,6 +39,7 @@ from controller.cloud import CLOUD_READY, CloudError, CloudState, CloudWant
 from controller.cloudplan import (
     Rule,
     address_pairs,
+    adoption_refusal,
     plan_cloud,
     resource_name,
     routes,
@@ -62,6 +63,19 @@ ROUTER_INTERFACE_OWNERS = frozenset(
 """A router's port on a subnet (neutron_lib.constants: ROUTER_INTERFACE_OWNERS)."""
 T = TypeVar("T")
 PROVIDER_ID = re.compile(r"^openstack://[^/]*/([0-9A-Fa-f-]{36})$")
+
+
+class AdoptionRefused(Exception):
+    """A resource that may not be adopted for a gateway (the message says why; nothing was tagged)."""
+
+
+@dataclass(frozen=True)
+class Adopted:
+    port_id: str
+    address: str | None
+    floating_ips: tuple[str, ...]
+    tagged: tuple[str, ...]
+    """``kind/id`` of what was tagged now (empty on a dry run, or when everything was ours already)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,7 @@ class _Step:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: Any) -> None:
-        if ev is None or isinstance(ev, CloudError) or not isinstance(ev, Exception):
+        if ev is None or isinstance(ev, CloudError | AdoptionRefused) or not isinstance(ev, Exception):
             return
         code = getattr(ev, "status_code", None)
         detail = " ".join(str(ev).split())[:400]
@@ -461,6 +475,63 @@ class OpenStackCloud:
             return CloudState(nic, str(fip.floating_ip_address), conds, failed=True, fenced=fenced)
         conds = (ready, scope_condition(cp), routing_condition(cp, True))
         return CloudState(nic, str(fip.floating_ip_address), conds, fenced=fenced)
+
+    def adopt(self, key: GatewayKey, port_id: str, *, dry_run: bool = False) -> Adopted:
+        """Tag an existing port (the seed's gateway port, found by the platform engineer) and its floating
+        IP as ``key``'s, so that the next reconcile finds them (``_find``) instead of creating new ones: the
+        gateway keeps its address and its floating IP, and no remote peer changes anything. Refused, with
+        nothing tagged, when the port is on another network or anything is tagged for another gateway or
+        installation, or the gateway already has another port. Its security group is not adopted: the
+        reconcile adds the gateway's own beside the port's existing groups (docs/install.md, "Moving a
+        gateway from the earlier release")."""
+        net = self.conn.network
+        net_id = self._network()[0]
+        with _Step("Adopt"):
+            try:
+                port = net.get_port(port_id)
+            except Exception as exc:
+                if getattr(exc, "status_code", None) == 404:
+                    raise AdoptionRefused(f"port {port_id}: no such port (in this project)") from None
+                raise
+            if port.network_id != net_id:
+                raise AdoptionRefused(
+                    f"port {port.id} is on network {port.network_id}, not the gateway network {net_id}"
+                )
+            owner = str(port.device_owner or "")
+            if owner and not owner.startswith("compute:"):
+                raise AdoptionRefused(f"port {port.id} is a {owner} port, not a gateway's")
+            fips = list(net.ips(port_id=port.id))
+            for what, r in [(f"port {port.id}", port), *((f"floating IP {f.id}", f) for f in fips)]:
+                why = adoption_refusal(what, list(r.tags or []), key, self.settings.instance)
+                if why:
+                    raise AdoptionRefused(why)
+            others = [p.id for p in net.ports(tags=",".join(self._tags(key))) if p.id != port.id]
+            if others:
+                raise AdoptionRefused(f"gateway {key} already has port(s) {', '.join(others)}")
+            tagged: list[str] = []
+            for kind, r in [("port", port), *(("floatingip", f) for f in fips)]:
+                have = list(r.tags or [])
+                if set(self._tags(key)) <= set(have):
+                    continue
+                tagged.append(f"{kind}/{r.id}")
+                if not dry_run:
+                    net.set_tags(r, [*have, *(t for t in self._tags(key) if t not in have)])
+            address = port.fixed_ips[0]["ip_address"] if port.fixed_ips else None
+            log.info(
+                "cloud.adopt gateway=%s port=%s address=%s floating_ips=%s tagged=%s dry_run=%s",
+                key,
+                port.id,
+                address,
+                ",".join(str(f.floating_ip_address) for f in fips),
+                ",".join(tagged),
+                dry_run,
+            )
+            return Adopted(
+                str(port.id),
+                str(address) if address else None,
+                tuple(str(f.floating_ip_address) for f in fips),
+                tuple(tagged),
+            )
 
     def _release(self, key: GatewayKey) -> int:
         net, compute = self.conn.network, self.conn.compute

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -13,14 +14,14 @@ import socket
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import yaml
 
-from controller.cloud import Cloud, StaticCloud
+from controller.cloud import Cloud, CloudError, StaticCloud
 from controller.leader import AlwaysLeader, LeaderElector
-from controller.names import FIELD_MANAGER
+from controller.names import FIELD_MANAGER, GatewayKey
 from controller.run import Elector, Operator
 from controller.settings import (
     GatewayPod,
@@ -35,6 +36,12 @@ from controller.settings import (
 )
 from gwkit import httpd
 from gwkit.kube import ConfigError, KubeClient, load
+
+if TYPE_CHECKING:
+    from controller.openstack import OpenStackCloud
+
+log = logging.getLogger("controller")
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
 ENV = {
     "namespace": "VPNGW_WATCH_NAMESPACE",
@@ -123,22 +130,7 @@ def add_run_parser(sub: Any) -> None:
         help="where NIC2 comes from: staticNICs in --config, or OpenStack (a Neutron port per gateway) "
         "($VPNGW_CLOUD)",
     )
-    r.add_argument("--os-cloud", default=env("OS_CLOUD"), help="the clouds.yaml entry ($OS_CLOUD)")
-    r.add_argument(
-        "--gateway-network",
-        default=env("VPNGW_GATEWAY_NETWORK"),
-        help="Neutron network for gateway ports ($VPNGW_GATEWAY_NETWORK)",
-    )
-    r.add_argument(
-        "--gateway-subnet",
-        default=env("VPNGW_GATEWAY_SUBNET"),
-        help="its subnet (default: its only IPv4 subnet; $VPNGW_GATEWAY_SUBNET)",
-    )
-    r.add_argument(
-        "--external-network",
-        default=env("VPNGW_EXTERNAL_NETWORK"),
-        help="where floating IPs come from ($VPNGW_EXTERNAL_NETWORK)",
-    )
+    add_openstack_args(r)
     r.add_argument("--monitoring-namespace", default="monitoring", help="may scrape the gateway exporters")
     r.add_argument(
         "--apiserver-endpoints",
@@ -146,11 +138,6 @@ def add_run_parser(sub: Any) -> None:
         metavar="CIDR:PORT[,...]",
         help="the API server's endpoints, for the gateway pods' egress NetworkPolicy "
         "(empty: any address on 443 and 6443)",
-    )
-    r.add_argument(
-        "--instance",
-        default=env(ENV["instance"], "vpngw"),
-        help=f"this installation's name (${ENV['instance']})",
     )
     r.add_argument(
         "--gateway-namespace",
@@ -182,6 +169,89 @@ def add_run_parser(sub: Any) -> None:
     r.add_argument(
         "--resync-seconds", type=float, default=600.0, help="every gateway is looked at again this often"
     )
+
+
+def add_openstack_args(r: Any) -> None:
+    """The OpenStack flags ``run`` and ``adopt`` share (and the installation's name, which tags)."""
+    env = os.environ.get
+    r.add_argument("--os-cloud", default=env("OS_CLOUD"), help="the clouds.yaml entry ($OS_CLOUD)")
+    r.add_argument(
+        "--gateway-network",
+        default=env("VPNGW_GATEWAY_NETWORK"),
+        help="Neutron network for gateway ports ($VPNGW_GATEWAY_NETWORK)",
+    )
+    r.add_argument(
+        "--gateway-subnet",
+        default=env("VPNGW_GATEWAY_SUBNET"),
+        help="its subnet (default: its only IPv4 subnet; $VPNGW_GATEWAY_SUBNET)",
+    )
+    r.add_argument(
+        "--external-network",
+        default=env("VPNGW_EXTERNAL_NETWORK"),
+        help="where floating IPs come from ($VPNGW_EXTERNAL_NETWORK)",
+    )
+    r.add_argument(
+        "--instance",
+        default=env(ENV["instance"], "vpngw"),
+        help=f"this installation's name, in the tags of its cloud resources (${ENV['instance']})",
+    )
+
+
+def add_adopt_parser(sub: Any) -> None:
+    a = sub.add_parser(
+        "adopt",
+        help="make an existing Neutron port (and its floating IP) a gateway's, e.g. one the earlier "
+        "release created",
+        description=(
+            "Tag an existing port on the gateway network, and the floating IP on it, as GATEWAY's, so the "
+            "controller uses them instead of creating new ones: a gateway moved from the earlier release "
+            "keeps its address and floating IP, and no remote peer changes anything. Run it before the "
+            "gateway's first reconcile. Refused, with nothing tagged, when the port is on another network, "
+            "when it or its floating IP is tagged for another gateway or installation, or when the gateway "
+            "already has a port. Needs the same cloud credentials as the controller."
+        ),
+        epilog="Exit codes: 0 adopted (or already the gateway's), 1 the cloud failed, 2 bad usage or "
+        "refused.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a.add_argument(
+        "gateway", metavar="GATEWAY", help="[KIND/]NAMESPACE/NAME; KIND VPNGateway or IPsecGateway"
+    )
+    a.add_argument("port", metavar="PORT_ID", help="the Neutron port to adopt")
+    a.add_argument("--dry-run", action="store_true", help="check and report, tag nothing")
+    add_openstack_args(a)
+
+
+def gateway_key(text: str) -> GatewayKey:
+    parts = text.split("/")
+    if len(parts) == 2:
+        parts = ["VPNGateway", *parts]
+    if len(parts) == 3 and all(parts):
+        if parts[0] == "VPNGateway":
+            return GatewayKey("VPNGateway", parts[1], parts[2])
+        if parts[0] == "IPsecGateway":
+            return GatewayKey("IPsecGateway", parts[1], parts[2])
+    raise SettingsError(f"GATEWAY {text!r}: must be [VPNGateway|IPsecGateway/]NAMESPACE/NAME")
+
+
+def adopt_command(args: argparse.Namespace) -> int:
+    from controller.openstack import AdoptionRefused
+
+    key = gateway_key(args.gateway)
+    cloud = openstack_cloud(args, args.instance)
+    try:
+        got = cloud.adopt(key, args.port, dry_run=args.dry_run)
+    except AdoptionRefused as exc:
+        log.error("adopt.refused gateway=%s port=%s reason=%r", key, args.port, str(exc))
+        return EXIT_USAGE
+    except CloudError as exc:
+        log.error("adopt.failed gateway=%s port=%s error=%r", key, args.port, str(exc))
+        return EXIT_RUNTIME
+    verb = "would tag" if args.dry_run else "tagged"
+    fips = ", ".join(got.floating_ips) or "-"
+    what = ", ".join(got.tagged) or "nothing (already the gateway's)"
+    print(f"{key}: port {got.port_id} address {got.address} floating IP(s) {fips}; {verb}: {what}")
+    return EXIT_OK
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -232,6 +302,12 @@ def settings_of(args: argparse.Namespace) -> Settings:
 def cloud_of(s: Settings, args: argparse.Namespace, guard: Callable[[], bool] | None = None) -> Cloud:
     if s.cloud == "static":
         return StaticCloud(s.static_nics)
+    return openstack_cloud(args, s.instance, guard)
+
+
+def openstack_cloud(
+    args: argparse.Namespace, instance: str, guard: Callable[[], bool] | None = None
+) -> OpenStackCloud:
     for flag, value in (("--os-cloud", args.os_cloud), ("--gateway-network", args.gateway_network),
                         ("--external-network", args.external_network)):  # fmt: skip
         if not value:
@@ -251,7 +327,7 @@ def cloud_of(s: Settings, args: argparse.Namespace, guard: Callable[[], bool] | 
         raise SettingsError(f"--os-cloud {args.os_cloud}: {exc}") from exc
     return OpenStackCloud(
         conn,
-        OpenStackSettings(args.gateway_network, args.external_network, args.gateway_subnet, s.instance),
+        OpenStackSettings(args.gateway_network, args.external_network, args.gateway_subnet, instance),
         guard=guard,
     )
 
@@ -266,9 +342,6 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int:
-    import logging
-
-    log = logging.getLogger("controller")
     identity = f"{socket.gethostname()}_{secrets.token_hex(4)}"
     # Two clients: the Lease's own (renewals never wait behind the reconciles' requests), and the
     # reconciles', which sends no write once this replica no longer leads (``leads``: by the clock, also

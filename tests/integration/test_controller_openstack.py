@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -236,6 +239,63 @@ def test_a_port_left_untagged_by_a_crash_is_adopted_not_duplicated(lab: OpenStac
     ensure(backend(lab), want(lab))
     assert len(list(conn.network.ports(name="vpngw-acme.tenant-acme"))) == 1
     assert len(tagged(lab, "ports")) == 1
+
+
+def test_a_port_and_floating_ip_the_earlier_release_made_are_adopted_by_the_command_and_kept(
+    lab: OpenStackLab, tmp_path: Any
+) -> None:
+    """Moving from the seed: its gateway's port (its own name and tags) and the floating IP remote peers
+    know are tagged as the gateway's by ``python -m controller adopt``; the reconcile then uses them (same
+    port, same address, same floating IP), creating no other. A port another gateway owns, or one on
+    another network, or a router's or DHCP's, is refused with exit 2 and nothing tagged."""
+    from lab.cluster import clouds_yaml, openstack_args
+
+    net = lab.cloud
+    conn = lab.connect(direct=True)
+    seed_port = conn.network.create_port(network_id=net.gateway.network_id, name="bnerd-vpn-acme")
+    conn.network.set_tags(seed_port, ["bnerd-vpn-operator"])
+    seed_fip = conn.network.create_ip(floating_network_id=net.external.network_id, port_id=seed_port.id)
+    other = conn.network.create_port(network_id=net.gateway.network_id, name="someone-elses")
+    conn.network.set_tags(other, list(tags(GatewayKey("VPNGateway", "tenant-b", "b"), "test")))
+    off_net = conn.network.create_port(network_id=net.external.network_id, name="off-net")
+    dhcp = conn.network.create_port(network_id=net.gateway.network_id, name="d", device_owner="network:dhcp")
+    cfg = clouds_yaml(tmp_path / "clouds.yaml", lab.network_url, lab.compute_url)
+    flags = [
+        *openstack_args(net.gateway.network_id, net.gateway.subnet_id, net.external.network_id)[2:],
+        "--instance",
+        "test",
+    ]
+
+    def adopt(port: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "controller", "adopt", "tenant-acme/acme", port, *flags, *extra]
+        env = {**os.environ, "OS_CLIENT_CONFIG_FILE": str(cfg)}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+
+    for refused, why in (
+        (other, "vpngw-gateway:VPNGateway.tenant-b.b"),
+        (off_net, "not the gateway network"),
+        (dhcp, "is a network:dhcp port"),
+    ):
+        r = adopt(refused.id)
+        assert r.returncode == 2 and why in r.stderr, r.stderr
+    assert set(conn.network.get_port(other.id).tags) == set(
+        tags(GatewayKey("VPNGateway", "tenant-b", "b"), "test")
+    )
+    dry = adopt(seed_port.id, "--dry-run")
+    assert dry.returncode == 0 and f"would tag: port/{seed_port.id}, floatingip/{seed_fip.id}" in dry.stdout
+    assert tagged(lab, "ports") == [] and tagged(lab, "ips") == [], "a dry run tags nothing"
+    r = adopt(seed_port.id)
+    assert r.returncode == 0 and seed_fip.floating_ip_address in r.stdout, r.stderr
+    assert set(conn.network.get_port(seed_port.id).tags) == {"bnerd-vpn-operator", *tags(KEY, "test")}
+    state = ensure(backend(lab), want(lab))
+    assert [p.id for p in tagged(lab, "ports")] == [seed_port.id]
+    assert [f.id for f in tagged(lab, "ips")] == [seed_fip.id]
+    assert state.public_ip == seed_fip.floating_ip_address
+    assert state.nic is not None and state.nic.address.split("/")[0] == seed_port.fixed_ips[0]["ip_address"]
+    again = adopt(seed_port.id)
+    assert again.returncode == 0 and "nothing (already the gateway's)" in again.stdout
+    anyio.run(backend(lab).release, KEY)
+    assert tagged(lab, "ports") == [] and tagged(lab, "ips") == []
 
 
 def test_another_clients_address_pairs_survive_also_when_it_races_us(lab: OpenStackLab) -> None:
