@@ -77,6 +77,11 @@ class Cloud(Protocol):
         """Delete everything held for ``key`` (idempotent); the number of resources deleted."""
         ...
 
+    async def owned(self) -> dict[GatewayKey, str]:
+        """Gateway -> oldest created_at of what the cloud holds for it, tagged with this installation and
+        this cluster (the sweep's input, ``cloudplan.sweepable``); raises CloudError."""
+        ...
+
     async def transit_cidrs(self) -> tuple[str, ...] | None:
         """The networks gateways' NIC2s sit on (no serviceCIDR may overlap them: a virtual IP there could
         claim another gateway's NIC2 address); None while unknown (the cloud cannot be asked yet: nothing
@@ -114,6 +119,9 @@ class StaticCloud:
 
     async def release(self, key: GatewayKey) -> int:
         return 0
+
+    async def owned(self) -> dict[GatewayKey, str]:
+        return {}
 
     async def transit_cidrs(self) -> tuple[str, ...] | None:
         return tuple(sorted({str(ipaddress.IPv4Interface(n.address).network) for n in self.nics.values()}))

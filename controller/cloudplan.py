@@ -18,7 +18,7 @@ From the plan in force and the ClusterLinks that serve the gateway:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -69,6 +69,44 @@ GATEWAY_TAG = "vpngw-gateway:"
 
 def instance_tag(instance: str) -> str:
     return f"vpngw-instance:{instance}"
+
+
+CLUSTER_TAG = "vpngw-cluster:"
+
+
+def cluster_tag(cluster: str) -> str:
+    """The cluster's identity (its kube-system namespace's uid): what a cloud-wide sweep may touch, so two
+    clusters with the same instance name in one project never release each other's gateways."""
+    return f"{CLUSTER_TAG}{cluster}"
+
+
+def gateway_of(resource_tags: Iterable[str]) -> GatewayKey | None:
+    """The gateway a resource is tagged for (``tags``), None when none or not one of ours."""
+    for t in resource_tags:
+        if t.startswith(GATEWAY_TAG):
+            kind, _, rest = t[len(GATEWAY_TAG) :].partition(".")
+            namespace, _, name = rest.partition(".")
+            if name:
+                if kind == "VPNGateway":
+                    return GatewayKey("VPNGateway", namespace, name)
+                if kind == "IPsecGateway":
+                    return GatewayKey("IPsecGateway", namespace, name)
+    return None
+
+
+def sweepable(
+    held: Mapping[GatewayKey, str], exists: Callable[[GatewayKey], bool | None], before: str
+) -> tuple[GatewayKey, ...]:
+    """The gateways the cloud holds resources for (``held``: key -> oldest resource's created_at, as
+    Neutron writes it, UTC ``YYYY-MM-DDTHH:MM:SSZ``) that do not exist, created before ``before`` (the
+    grace period: a gateway being created is not swept while a cache lags). ``exists`` answers None when
+    it cannot say (the kind answers 404, the namespace is not watched): never swept then."""
+    return tuple(
+        sorted(
+            (k for k, created in held.items() if created and created < before and exists(k) is False),
+            key=str,
+        )
+    )
 
 
 def adoption_refusal(what: str, resource_tags: Sequence[str], key: GatewayKey, instance: str) -> str | None:

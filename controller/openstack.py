@@ -40,6 +40,9 @@ from controller.cloudplan import (
     Rule,
     address_pairs,
     adoption_refusal,
+    cluster_tag,
+    gateway_of,
+    instance_tag,
     plan_cloud,
     resource_name,
     routes,
@@ -88,6 +91,9 @@ class OpenStackSettings:
     """The gateway subnet (name or id); None: the network's only IPv4 subnet."""
     instance: str = "vpngw"
     attach_timeout: float = 60.0
+    cluster: str | None = None
+    """The cluster's identity (``cloudplan.cluster_tag``): tagged on everything, and what ``owned`` lists;
+    None: no cluster tag, no cloud-wide sweep."""
 
 
 def server_of(provider_id: str | None) -> str | None:
@@ -248,15 +254,43 @@ class OpenStackCloud:
             listing(tags=",".join(self._tags(key))), key=lambda r: str(getattr(r, "created_at", "") or "")
         )
         if found or not adopt:
+            # Made before the cluster tag was (an earlier release, ``adopt``): the sweep may see it now.
+            for r in found:
+                have = list(r.tags or [])
+                if missing := [t for t in self._cluster_tags() if t not in have]:
+                    self.conn.network.set_tags(r, [*have, *missing])
             return found
         orphans = [r for r in listing(**adopt) if not (getattr(r, "tags", None) or [])]
         for r in orphans:
             log.info("cloud.adopted gateway=%s resource=%s id=%s", key, type(r).__name__, r.id)
-            self.conn.network.set_tags(r, self._tags(key))
+            self._tagged(r, key)
         return orphans
 
+    def _cluster_tags(self) -> list[str]:
+        return [cluster_tag(self.settings.cluster)] if self.settings.cluster else []
+
     def _tagged(self, resource: Any, key: GatewayKey) -> Any:
-        return self.conn.network.set_tags(resource, self._tags(key))
+        return self.conn.network.set_tags(resource, [*self._tags(key), *self._cluster_tags()])
+
+    async def owned(self) -> dict[GatewayKey, str]:
+        return await anyio.to_thread.run_sync(self._owned)
+
+    def _owned(self) -> dict[GatewayKey, str]:
+        """Gateway -> the oldest created_at of the resources tagged with this installation and this
+        cluster (``sweepable``); nothing without a cluster identity."""
+        if not self.settings.cluster:
+            return {}
+        net = self.conn.network
+        wanted = ",".join([instance_tag(self.settings.instance), *self._cluster_tags()])
+        held: dict[GatewayKey, str] = {}
+        with _Step("Sweep"):
+            for listing in (net.ports, net.ips, net.security_groups):
+                for r in listing(tags=wanted):
+                    key = gateway_of(r.tags or [])
+                    created = str(getattr(r, "created_at", "") or "")
+                    if key is not None and created and (key not in held or created < held[key]):
+                        held[key] = created
+        return held
 
     def _security_group(self, key: GatewayKey, wanted: frozenset[Rule]) -> Any:
         net = self.conn.network

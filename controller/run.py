@@ -32,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 import gwplan
 from controller import execute, placement
 from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
+from controller.cloudplan import sweepable
 from controller.desired import HOME_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, plan_of
 from controller.informer import Informer, lean, metadata_only
 from controller.names import (
@@ -157,6 +158,7 @@ class Operator:
         *,
         workers: int = 4,
         resync_seconds: float = 600.0,
+        sweep_grace_seconds: float = 300.0,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -164,6 +166,7 @@ class Operator:
         self.elector = elector
         self.workers = workers
         self.resync_seconds = resync_seconds
+        self.sweep_grace_seconds = sweep_grace_seconds
         self.queue: WorkQueue[GatewayKey] = WorkQueue()
         self.metrics = Metrics()
         self.pins: dict[GatewayKey, str] = {}
@@ -429,9 +432,10 @@ class Operator:
                 log.warning("gateway.orphans gateway=%s objects=%d", key, len(gone))
                 await execute.delete_all(self.kube, gone)
             # Its finalizer was removed by hand (or it went while no controller ran): what the cloud holds
-            # for it goes too. Here, one key at a time through the work queue, and only for a gateway this
-            # cluster had (a deletion seen, or its objects in the gateway namespace): never a cloud-wide
-            # sweep by the instance tag, which two clusters with the same instance name share.
+            # for it goes too. Here, one key at a time through the work queue, for a gateway this cluster
+            # had: a deletion seen, its objects in the gateway namespace, or cloud resources tagged with
+            # this installation and this cluster's identity (``sweep``; never by the instance tag alone,
+            # which two clusters with the same instance name share).
             released = await self.cloud.release(key)
             if released:
                 log.warning("cloud.swept gateway=%s deleted=%d", key, released)
@@ -577,6 +581,30 @@ class Operator:
         for key in sorted(keys, key=str):
             self.queue.add(key, background=True)
 
+    async def sweep(self) -> tuple[GatewayKey, ...]:
+        """Enqueue every gateway the cloud holds resources for (this installation's and this cluster's
+        tags) that does not exist and whose resources are older than the grace period: its reconcile's
+        gone path releases them. Nothing while the cloud cannot be asked, or for a kind answering 404 or a
+        namespace not watched (their gateways' existence is unknown)."""
+        try:
+            held = await self.cloud.owned()
+        except CloudError as exc:
+            log.warning("cloud.sweep_failed step=%s error=%r", exc.step, str(exc))
+            return ()
+
+        def exists(key: GatewayKey) -> bool | None:
+            informer = self.informers[key.kind]
+            if self.settings.namespace not in (None, key.namespace) or not informer.served:
+                return None
+            return informer.get(key.namespace, key.name) is not None
+
+        before = datetime.fromtimestamp(time.time() - self.sweep_grace_seconds, UTC)
+        keys = sweepable(held, exists, before.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        for key in keys:
+            log.warning("cloud.sweep_found gateway=%s: its gateway does not exist", key)
+            self.queue.add(key, background=True)
+        return keys
+
     def _gauge_ready(self) -> None:
         tally: Tally[str] = Tally()
         for gw in self._gateways():
@@ -634,6 +662,7 @@ class Operator:
 
     async def _resync(self) -> None:
         while True:
+            await self.sweep()
             await anyio.sleep(self.resync_seconds)
             self.enqueue_all()
 

@@ -35,7 +35,8 @@ from controller.settings import (
     parse_labels,
 )
 from gwkit import httpd
-from gwkit.kube import ConfigError, KubeClient, load
+from gwkit.kube import ConfigError, KubeClient, KubeError, load
+from gwkit.kube.client import NAMESPACES
 
 if TYPE_CHECKING:
     from controller.openstack import OpenStackCloud
@@ -169,6 +170,19 @@ def add_run_parser(sub: Any) -> None:
     r.add_argument(
         "--resync-seconds", type=float, default=600.0, help="every gateway is looked at again this often"
     )
+    r.add_argument(
+        "--cluster-id",
+        default=env("VPNGW_CLUSTER_ID", ""),
+        help="this cluster's identity in its cloud resources' tags, what the sweep of gateways gone "
+        "without their finalizer may touch (empty: the kube-system namespace's uid, read at start; "
+        "$VPNGW_CLUSTER_ID)",
+    )
+    r.add_argument(
+        "--sweep-grace-seconds",
+        type=float,
+        default=300.0,
+        help="cloud resources of a gateway that does not exist are released only once older than this",
+    )
 
 
 def add_openstack_args(r: Any) -> None:
@@ -299,14 +313,35 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return check(s)
 
 
-def cloud_of(s: Settings, args: argparse.Namespace, guard: Callable[[], bool] | None = None) -> Cloud:
+def cloud_of(
+    s: Settings, args: argparse.Namespace, guard: Callable[[], bool] | None = None, cluster: str | None = None
+) -> Cloud:
     if s.cloud == "static":
         return StaticCloud(s.static_nics)
-    return openstack_cloud(args, s.instance, guard)
+    return openstack_cloud(args, s.instance, guard, cluster)
+
+
+async def cluster_identity(kube: KubeClient) -> str | None:
+    """The kube-system namespace's uid (the usual cluster identity), None (warned) when it cannot be read:
+    then no cluster tag and no cloud-wide sweep."""
+    try:
+        items, _ = await kube.list(NAMESPACES, field_selector="metadata.name=kube-system", limit=1)
+    except KubeError as exc:
+        log.warning(
+            "controller.no_cluster_id error=%r: no sweep of gateways gone without finalizer", str(exc)
+        )
+        return None
+    uid = str((items[0].get("metadata") or {}).get("uid") or "") if items else ""
+    if not uid:
+        log.warning("controller.no_cluster_id error='no kube-system namespace': no sweep")
+    return uid or None
 
 
 def openstack_cloud(
-    args: argparse.Namespace, instance: str, guard: Callable[[], bool] | None = None
+    args: argparse.Namespace,
+    instance: str,
+    guard: Callable[[], bool] | None = None,
+    cluster: str | None = None,
 ) -> OpenStackCloud:
     for flag, value in (("--os-cloud", args.os_cloud), ("--gateway-network", args.gateway_network),
                         ("--external-network", args.external_network)):  # fmt: skip
@@ -327,7 +362,9 @@ def openstack_cloud(
         raise SettingsError(f"--os-cloud {args.os_cloud}: {exc}") from exc
     return OpenStackCloud(
         conn,
-        OpenStackSettings(args.gateway_network, args.external_network, args.gateway_subnet, instance),
+        OpenStackSettings(
+            args.gateway_network, args.external_network, args.gateway_subnet, instance, cluster=cluster
+        ),
         guard=guard,
     )
 
@@ -362,17 +399,22 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
                 config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller", write_guard=elector.leads
             )
         )
-        op = Operator(kube, settings, cloud_of(settings, args, elector.leads), elector, workers=args.workers,
-                      resync_seconds=args.resync_seconds)  # fmt: skip
+        cluster = None
+        if settings.cloud == "openstack":
+            cluster = args.cluster_id or await cluster_identity(kube)
+        op = Operator(kube, settings, cloud_of(settings, args, elector.leads, cluster), elector,
+                      workers=args.workers, resync_seconds=args.resync_seconds,
+                      sweep_grace_seconds=args.sweep_grace_seconds)  # fmt: skip
         log.info(
             "controller.starting identity=%s api=%s source=%s namespace=%s instance=%s cloud=%s "
-            "leader_elect=%s",
+            "cluster=%s leader_elect=%s",
             identity,
             config.server,
             config.source,
             settings.namespace or "*",
             settings.instance,
             settings.cloud,
+            cluster or "-",
             "yes" if args.leader_elect else "no",
         )
         async with anyio.create_task_group() as tg:

@@ -9,6 +9,9 @@ nothing leaks, ever (issue 21, item 2).
   the controller saw the deletion or finds the gateway's objects in the gateway namespace at start;
   counted in ``vpngw_controller_cloud_swept_total``. Another installation's resources for a gateway of
   the same name, and a foreign route on the same router, are not touched.
+* Resources tagged with this installation and this cluster for a gateway the cluster does not hold (no
+  deletion seen, no object left: the whole gateway namespace gone, say) are swept at start; those of
+  another cluster with the same instance name stay.
 """
 
 from __future__ import annotations
@@ -186,6 +189,58 @@ def test_a_gateway_gone_without_its_finalizer_has_its_cloud_resources_released_a
         conn.network.remove_extra_routes_from_router(router, {"router": {"routes": [foreign]}})
         anyio.run(backend("someone-else").release, theirs)
     assert nothing(tagged(conn, instance_tag(instance)))
+
+
+def test_what_this_cluster_tagged_for_a_gateway_it_does_not_hold_is_swept_and_another_clusters_stays(
+    openstack_lab: OpenStackLab, tmp_path: Path
+) -> None:
+    lab = openstack_lab
+    instance = "sweep-cluster"
+    conn = lab.connect(direct=True)
+    net = lab.cloud
+
+    def backend(cluster: str) -> OpenStackCloud:
+        return OpenStackCloud(
+            lab.connect(connect_retries=0, status_code_retries=0),
+            OpenStackSettings(
+                net.gateway.network_id,
+                net.external.network_id,
+                net.gateway.subnet_id,
+                instance,
+                cluster=cluster,
+            ),
+        )
+
+    def made(cluster: str, i: int) -> GatewayKey:
+        key = GatewayKey("VPNGateway", NS, f"gw{i}")
+        gw, peer = gateway_docs(i)
+        peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
+        snap = Snapshot(key, {**gw, "metadata": {**gw["metadata"], "uid": "u", "generation": 1}}, peers)
+        rendered = render_gateway(snap, Settings())
+        assert rendered.plan is not None, rendered.problems
+        anyio.run(backend(cluster).ensure, CloudWant(key, None, None, rendered.plan, ()))
+        return key
+
+    ours, theirs = made("ours", 7), made("theirs", 8)
+
+    def held(key: GatewayKey) -> dict[str, list[str]]:
+        return tagged(conn, ",".join(tags(key, instance)))
+
+    assert all(held(ours).values()) and all(held(theirs).values())
+    try:
+        with Cluster(tmp_path / "k8s") as c:
+            ctl = start(c, lab, tmp_path, instance, "--cluster-id", "ours", "--sweep-grace-seconds", "0")
+            wait_for(
+                lambda: nothing(held(ours)), 60, "the resources of gw7, which this cluster does not hold"
+            )
+            assert "cloud.sweep_found gateway=VPNGateway/tenant-acme/gw7" in ctl.log()
+            _, metrics = ctl.get("/metrics")
+            assert "vpngw_controller_cloud_swept_total 3.0" in metrics, metrics
+            assert all(len(ids) == 1 for ids in held(theirs).values()), "another cluster's stay"
+            assert "gw8" not in ctl.log()
+    finally:
+        anyio.run(backend("theirs").release, theirs)
+        anyio.run(backend("ours").release, ours)
 
 
 def test_a_wider_route_someone_points_at_the_gateway_stays_until_its_port_goes(

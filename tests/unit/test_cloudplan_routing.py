@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from controller.cloudplan import CloudPlan, adoption_refusal, routing_condition, tags
+from controller.cloudplan import (
+    CloudPlan,
+    adoption_refusal,
+    cluster_tag,
+    gateway_of,
+    routing_condition,
+    sweepable,
+    tags,
+)
 from controller.names import GatewayKey
 
 
@@ -35,3 +43,24 @@ def test_adoption_refuses_what_another_gateway_or_installation_tagged_and_takes_
     )
     elsewhere = adoption_refusal("port p", list(tags(key, "prod")), key, "vpngw")
     assert elsewhere is not None and "vpngw-instance:prod" in elsewhere
+
+
+def test_the_gateway_a_resource_is_tagged_for_and_what_may_be_swept() -> None:
+    key = GatewayKey("VPNGateway", "tenant-acme", "acme")
+    legacy = GatewayKey("IPsecGateway", "t", "old.one")
+    assert gateway_of([*tags(key, "vpngw"), cluster_tag("c")]) == key
+    assert gateway_of(tags(legacy, "vpngw")) == legacy, "a name with a dot"
+    assert gateway_of(["vpngw-gateway:Pod.t.x"]) is None and gateway_of(["other"]) is None
+    held = {
+        key: "2026-12-03T06:00:00Z",
+        legacy: "2026-12-03T06:10:00Z",
+        GatewayKey("VPNGateway", "t", "n"): "",
+    }
+    unknown = GatewayKey("VPNGateway", "elsewhere", "x")
+    held[unknown] = "2026-12-03T05:00:00Z"
+    answers = {key: False, legacy: False, unknown: None}
+    assert sweepable(held, answers.get, "2026-12-03T06:05:00Z") == (key,), (
+        "the younger one waits out its grace"
+    )
+    assert sweepable(held, answers.get, "2026-12-03T07:00:00Z") == (legacy, key)
+    assert sweepable(held, {key: True, legacy: True}.get, "2026-12-03T07:00:00Z") == (), "they exist"
