@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 import gwplan
-from lab.cluster import Cluster, Controller, gateway_secret, home_of, wait_for
+from lab.cluster import Cluster, Controller, gateway_secret, home_of
+from lab.wait import wait_for
 from tests.component.test_controller_operator import CONFIG, converged
 from tests.examples import example_docs
 

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.desired import plan_of
 from controller.names import LABEL_TENANT, TENANT_ENABLED, GatewayKey
-from lab.cluster import GATEWAY_NAMESPACE, Cluster, Controller, home_of, secrets_for, wait_for
+from lab.cluster import GATEWAY_NAMESPACE, Cluster, Controller, home_of, secrets_for
+from lab.wait import wait_for
 from tests.examples import example_docs
 
 VPN = "vpn.bnerd.net/v1alpha1"

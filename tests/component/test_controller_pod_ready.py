@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from controller.names import GatewayKey
-from lab.cluster import Cluster, home_of, wait_for
+from lab.cluster import Cluster, home_of
+from lab.wait import wait_for
 from tests.component.test_controller_operator import NS, apply_ipsec, cluster, condition, gateway, start
 
 __all__ = ["cluster"]  # the fixture

@@ -11,7 +11,8 @@ import re
 import time
 from typing import Any
 
-from lab.cluster import Cluster, Controller, wait_for
+from lab.cluster import Cluster, Controller
+from lab.wait import wait_for
 from tests.component.test_controller_operator import (
     CONFIG,
     NS,

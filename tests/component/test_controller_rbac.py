@@ -17,7 +17,8 @@ from typing import Any
 
 from controller.names import ANNOTATION_HASH
 from controller.rbac import SCOPES, UNUSED_BY_DESIGN, granted, rules
-from lab.cluster import GATEWAY_NAMESPACE, Cluster, home_of, wait_for
+from lab.cluster import GATEWAY_NAMESPACE, Cluster, home_of
+from lab.wait import wait_for
 from tests.component.test_controller_operator import (
     CONFIG,
     OWNED,

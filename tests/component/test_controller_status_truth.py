@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from lab.cluster import MANIFESTS, Cluster, home_of, wait_for
+from lab.cluster import MANIFESTS, Cluster, home_of
+from lab.wait import wait_for
 from tests.component.test_controller_operator import NS, apply_ipsec, cluster, condition, gateway, start
 
 __all__ = ["cluster"]  # the fixture

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from lab.cluster import Cluster, wait_for
+from lab.cluster import Cluster
+from lab.wait import wait_for
 from tests.component.test_controller_operator import (
     CONFIG,
     apply_ipsec,

@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.cluster import ROOT, Cluster, Controller, free_port, home_of, secrets_for, wait_for
+from lab.cluster import ROOT, Cluster, Controller, free_port, home_of, secrets_for
+from lab.wait import wait_for
 from tests.component.test_controller_operator import OWNED
 from tests.component.test_helm_chart import CHART, NAMESPACE, helm, one, run_helm
 

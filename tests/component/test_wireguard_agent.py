@@ -21,6 +21,7 @@ from agent.wireguard.run import WireGuardAgent
 from gwkit.wireguard.backend import BackendUnavailable, WireGuardBackend
 from gwkit.wireguard.fakes import FakeDevice, FakeNetDev
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, plan_hash
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -395,23 +396,19 @@ async def test_the_background_resolver_waits_for_the_next_due_host_or_a_new_one(
 
     endpoints = Endpoints(resolver, clock, interval=0.2, timeout=1.0)
 
-    async def until(cond: Any) -> None:
-        while not cond():  # noqa: ASYNC110 - polling fakes
-            await anyio.sleep(0.005)
-
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(endpoints.run, lambda: changes.append(dict(endpoints.addresses)))
             endpoints.want(frozenset({"a.example"}))
-            await until(lambda: changes)
+            await wait_for_async(lambda: changes, 5, "the first address", 0.005)
             assert changes == [{"a.example": "192.0.2.1"}]
             endpoints.want(frozenset({"a.example", "b.example"}))
-            await until(lambda: len(changes) == 2)
+            await wait_for_async(lambda: len(changes) == 2, 5, "the second address", 0.005)
             assert calls == ["a.example", "b.example"], "only the new host: a is not due"
             assert endpoints.next_due() == pytest.approx(0.2)
             clock.t = 0.2
             await anyio.sleep(0.4)  # the task's real wait for a's due time (0.2 s on the fake clock)
-            await until(lambda: len(calls) == 4)
+            await wait_for_async(lambda: len(calls) == 4, 5, "both hosts re-resolved", 0.005)
             assert len(changes) == 2, "re-resolved to the same addresses: no wake-up"
             tg.cancel_scope.cancel()
 

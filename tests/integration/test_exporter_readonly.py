@@ -26,7 +26,6 @@ import socket
 import struct
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
@@ -50,6 +49,7 @@ from gwkit.vici.queries import DaemonInfo
 from gwkit.wireguard import uapi
 from gwplan.model import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, dumps
 from lab.peers import wireguard_pair
+from lab.wait import wait_for
 from lab.world import SERVICE_CIDR, Host, Lab
 from tests.integration.test_exporter_lab import ipsec_plan, registry, two_sites, write_plan
 from tests.integration.test_exporter_support import conn, load_pair
@@ -505,14 +505,9 @@ def free_port() -> int:
 
 
 def wait_scrape(port: int, pid: int) -> str:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            body = scrape(port)
-            if re.search(r'^wireguard_up\{interface="wg0"\} 1', body, re.M):
-                return body
-        except OSError:
-            pass
-        if time.monotonic() > deadline or not Path(f"/proc/{pid}").exists():
-            raise AssertionError("the unprivileged exporter did not serve wireguard_up 1")
-        time.sleep(0.1)
+    def served() -> str | None:
+        assert Path(f"/proc/{pid}").exists(), "the unprivileged exporter exited"
+        body = scrape(port)
+        return body if re.search(r'^wireguard_up\{interface="wg0"\} 1', body, re.M) else None
+
+    return wait_for(served, 20, "the unprivileged exporter to serve wireguard_up 1", 0.1, ignoring=(OSError,))
