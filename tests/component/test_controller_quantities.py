@@ -18,12 +18,12 @@ from tests.component.test_controller_operator import (
     NS,
     apply_ipsec,
     cluster,
-    condition,
     converged,
     gateway,
     seq,
     writes,
 )
+from tests.helpers import condition
 
 __all__ = ["cluster"]  # the fixture
 

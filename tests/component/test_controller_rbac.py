@@ -23,12 +23,12 @@ from tests.component.test_controller_operator import (
     CONFIG,
     OWNED,
     apply_with_secrets,
-    condition,
     converged,
     gateway,
     legacy_docs,
 )
 from tests.examples import example_docs
+from tests.helpers import condition
 
 SA = "system:serviceaccount:vpngw-system:vpngw-controller"
 

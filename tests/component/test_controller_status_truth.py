@@ -17,7 +17,8 @@ import yaml
 
 from lab.cluster import MANIFESTS, Cluster, home_of
 from lab.wait import wait_for
-from tests.component.test_controller_operator import NS, apply_ipsec, cluster, condition, gateway, start
+from tests.component.test_controller_operator import NS, apply_ipsec, cluster, gateway, start
+from tests.helpers import condition
 
 __all__ = ["cluster"]  # the fixture
 
@@ -80,7 +81,7 @@ def test_refused_writes_are_said_in_the_status_once_and_the_rest_is_written(clus
         in msg
     )
     assert f"create Role {NS}/vpngw-acme: Forbidden: {FORBIDDEN}" in msg
-    assert condition(gateway(cluster), "Ready")["status"] == "False"  # type: ignore[index]
+    assert condition(gateway(cluster), "Ready")["status"] == "False"
     # Every write the API accepts is made.
     for api, kind in (("v1", "ConfigMap"), ("v1", "ServiceAccount"), ("apps/v1", "Deployment")):
         assert cluster.owned(api, kind, "acme", NS) is not None, kind

@@ -21,7 +21,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -240,17 +239,6 @@ def pod(built: str) -> Iterator[Pod]:
         yield p
     finally:
         p.close()
-
-
-@pytest.fixture
-def open_tmp() -> Iterator[Path]:
-    """A scratch directory the images' unprivileged user can read (pytest's tmp_path is 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="vpngw-image-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def swanctl(pod: Pod, ns: str, vici: str, *args: str) -> subprocess.CompletedProcess[str]:

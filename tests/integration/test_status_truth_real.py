@@ -34,7 +34,8 @@ from lab.controlplane.nodeagent import NodeAgent
 from lab.wait import wait_for
 from tests.component.test_controller_pod_ready import PODSECURITY
 from tests.component.test_helm_chart import NAMESPACE
-from tests.component.test_helm_install import GATEWAYS, condition
+from tests.component.test_helm_install import GATEWAYS
+from tests.helpers import condition
 from tests.integration.test_real_install import (
     EXAMPLE,
     TENANT,
