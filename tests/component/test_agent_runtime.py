@@ -25,6 +25,7 @@ from controller.api.crds import crds
 from gwkit.kube import KubeClient, load
 from gwplan import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, dumps, loads
 from lab.kubeapi import KubeAPI
+from lab.kubelet.volumes import write_atomic
 from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
@@ -42,18 +43,6 @@ def replace_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def kubelet_swap(volume: Path, n: int, data: bytes) -> None:
-    """What a kubelet does for a ConfigMap volume: new timestamped dir, then swap the ..data symlink."""
-    stamp = volume / f"..2026_11_30_00_00_0{n}.{n:04d}"
-    stamp.mkdir()
-    (stamp / "plan.json").write_bytes(data)
-    tmp_link = volume / "..data_tmp"
-    tmp_link.symlink_to(stamp.name)
-    os.replace(tmp_link, volume / "..data")
-    if not (volume / "plan.json").is_symlink():
-        (volume / "plan.json").symlink_to("..data/plan.json")
 
 
 # --- plan source ---------------------------------------------------------------------------------------
@@ -116,10 +105,10 @@ def test_plan_atomic_rename_yields_only_on_content_change(tmp_path: Path) -> Non
 
 
 def test_plan_kubelet_symlink_swap_is_noticed(tmp_path: Path) -> None:
-    kubelet_swap(tmp_path, 1, dumps(plan("a")))
+    write_atomic(tmp_path, {"plan.json": (dumps(plan("a")), 0o644)})  # the kubelet's own ..data swap
     src = FilePlanSource(tmp_path / "plan.json")
     assert src.poll() is not None
-    kubelet_swap(tmp_path, 2, dumps(plan("a", "c")))
+    write_atomic(tmp_path, {"plan.json": (dumps(plan("a", "c")), 0o644)})
     new = src.poll()
     assert new is not None and len(new.ipsec.tunnels) == 2  # type: ignore[union-attr]
 
