@@ -10,7 +10,6 @@ the API emulator (the same world as tests/component/test_controller_operator.py)
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import yaml
@@ -94,9 +93,11 @@ def test_refused_writes_are_said_in_the_status_once_and_the_rest_is_written(clus
 
     # Retried with backoff (each retry asks the API again), said once.
     since = cluster.kube.requests()[-1].seq
-    time.sleep(4)
-    retries = cluster.kube.requests(verb="create", resource="networkpolicies", since=since)
-    assert len(retries) >= 2, "the reconcile is retried while writes fail"
+    wait_for(
+        lambda: len(cluster.kube.requests(verb="create", resource="networkpolicies", since=since)) >= 2,
+        10,
+        "the reconcile retried twice while writes fail",
+    )
     reason = c["reason"]
     assert warnings(cluster, reason) == 1, "one Warning Event for the same failure, however many retries"
     status_writes = cluster.kube.requests(

@@ -385,7 +385,7 @@ def test_bad_input_is_named_and_the_last_good_config_keeps_running(world: World)
     )
     world.plan_path.write_text('{"version": "plan.vpn.bnerd.net/v1", "type": "wireguard"')  # truncated
     wait_for(lambda: "plan.rejected" in world.log_path.read_text(), 15.0, "the plan rejection in the log")
-    time.sleep(0.5)  # a few more agent steps
+    time.sleep(0.5)  # the scenario: a few more agent steps, which must leave the device as it was
     device = world.device()
     assert device.private_key == world.gw_private and len(device.peers) == 2
     assert roamer.host.ping(GW_TUNNEL)  # still serving with the last good configuration
