@@ -30,7 +30,8 @@ FORBIDDEN = (
 )
 
 
-def owned_objects(cluster: Cluster) -> dict[str, Any] | None:
+def owned_objects(cluster: Cluster) -> dict[str, Any]:
+    """The gateway's OwnedObjects condition; empty while it has none."""
     return condition(gateway(cluster), "OwnedObjects")
 
 
@@ -109,7 +110,7 @@ def test_refused_writes_are_said_in_the_status_once_and_the_rest_is_written(clus
     cluster.kube.clear_faults()
     cluster.kube.delete("networking.k8s.io/v1", "NetworkPolicy", name, home)
     cluster.kube.create(yaml.safe_load((MANIFESTS / "network-attachment-definition.yaml").read_text()))
-    wait_for(lambda: owned_objects(cluster) is None, 60, "OwnedObjects gone once every write succeeds")
+    wait_for(lambda: not owned_objects(cluster), 60, "OwnedObjects gone once every write succeeds")
     assert cluster.owned("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition", "acme", NS) is not None
     assert cluster.get("rbac.authorization.k8s.io/v1", "Role", "vpngw-acme", NS) is not None
     assert ctl.proc.poll() is None, ctl.log()
