@@ -127,9 +127,11 @@ async def test_the_scrape_through_the_relay_has_the_same_metrics_as_through_the_
                 tg.start_soon(follow_events, ro, Sink())
                 await anyio.sleep(0.5)  # registered (no way to wait for it from outside)
                 await gv.stream("terminate", {"ike": "s2", "timeout": "5000"}, "control-log")
-                with anyio.fail_after(10):
-                    while "ike-updown" not in events:  # noqa: ASYNC110 - events arrive in another task
-                        await anyio.sleep(0.05)
+                # Both events, in whichever order charon sends them (waiting for ike-updown alone and then
+                # asserting child-updown failed when child-updown came second).
+                await wait_for_async(
+                    lambda: {"ike-updown", "child-updown"} <= set(events), 10, "both updown events"
+                )
                 tg.cancel_scope.cancel()
     finally:
         await gv.aclose()
