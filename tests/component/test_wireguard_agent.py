@@ -367,15 +367,17 @@ async def test_a_step_never_waits_on_dns_and_a_late_answer_wakes_the_loop(rig: R
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(rig.agent.run, StaticPlans(plan(roaming_site, LAPTOP)))
-            while set(rig.device.peers) != {A, B} or not asked:  # noqa: ASYNC110 - polling a fake
-                await anyio.sleep(0.01)
+            await wait_for_async(
+                lambda: set(rig.device.peers) == {A, B} and asked, 10, "both peers on the fake device", 0.01
+            )
             assert rig.device.peers[A].endpoint is None, "configured without waiting for DNS"
             with anyio.fail_after(1):
                 await rig.step(plan(roaming_site))  # a plan change while the lookup hangs
             assert set(rig.device.peers) == {A}, "the removal applied at once"
             answer.set()
-            while rig.device.peers[A].endpoint is None:  # noqa: ASYNC110 - polling a fake
-                await anyio.sleep(0.01)
+            await wait_for_async(
+                lambda: rig.device.peers[A].endpoint is not None, 10, "A's endpoint resolved", 0.01
+            )
             tg.cancel_scope.cancel()
     assert rig.device.peers[A].endpoint == "198.51.100.7:51820"
     assert asked == ["site-a.example.net"]
@@ -434,8 +436,7 @@ async def test_run_consumes_plans_and_wakes_at_once(rig: Rig) -> None:
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(rig.agent.run, StaticPlans(plan(SITE, LAPTOP)))
-            while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: rig.health.ready[0], 10, "the agent ready", 0.01)
             tg.cancel_scope.cancel()
     assert set(rig.device.peers) == {A, B} and rig.device.closed
 
@@ -464,8 +465,7 @@ async def test_an_unexpected_error_in_a_step_does_not_end_the_loop(rig: Rig) -> 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(rig.agent.run, StaticPlans(plan(SITE)))
-            while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: rig.health.ready[0], 10, "the agent ready", 0.01)
             tg.cancel_scope.cancel()
     assert len(calls) >= 2 and set(rig.device.peers) == {A}
 

@@ -431,8 +431,9 @@ async def test_the_unprivileged_exporter_reads_every_peer_metric_through_the_age
     async with anyio.create_task_group() as tg:
         tg.start_soon(uapi_server.serve_interface, ro_dir, "wg0", uapi_server.opener(wgd.uapi_dir))
         with anyio.fail_after(5):
-            while not (ro_dir / "wg0.sock").exists():  # noqa: ASYNC110 - the listener starts in a task
-                await anyio.sleep(0.01)
+            await wait_for_async(
+                lambda: (ro_dir / "wg0.sock").exists(), 10, "the listener (started in a task)", 0.01
+            )
         assert (ro_dir / "wg0.sock").stat().st_mode & 0o777 == 0o666
         argv = [
             *UNPRIVILEGED, DEBIAN_PYTHON, "-m", "exporter", "--listen", f"127.0.0.1:{port}",
