@@ -22,7 +22,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.desired import plan_of
-from lab.cluster import Cluster, wait_for
+from lab.cluster import Cluster
+from lab.wait import wait_for
 
 VPN = "vpn.bnerd.net/v1alpha1"
 

@@ -21,11 +21,12 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.cluster import Cluster, clouds_yaml, openstack_args, wait_for
+from lab.cluster import Cluster, clouds_yaml, openstack_args
 from lab.openstack.cloud import Cloud, cloud_seed, declare_nodes
 from lab.openstack.neutron import NeutronSettings, start_neutron
 from lab.openstack.nova import NovaEmulator
 from lab.openstack.proxy import FaultProxy
+from lab.wait import wait_for
 
 VPN = "vpn.bnerd.net/v1alpha1"
 

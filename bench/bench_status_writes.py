@@ -45,8 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.desired import plan_of
-from lab.cluster import ROOT, Cluster, Controller, home_of, secrets_for, wait_for
+from lab.cluster import ROOT, Cluster, Controller, home_of, secrets_for
 from lab.kubeapi.rbac import MASTERS
+from lab.wait import wait_for
 
 VPN = "vpn.bnerd.net/v1alpha1"
 WRITER = "bench-status-agent"

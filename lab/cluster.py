@@ -14,11 +14,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -26,24 +25,12 @@ from controller.names import LABEL_TENANT, TENANT_ENABLED, GatewayKey
 from controller.settings import Settings
 from gwplan import SECRET_OPT_IN_LABEL
 from lab.kubeapi import KubeAPIThread
+from lab.wait import wait_for as wait_for  # re-exported: lab.kubelet.world imports it from here
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
-T = TypeVar("T")
 GATEWAY_NAMESPACE = Settings.gateway_namespace
 """The operator's gateway namespace, as the chart makes it (the controller's default)."""
-
-
-def wait_for(cond: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """``cond()``'s first truthy result within ``timeout`` seconds; AssertionError naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 def free_port() -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.netns import LabError, ns_exec
+from lab.wait import WaitTimeout, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +62,21 @@ charon {{
 
 
 def wait_for_socket(path: Path, proc: subprocess.Popen[bytes], deadline: float, what: str) -> None:
-    while time.monotonic() < deadline:
+    """Until ``path`` accepts a connection (``lab.wait``, checking every 5 ms); LabError when ``proc``
+    exits first or the socket does not answer by ``deadline`` (a ``time.monotonic()`` value)."""
+
+    def answers() -> bool:
         if proc.poll() is not None:
             raise LabError(f"{what} exited with {proc.returncode} before its socket appeared")
-        if path.exists():
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(str(path))
-                return
-            except OSError:
-                pass
-            finally:
-                s.close()
-        time.sleep(0.005)
-    raise LabError(f"{what}: socket {path} did not answer in time")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(path))
+        return True
+
+    timeout = max(0.0, deadline - time.monotonic())
+    try:
+        wait_for(answers, timeout, f"{what}: socket {path}", interval=0.005, ignoring=(OSError,))
+    except WaitTimeout as e:
+        raise LabError(f"{what}: socket {path} did not answer in time ({e})") from e
 
 
 def _stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:

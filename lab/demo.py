@@ -65,6 +65,7 @@ import yaml
 from gwkit.logs import LEVELS, UtcFormatter, rfc3339, setup_logging
 from lab import netns
 from lab.netns import LabError
+from lab.wait import WaitTimeout, wait_for
 
 if TYPE_CHECKING:
     from lab.kubelet.world import E2EWorld
@@ -609,16 +610,16 @@ class Demo:
 
     def wait(self, cond: Callable[[], T | None], timeout: float, what: str) -> T:
         """``cond()``'s first truthy result, pumping and checking meanwhile; DemoFailed naming ``what``."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def pumped() -> T | None:
             self.pump()
-            got = cond()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                log.error("demo.step_timeout what=%r seconds=%g", what, timeout)
-                raise DemoFailed(f"{what}: did not happen within {timeout:g} s")
-            time.sleep(0.1)
+            return cond()
+
+        try:
+            return wait_for(pumped, timeout, what, interval=0.1)
+        except WaitTimeout as e:
+            log.error("demo.step_timeout what=%r seconds=%g", what, timeout)
+            raise DemoFailed(f"{what}: did not happen within {timeout:g} s (last seen: {e.last!r})") from None
 
     # --- the cluster, read --------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from gwkit.kube.client import CONFIGMAPS, EVENTS, NAMESPACES, VPNGATEWAYS, KubeC
 from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict, NotFound
 from tests.examples import example_docs
+from tests.helpers import conditions
 from tests.kube_contract import _with_crds
 
 NOW, LATER = "2026-12-01T10:00:00Z", "2026-12-01T10:05:00Z"
@@ -82,10 +83,6 @@ async def _events_of(kube: KubeClient, gateway: Mapping[str, Any]) -> list[dict[
     return [e for e in items if (e.get("involvedObject") or {}).get("uid") == uid]
 
 
-def _conditions(gateway: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in (gateway.get("status") or {}).get("conditions") or []}
-
-
 async def refused_writes_are_said_in_the_status_once(kubeconfig: Path, namespace: str) -> dict[str, Any]:
     """Three creates: one of a name someone else's ConfigMap has (409 AlreadyExists), one the API finds
     invalid (422: a key no ConfigMap may have), one fine. The fine one is made; the status says the two
@@ -111,14 +108,14 @@ async def refused_writes_are_said_in_the_status_once(kubeconfig: Path, namespace
         assert theirs["data"] == {"theirs": "x"}, "someone else's object is never touched"
 
         gw = await kube.get(VPNGATEWAYS, key.name, namespace)
-        owned = _conditions(gw)["OwnedObjects"]
+        owned = conditions(gw)["OwnedObjects"]
         assert owned["status"] == "False" and owned["reason"] == "AlreadyExists"
         assert f"create ConfigMap {namespace}/taken: AlreadyExists: " in owned["message"]
         assert "labels app.kubernetes.io/managed-by=someone-else; ownerReferences none" in owned["message"]
         assert f"create ConfigMap {namespace}/invalid: Invalid: " in owned["message"]
         assert "not a key!" in owned["message"], "the API's message names the bad key"
         assert content not in str(gw["status"]), "never the object's content"
-        assert _conditions(gw)["Ready"]["status"] == "False"
+        assert conditions(gw)["Ready"]["status"] == "False"
         warned = [e["reason"] for e in await _events_of(kube, gw) if e["type"] == "Warning"]
         assert warned.count("AlreadyExists") == 1, warned
 
@@ -164,7 +161,7 @@ async def a_status_decided_on_a_stale_read_is_requeued(kubeconfig: Path, namespa
         fresh = _decision(now, [], LATER, failing)
         await execute.apply(kube, key, now, fresh, now=LATER, reporter="test")
         done = await kube.get(VPNGATEWAYS, key.name, namespace)
-        assert _conditions(done)["ConfigRendered"]["reason"] == "SecretNotOptedIn"
+        assert conditions(done)["ConfigRendered"]["reason"] == "SecretNotOptedIn"
         assert [e["reason"] for e in await _events_of(kube, stale)].count("SecretNotOptedIn") == 1
 
 
@@ -184,6 +181,6 @@ async def a_status_agent_write_meanwhile_does_not_hold_the_status_back(
         failing = [Condition("ConfigRendered", False, "SecretNotOptedIn", "the agent wrote meanwhile")]
         await execute.apply(kube, key, read, _decision(read, [], LATER, failing), now=LATER, reporter="test")
         done = await kube.get(VPNGATEWAYS, key.name, namespace)
-        assert _conditions(done)["ConfigRendered"]["reason"] == "SecretNotOptedIn"
+        assert conditions(done)["ConfigRendered"]["reason"] == "SecretNotOptedIn"
         assert done["status"]["tunnels"] == tunnels, "the agent's keys are not touched"
         assert [e["reason"] for e in await _events_of(kube, read)].count("SecretNotOptedIn") == 1

@@ -45,6 +45,7 @@ from typing import Any
 from lab.openstack import process
 from lab.openstack.process import LabOpenStackError
 from lab.openstack.rest import call, http_status
+from lab.wait import WaitTimeout, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -274,18 +275,20 @@ class MariaDB:
             init = self.dir / "init.sql"
             init.write_text(init_sql)
             argv.append(f"--init-file={init}")
-        self.proc = process.spawn(argv, run_dir=self.run_dir, log_path=self.dir / "mysqld.out")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        self.proc = proc = process.spawn(argv, run_dir=self.run_dir, log_path=self.dir / "mysqld.out")
+
+        def greets() -> bool:
+            if proc.poll() is not None:
                 raise LabOpenStackError(
-                    f"mariadbd exited with {self.proc.returncode}:\n{_tail(self.dir / 'mysqld.err')}"
+                    f"mariadbd exited with {proc.returncode}:\n{_tail(self.dir / 'mysqld.err')}"
                 )
-            if mysql_greets(self.port):
-                log.debug("lab.openstack.mariadb.started port=%d pid=%d", self.port, self.proc.pid)
-                return
-            time.sleep(0.01)
-        raise LabOpenStackError(f"mariadbd did not answer on port {self.port} in {timeout:.0f} s")
+            return mysql_greets(self.port)
+
+        try:
+            wait_for(greets, timeout, f"mariadbd on port {self.port}", interval=0.01)
+        except WaitTimeout as e:
+            raise LabOpenStackError(f"mariadbd did not answer on port {self.port} in {timeout:.0f} s") from e
+        log.debug("lab.openstack.mariadb.started port=%d pid=%d", self.port, proc.pid)
 
     def stop(self) -> None:
         process.stop_group(self.proc, grace=30.0, what="mariadbd")
@@ -508,19 +511,24 @@ class Neutron:
             env={**_clean_env(), "HOME": str(self.conf_dir)},
         )
         self.starts += 1
-        deadline = time.monotonic() + self.settings.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
                 logs = f"{_tail(self.conf_dir / 'uwsgi.log')}\n{_tail(self.log_path)}"
-                raise LabOpenStackError(f"Neutron (uWSGI) exited with {self.proc.returncode}:\n{logs}")
+                raise LabOpenStackError(f"Neutron (uWSGI) exited with {proc.returncode}:\n{logs}")
             # /v2.0/extensions answers only once the plugins and extensions are loaded
-            if http_status(self.endpoint, "/v2.0/extensions") == 200:
-                self._warm_up()
-                self.timings["api"] = time.monotonic() - t0
-                log.info("lab.openstack.neutron.started port=%d seconds=%.2f", self.port, self.timings["api"])
-                return
-            time.sleep(0.05)
-        raise LabOpenStackError(f"Neutron did not answer on port {self.port}:\n{_tail(self.log_path)}")
+            return http_status(self.endpoint, "/v2.0/extensions") == 200
+
+        try:
+            wait_for(answers, self.settings.start_timeout, f"Neutron on port {self.port}")
+        except WaitTimeout as e:
+            raise LabOpenStackError(
+                f"Neutron did not answer on port {self.port}:\n{_tail(self.log_path)}"
+            ) from e
+        self._warm_up()
+        self.timings["api"] = time.monotonic() - t0
+        log.info("lab.openstack.neutron.started port=%d seconds=%.2f", self.port, self.timings["api"])
 
     def _warm_up(self) -> None:
         """One request per collection, one at a time, before anyone else asks.

@@ -18,6 +18,7 @@ import pytest
 
 from agent.__main__ import UsageError, build_parser, parse_settings
 from gwplan import Child, GatewayRef, Ipsec, Plan, Tunnel, dumps
+from lab.wait import wait_for
 
 AGENT = [sys.executable, "-m", "agent"]
 
@@ -77,7 +78,7 @@ def test_waits_live_for_a_valid_plan_and_stops_cleanly_on_sigterm(tmp_path: Path
 def test_kube_status_end_to_end_through_kubeconfig_against_the_api_emulator(tmp_path: Path) -> None:
     """``python -m agent --kube-status`` with charon absent: the agent patches the CR's status subresource
     (tunnels Down, the reason) through a kubeconfig, against the Kubernetes API emulator (lab.kubeapi)."""
-    from lab.cluster import Cluster, wait_for
+    from lab.cluster import Cluster
 
     gateway = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-a", "gw")
     conn = {"s1": {"version": "2", "children": {"s1-0": {"remote_ts": ["10.1.0.0/24"]}}}}
@@ -220,10 +221,12 @@ def test_readonly_dir_holds_the_plan_copy_and_a_relay_that_closes_while_charon_i
     argv += ["0.05", "--vici-socket", str(tmp_path / "no-charon.vici"), "--readonly-dir", str(ro)]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 20
-        while not (ro / "charon.vici").exists() or not (ro / "plan.json").exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the agent serves both"
-            time.sleep(0.05)
+
+        def serves_both() -> bool:
+            assert proc.poll() is None, f"the agent exited: {proc.stderr.read() if proc.stderr else ''}"
+            return (ro / "charon.vici").exists() and (ro / "plan.json").exists()
+
+        wait_for(serves_both, 20, "the agent to serve both the VICI socket and the plan")
         assert (ro / "plan.json").read_bytes() == dumps(plan)
         assert (ro / "plan.json").stat().st_mode & 0o777 == 0o644
         assert (ro / "charon.vici").stat().st_mode & 0o777 == 0o666

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 import gwplan
-from lab.cluster import Cluster, Controller, gateway_secret, home_of, wait_for
+from lab.cluster import Cluster, Controller, gateway_secret, home_of
+from lab.wait import wait_for
 from tests.component.test_controller_operator import CONFIG, converged
 from tests.examples import example_docs
 
@@ -243,7 +244,7 @@ def test_a_plan_planted_in_the_configmap_is_never_taken(
         wait_for(
             lambda: "binaryData" not in (c.owned("v1", "ConfigMap", "acme", NS) or {}), 15, "the key removed"
         )
-        time.sleep(0.5)
+        time.sleep(0.5)  # the scenario: the agent's next polls (every 0.05 s) change nothing
         assert live_plan(tmp_path) == good
     finally:
         agent.send_signal(signal.SIGTERM)

@@ -15,6 +15,7 @@ from agent.health import HealthState
 from agent.ipsec.keeper import Keeper, Timing
 from agent.runtime import SecretError, Secrets
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 PSK = b"keeper-component-psk-31f"  # test-only value
@@ -69,8 +70,7 @@ async def test_without_charon_the_keeper_reports_down_stays_live_and_backs_off(t
     with anyio.move_on_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(keeper.run)
-            while len([d for d in delays if d > 0]) < 8:  # noqa: ASYNC110 - waiting for the keeper's retries
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: len([d for d in delays if d > 0]) >= 8, 10, "8 keeper retries", 0.01)
             tg.cancel_scope.cancel()
     delays = [d for d in delays if d > 0]  # 0: the (disabled) debounce
     assert len(delays) >= 6

@@ -11,7 +11,6 @@ import copy
 import json
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -26,17 +25,13 @@ from controller.api.crds import crds
 from gwkit.kube import KubeClient, load
 from gwplan import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, dumps, loads
 from lab.kubeapi import KubeAPI
+from lab.kubelet.volumes import write_atomic
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
 GW = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-a", "gw1")
 PSK = b"runtime-test-psk-9c1d"  # test-only value
-
-
-async def eventually(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
-        while not cond():  # noqa: ASYNC110 - polling a condition another task changes
-            await anyio.sleep(0.01)
 
 
 def plan(*names: str) -> Plan:
@@ -48,18 +43,6 @@ def replace_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def kubelet_swap(volume: Path, n: int, data: bytes) -> None:
-    """What a kubelet does for a ConfigMap volume: new timestamped dir, then swap the ..data symlink."""
-    stamp = volume / f"..2026_11_30_00_00_0{n}.{n:04d}"
-    stamp.mkdir()
-    (stamp / "plan.json").write_bytes(data)
-    tmp_link = volume / "..data_tmp"
-    tmp_link.symlink_to(stamp.name)
-    os.replace(tmp_link, volume / "..data")
-    if not (volume / "plan.json").is_symlink():
-        (volume / "plan.json").symlink_to("..data/plan.json")
 
 
 # --- plan source ---------------------------------------------------------------------------------------
@@ -122,10 +105,10 @@ def test_plan_atomic_rename_yields_only_on_content_change(tmp_path: Path) -> Non
 
 
 def test_plan_kubelet_symlink_swap_is_noticed(tmp_path: Path) -> None:
-    kubelet_swap(tmp_path, 1, dumps(plan("a")))
+    write_atomic(tmp_path, {"plan.json": (dumps(plan("a")), 0o644)})  # the kubelet's own ..data swap
     src = FilePlanSource(tmp_path / "plan.json")
     assert src.poll() is not None
-    kubelet_swap(tmp_path, 2, dumps(plan("a", "c")))
+    write_atomic(tmp_path, {"plan.json": (dumps(plan("a", "c")), 0o644)})
     new = src.poll()
     assert new is not None and len(new.ipsec.tunnels) == 2  # type: ignore[union-attr]
 
@@ -284,7 +267,7 @@ async def test_kube_sink_merge_patches_the_status_subresource_on_the_api_emulato
                 tg.start_soon(sink.run)
                 await sink.publish({"tunnels": [{"name": "a", "state": "Connecting"}]})
                 await sink.publish({"tunnels": [{"name": "a", "state": "Established"}]})
-                await eventually(lambda: not sink.pending)
+                await wait_for_async(lambda: not sink.pending, 10, "the published status written", 0.01)
                 tg.cancel_scope.cancel()
         obj = api.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "gw1", "tenant-a")
         assert obj is not None
@@ -312,7 +295,7 @@ async def test_kube_sink_reports_missing_cr_as_failure_and_keeps_going(tmp_path:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sink.run)
                 await sink.publish({"tunnels": []})
-                await eventually(lambda: bool(slept))
+                await wait_for_async(lambda: bool(slept), 10, "the sink to back off", 0.01)
                 tg.cancel_scope.cancel()
         assert sink.last_error is not None and "404" in sink.last_error
         assert slept[0] >= 10, "a 404 cannot succeed soon: wait long, do not hammer the API server"
@@ -332,7 +315,9 @@ async def test_kube_sink_retries_conflicts_and_writes_only_the_latest() -> None:
         await sink.publish({"n": n})  # never blocks: nothing is running yet
     async with anyio.create_task_group() as tg:
         tg.start_soon(sink.run)
-        await eventually(lambda: not sink.pending and bool(api.writes))
+        await wait_for_async(
+            lambda: not sink.pending and bool(api.writes), 10, "the queued status written", 0.01
+        )
         tg.cancel_scope.cancel()
     assert api.attempts == 4 and len(slept) == 3
     assert api.writes == [{"n": 99}], "only the newest status is written, once"
@@ -354,7 +339,9 @@ async def test_kube_sink_writes_at_most_once_per_min_interval_latest_wins() -> N
     await sink.publish({"n": 0})
     async with anyio.create_task_group() as tg:
         tg.start_soon(sink.run)
-        await eventually(lambda: len(api.writes) >= 2 and not sink.pending)
+        await wait_for_async(
+            lambda: len(api.writes) >= 2 and not sink.pending, 10, "both statuses written", 0.01
+        )
         tg.cancel_scope.cancel()
     assert [w["n"] for w in api.writes] == [0, 19], "one write per interval, carrying the newest status"
     assert slept[:2] == [5.0, 5.0]

@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from controller.names import GatewayKey
-from lab.cluster import Cluster, home_of, wait_for
-from tests.component.test_controller_operator import NS, apply_ipsec, cluster, condition, gateway, start
+from lab.cluster import Cluster, home_of
+from lab.wait import wait_for
+from tests.component.test_controller_operator import NS, apply_ipsec, cluster, gateway, start
+from tests.helpers import condition
 
 __all__ = ["cluster"]  # the fixture
 
@@ -31,7 +33,7 @@ def test_a_pod_that_cannot_be_created_says_why(cluster: Cluster) -> None:
     start(cluster)
     apply_ipsec(cluster)
     wait_for(lambda: cluster.owned("apps/v1", "Deployment", "acme", NS), 30, "the Deployment")
-    wait_for(lambda: (condition(gateway(cluster), "PodReady") or {}).get("reason") == "NoPod", 30, "NoPod")
+    wait_for(lambda: condition(gateway(cluster), "PodReady").get("reason") == "NoPod", 30, "NoPod")
     name, home = home_of("acme", NS)
     failure = {
         "type": "ReplicaFailure",
@@ -54,6 +56,4 @@ def test_a_pod_that_cannot_be_created_says_why(cluster: Cluster) -> None:
     cluster.kube.patch(
         "apps/v1", "Deployment", name, {"status": {"conditions": []}}, home, subresource="status"
     )
-    wait_for(
-        lambda: (condition(gateway(cluster), "PodReady") or {}).get("reason") == "NoPod", 20, "NoPod again"
-    )
+    wait_for(lambda: condition(gateway(cluster), "PodReady").get("reason") == "NoPod", 20, "NoPod again")

@@ -11,18 +11,20 @@ import re
 import time
 from typing import Any
 
-from lab.cluster import Cluster, Controller, wait_for
+from lab.cluster import Cluster, Controller
+from lab.wait import wait_for
 from tests.component.test_controller_operator import (
     CONFIG,
     NS,
     apply_ipsec,
     cluster,
-    condition,
     converged,
     gateway,
+    metric,
     seq,
     writes,
 )
+from tests.helpers import condition
 
 __all__ = ["cluster"]  # the fixture
 
@@ -88,7 +90,14 @@ def test_settings_in_any_valid_form_make_no_write_at_a_resync(cluster: Cluster) 
     assert resources["charon"] == CANONICAL["charon"], "the emulator stores canonical quantities"
     assert resources["status-agent"] == CANONICAL["status-agent"]
     assert tolerations[2:] == TOLERATIONS
-    time.sleep(1)
+
+    def settled() -> bool:
+        """The set-up's writes are done: every write the API accepted from the controller is one it
+        counted (the reconcile that made it has returned), and nothing waits in its queue."""
+        logged = sum(1 for r in writes(cluster, 0) if r.user_agent == "vpngw-controller" and r.code < 400)
+        return api_writes(ctl) == logged and metric(ctl, "vpngw_controller_queue_depth") == 0
+
+    wait_for(settled, 10, "the controller to settle")
     mark, done, wrote = seq(cluster), reconciles(ctl), api_writes(ctl)
     time.sleep(12)  # at least one full resync (every 10 s)
     assert reconciles(ctl) > done, "a resync reconciled the gateway in the window"

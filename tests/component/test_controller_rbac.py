@@ -11,23 +11,23 @@ escalation-only gets is used.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 from controller.names import ANNOTATION_HASH
 from controller.rbac import SCOPES, UNUSED_BY_DESIGN, granted, rules
-from lab.cluster import GATEWAY_NAMESPACE, Cluster, home_of, wait_for
+from lab.cluster import GATEWAY_NAMESPACE, Cluster, home_of
+from lab.wait import wait_for
 from tests.component.test_controller_operator import (
     CONFIG,
     OWNED,
     apply_with_secrets,
-    condition,
     converged,
     gateway,
     legacy_docs,
 )
 from tests.examples import example_docs
+from tests.helpers import condition
 
 SA = "system:serviceaccount:vpngw-system:vpngw-controller"
 
@@ -215,9 +215,18 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
         wait_for(
             lambda: c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") is None, 20, "gone"
         )
-        time.sleep(3)  # a lease renewal (every 2 s) at least
-        c.kube.close_watches()  # a watch enters the request log when it ends
-        time.sleep(1)
+        wait_for(
+            lambda: c.kube.requests(verb="update", resource="leases", user=SA),
+            10,
+            "a lease renewal (every 2 s)",
+        )
+        mark = c.kube.requests()[-1].seq
+        closed = c.kube.close_watches()  # a watch enters the request log when it ends
+        wait_for(
+            lambda: len(c.kube.requests(verb="watch", since=mark)) >= closed,
+            10,
+            f"the {closed} watches closed in the request log",
+        )
         got, refused = used(c)
         assert refused == [], [(r.verb, r.path) for r in refused]
         assert ctl.proc.poll() is None

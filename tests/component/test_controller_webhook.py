@@ -12,17 +12,18 @@ from typing import Any
 
 import pytest
 
-from lab.cluster import Cluster, wait_for
+from lab.cluster import Cluster
+from lab.wait import wait_for
 from tests.component.test_controller_operator import (
     CONFIG,
     apply_ipsec,
-    condition,
     converged,
     gateway,
     metric,
     seq,
     writes,
 )
+from tests.helpers import condition
 
 
 def inject(key: tuple[str, str], obj: dict[str, Any]) -> None:

@@ -29,9 +29,11 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.cluster import ROOT, Cluster, Controller, free_port, home_of, secrets_for, wait_for
+from lab.cluster import ROOT, Cluster, Controller, free_port, home_of, secrets_for
+from lab.wait import wait_for
 from tests.component.test_controller_operator import OWNED
 from tests.component.test_helm_chart import CHART, NAMESPACE, helm, one, run_helm
+from tests.helpers import condition
 
 __all__ = ["helm"]  # the fixture
 
@@ -158,11 +160,6 @@ def helm_template_apply(helm: str, c: Cluster, *args: str) -> list[dict[str, Any
     applied = kubectl(c.kubeconfig, "apply", "-f", "-", input=res.stdout)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     return [d for d in yaml.safe_load_all(res.stdout) if d]
-
-
-def condition(gw: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    conds = {x["type"]: x for x in (gw.get("status") or {}).get("conditions") or []}
-    return dict(conds.get(kind) or {})
 
 
 def test_helm_template_applied_with_kubectl_then_the_controller_runs_as_the_charts_service_account(

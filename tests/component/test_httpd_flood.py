@@ -8,7 +8,7 @@ its 200 while they are open, the server holds at most its cap of them (counted i
 descriptors), and every one is closed without an answer, displaced or at its head deadline. A client
 that asks for a large reply and never reads is cut off at the send deadline; one that reads slowly but
 steadily gets the whole body. Deadlines are injected short; the only timing checks are generous
-"eventually" bounds.
+bounds on a wait.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from exporter.service import Exporter
 from exporter.sources import StrongswanSource
 from gwkit import httpd
 from gwkit.kube import ClusterConfig, KubeClient
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -61,12 +62,6 @@ def fd_budget(needed: int) -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < open_fds() + needed:
         pytest.fail(f"RLIMIT_NOFILE soft limit {soft} < {open_fds()} open + {needed} for this test")
-
-
-async def eventually(cond: Callable[[], bool], timeout: float = 20.0) -> None:
-    with anyio.fail_after(timeout):
-        while not cond():  # noqa: ASYNC110 - polling what the kernel and another task change
-            await anyio.sleep(0.02)
 
 
 async def get(port: int, path: str) -> tuple[int, bytes]:
@@ -164,7 +159,9 @@ async def test_over_the_cap_slow_clients_give_way_and_the_probe_is_answered(
         try:
             await probe_while_open(port, path, expected)
             # Ours: SLOW. The server's: at most CAP (the probes' are closed by now, or about to be).
-            await eventually(lambda: open_fds() <= base + SLOW + CAP, timeout=10)
+            await wait_for_async(
+                lambda: open_fds() <= base + SLOW + CAP, 10, "the server holding at most CAP", 0.02
+            )
             with anyio.fail_after(10):  # the oldest SLOW - CAP: displaced by the newer ones
                 replies = [await read_to_end(s) for s in slow[: SLOW - CAP]]
             assert replies == [b""] * (SLOW - CAP), "a slow client was answered instead of closed"
@@ -266,8 +263,8 @@ async def test_a_client_that_never_reads_its_reply_is_cut_off(which: str) -> Non
         base = open_fds()
         with await connect_small_window(port) as s:
             s.send(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
-            await eventually(lambda: open_fds() == base + 2)  # ours and the server's
-            await eventually(lambda: open_fds() == base + 1)  # the server's is closed: cut off
+            await wait_for_async(lambda: open_fds() == base + 2, 20, "the connection open on both ends", 0.02)
+            await wait_for_async(lambda: open_fds() == base + 1, 20, "the server's end closed: cut off", 0.02)
             received = bytearray()
             with anyio.fail_after(20):
                 while chunk := await recv(s):

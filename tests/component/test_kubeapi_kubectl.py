@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import yaml
 
 from controller.api.crds import crds
 from lab.kubeapi import KubeAPIThread
+from lab.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl", path=str(ROOT / ".tools" / "bin"))
@@ -230,12 +230,13 @@ def test_patch_merge_edit_and_delete_waiting_for_finalizers(kubectl: Kubectl, tm
     )
     proc = kubectl.popen("delete", "vpngw", "gw", "-n", ns, "--timeout=20s")
     try:
-        deadline = time.monotonic() + 10
-        while (
-            not kubectl.out("get", "vpngw", "gw", "-n", ns, "-o", "jsonpath={.metadata.deletionTimestamp}")
-            and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
+        wait_for(
+            lambda: kubectl.out(
+                "get", "vpngw", "gw", "-n", ns, "-o", "jsonpath={.metadata.deletionTimestamp}"
+            ),
+            10,
+            "the deletionTimestamp set by kubectl delete",
+        )
         assert proc.poll() is None  # kubectl delete waits while the finalizer holds the object
         kubectl.run(
             "patch",

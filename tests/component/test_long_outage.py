@@ -21,6 +21,7 @@ from agent.ipsec.keeper import Keeper, Timing
 from agent.sink import FakeStatusApi, KubeStatusSink, StatusWriteError
 from exporter.sources import StrongswanSource, follow_events
 from gwplan import Child, GatewayRef, Ipsec, Plan, Tunnel
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 OUTAGE = 1_500  # failures in a row: past the 1,024 where 2 ** n stops fitting a float
@@ -65,8 +66,7 @@ async def test_the_keeper_keeps_reconnecting_through_a_long_charon_outage(tmp_pa
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(keeper.run)
-            while len(delays) < OUTAGE:  # noqa: ASYNC110 - waiting for the keeper's retries
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: len(delays) >= OUTAGE, 10, "the keeper's retries", 0.01)
             tg.cancel_scope.cancel()
     assert keeper.conn.failures >= OUTAGE
     assert set(delays[-100:]) == {0.25}, "held at the cap"
@@ -119,8 +119,7 @@ async def test_the_status_writer_keeps_retrying_the_api_server() -> None:
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(sink.run)
-            while not api.writes:  # noqa: ASYNC110 - waiting for the writer's retries
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: api.writes, 10, "a write after the writer's retries", 0.01)
             tg.cancel_scope.cancel()
     assert len(slept) == OUTAGE and set(slept[-100:]) == {30.0}
     assert api.writes == [{"tunnels": []}] and sink.failures == 0

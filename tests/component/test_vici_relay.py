@@ -25,6 +25,7 @@ from vici.protocol import Message
 from agent.ipsec.relay import Limits, Relay
 from agent.ipsec.relay import serve as relay_serve
 from gwkit.vici import ViciCommandFailed, ViciSession, ViciUnavailable, readonly, wire
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -270,8 +271,12 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_others_are_served(
                 await other.call("version")
             assert time.monotonic() - t0 < 0.5, "the stuck client held nothing of anyone else's"
         with anyio.fail_after(5):
-            while len(harness.charon.closed) < 2:  # noqa: ASYNC110 - the other session, then the stuck one
-                await anyio.sleep(0.05)
+            await wait_for_async(
+                lambda: len(harness.charon.closed) >= 2,
+                10,
+                "the other session closed, then the stuck one",
+                0.05,
+            )
         assert harness.relay.hangups == 1
 
 
@@ -304,8 +309,7 @@ async def test_one_client_over_the_cap_is_closed_at_once(
     assert "vici_relay.full clients=2" in caplog.text
     await a.aclose()
     with anyio.fail_after(5):
-        while harness.relay.clients > 1:  # noqa: ASYNC110 - waiting for the relay to see it go
-            await anyio.sleep(0.01)
+        await wait_for_async(lambda: harness.relay.clients <= 1, 10, "the relay to see the client go", 0.01)
     async with await harness.session() as c:
         await c.call("version")
     await b.aclose()
@@ -360,8 +364,7 @@ async def test_a_bug_in_the_relay_restarts_it_and_never_reaches_the_agent(
     async with anyio.create_task_group() as tg:
         await tg.start(relay_serve, path, tmp_path / "no-charon.vici")
         with anyio.fail_after(5):
-            while len(calls) < 2:  # noqa: ASYNC110 - waiting for the restart
-                await anyio.sleep(0.05)
+            await wait_for_async(lambda: len(calls) >= 2, 10, "the restart", 0.05)
         stream = await anyio.connect_unix(str(path))
         async with stream:
             assert await closed_within(stream, 2) < 1, "served again (charon absent: closed at once)"

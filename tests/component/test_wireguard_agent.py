@@ -21,6 +21,7 @@ from agent.wireguard.run import WireGuardAgent
 from gwkit.wireguard.backend import BackendUnavailable, WireGuardBackend
 from gwkit.wireguard.fakes import FakeDevice, FakeNetDev
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, plan_hash
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -366,15 +367,17 @@ async def test_a_step_never_waits_on_dns_and_a_late_answer_wakes_the_loop(rig: R
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(rig.agent.run, StaticPlans(plan(roaming_site, LAPTOP)))
-            while set(rig.device.peers) != {A, B} or not asked:  # noqa: ASYNC110 - polling a fake
-                await anyio.sleep(0.01)
+            await wait_for_async(
+                lambda: set(rig.device.peers) == {A, B} and asked, 10, "both peers on the fake device", 0.01
+            )
             assert rig.device.peers[A].endpoint is None, "configured without waiting for DNS"
             with anyio.fail_after(1):
                 await rig.step(plan(roaming_site))  # a plan change while the lookup hangs
             assert set(rig.device.peers) == {A}, "the removal applied at once"
             answer.set()
-            while rig.device.peers[A].endpoint is None:  # noqa: ASYNC110 - polling a fake
-                await anyio.sleep(0.01)
+            await wait_for_async(
+                lambda: rig.device.peers[A].endpoint is not None, 10, "A's endpoint resolved", 0.01
+            )
             tg.cancel_scope.cancel()
     assert rig.device.peers[A].endpoint == "198.51.100.7:51820"
     assert asked == ["site-a.example.net"]
@@ -395,23 +398,19 @@ async def test_the_background_resolver_waits_for_the_next_due_host_or_a_new_one(
 
     endpoints = Endpoints(resolver, clock, interval=0.2, timeout=1.0)
 
-    async def until(cond: Any) -> None:
-        while not cond():  # noqa: ASYNC110 - polling fakes
-            await anyio.sleep(0.005)
-
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(endpoints.run, lambda: changes.append(dict(endpoints.addresses)))
             endpoints.want(frozenset({"a.example"}))
-            await until(lambda: changes)
+            await wait_for_async(lambda: changes, 5, "the first address", 0.005)
             assert changes == [{"a.example": "192.0.2.1"}]
             endpoints.want(frozenset({"a.example", "b.example"}))
-            await until(lambda: len(changes) == 2)
+            await wait_for_async(lambda: len(changes) == 2, 5, "the second address", 0.005)
             assert calls == ["a.example", "b.example"], "only the new host: a is not due"
             assert endpoints.next_due() == pytest.approx(0.2)
             clock.t = 0.2
             await anyio.sleep(0.4)  # the task's real wait for a's due time (0.2 s on the fake clock)
-            await until(lambda: len(calls) == 4)
+            await wait_for_async(lambda: len(calls) == 4, 5, "both hosts re-resolved", 0.005)
             assert len(changes) == 2, "re-resolved to the same addresses: no wake-up"
             tg.cancel_scope.cancel()
 
@@ -437,8 +436,7 @@ async def test_run_consumes_plans_and_wakes_at_once(rig: Rig) -> None:
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(rig.agent.run, StaticPlans(plan(SITE, LAPTOP)))
-            while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: rig.health.ready[0], 10, "the agent ready", 0.01)
             tg.cancel_scope.cancel()
     assert set(rig.device.peers) == {A, B} and rig.device.closed
 
@@ -467,8 +465,7 @@ async def test_an_unexpected_error_in_a_step_does_not_end_the_loop(rig: Rig) -> 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(rig.agent.run, StaticPlans(plan(SITE)))
-            while not rig.health.ready[0]:  # noqa: ASYNC110 - polling a fake's field
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: rig.health.ready[0], 10, "the agent ready", 0.01)
             tg.cancel_scope.cancel()
     assert len(calls) >= 2 and set(rig.device.peers) == {A}
 

@@ -25,6 +25,7 @@ from exporter.sources import WireGuardSource
 from gwkit.wireguard.backend import NetlinkBackend, WireGuardBackend
 from gwkit.wireguard.fakes import FakeDevice, FakeKernelWireGuard, FakeLinks
 from gwkit.wireguard.model import DesiredDevice, DesiredPeer, PeerState
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -198,12 +199,10 @@ async def test_one_client_over_the_cap_is_closed_at_once_and_a_stuck_one_holds_n
         await stuck.send(b"get=1\n\n")  # never read: the server's write stalls, then times out
         idle = await anyio.connect_unix(str(directory / "wg0.sock"))  # sends nothing
         with anyio.fail_after(5):
-            while server.clients < 2:  # noqa: ASYNC110 - waiting for the server to take both
-                await anyio.sleep(0.01)
+            await wait_for_async(lambda: server.clients >= 2, 10, "the server to take both", 0.01)
         assert await exchange(directory / "wg0.sock", b"get=1\n\n") == b"", "over the cap: closed"
         with anyio.fail_after(5):  # the idle one after request_timeout, the stuck one after send_timeout
-            while server.clients:  # noqa: ASYNC110 - waiting for the server to drop both
-                await anyio.sleep(0.05)
+            await wait_for_async(lambda: not server.clients, 10, "the server to drop both", 0.05)
         reply = await exchange(directory / "wg0.sock", b"get=1\n\n")
         assert reply.endswith(b"errno=0\n\n") and reply.count(b"public_key=") == 20_000
         await stuck.aclose()

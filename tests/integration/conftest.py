@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,3 +20,15 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         yield p
     finally:
         p.stop()
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A scratch directory the images' unprivileged user can reach (pytest's tmp_path sits under a 0700
+    directory), removed after the test."""
+    d = Path(tempfile.mkdtemp(prefix="vpngw-image-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -24,6 +24,7 @@ import pytest
 from gwkit.vici import ViciSession
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel, dumps
 from lab.peers import configure_site, psk_conn, site_conn
+from lab.wait import WaitTimeout, wait_for, wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -163,13 +164,22 @@ class Agent:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
 
     def wait_for(self, cond: Callable[[dict[str, dict[str, Any]]], bool], timeout: float, what: str) -> float:
+        """``lab.wait.wait_for`` on the status file's tunnels, kept as a method because it differs in what
+        the tests need: it returns the seconds the wait took (tests assert on them), fails at once when the
+        agent exited, and a timeout shows the tunnels and the agent's log."""
         start = time.monotonic()
-        while time.monotonic() - start < timeout:
+
+        def reached() -> bool:
             if cond(self.tunnels()):
-                return time.monotonic() - start
+                return True
             assert self.proc is not None and self.proc.poll() is None, f"agent exited:\n{self.log()[-3000:]}"
-            time.sleep(0.02)
-        raise AssertionError(f"{what} not reached in {timeout}s: {self.tunnels()}\n{self.log()[-3000:]}")
+            return False
+
+        try:
+            wait_for(reached, timeout, what, interval=0.02)
+        except WaitTimeout as e:
+            raise AssertionError(f"{e}\ntunnels: {self.tunnels()}\n{self.log()[-3000:]}") from None
+        return time.monotonic() - start
 
 
 def all_established(names: list[str]) -> Callable[[dict[str, dict[str, Any]]], bool]:
@@ -209,19 +219,6 @@ async def bring_up(lab: Lab, agent: Agent, n: int, child_options: dict[str, str]
     agent.start()
     agent.wait_for(all_established([s.role for s in sites]), 30, "all tunnels Established")
     return sites
-
-
-async def eventually(cond: Callable[[], Any], timeout: float, what: str) -> None:
-    """Poll ``cond`` (sync or async) until it is true; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = cond()
-        if hasattr(result, "__await__"):
-            result = await result
-        if result:
-            return
-        await anyio.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 def start_ping(lab: Lab, dst: str) -> subprocess.Popen[bytes]:
@@ -342,7 +339,7 @@ async def test_reload_adding_and_removing_tunnels_leaves_the_others_alone(lab: L
     async def s1_gone() -> bool:
         return sites[0].role not in await gw_sas(lab)
 
-    await eventually(s1_gone, 10, "s1's IKE_SA terminated")
+    await wait_for_async(s1_gone, 10, "s1's IKE_SA terminated")
     sas = await gw_sas(lab)
     assert {n: ike_ids(sas)[n] for n in ("s2", "s3", "s4")} == {n: after[n] for n in ("s2", "s3", "s4")}
 
@@ -364,7 +361,7 @@ async def test_a_removed_tunnel_whose_peer_does_not_answer_is_gone_at_once(lab: 
     s1.charon.pause()
     try:
         agent.write_plan(make_plan(lab, [s2]))
-        await eventually(lambda: "conn.removed name=s1" in agent.log(), 10, "s1 removed")
+        await wait_for_async(lambda: "conn.removed name=s1" in agent.log(), 10, "s1 removed")
         ids = await sa_ids(lab)
         assert s1.role not in {n for n, _ in ids.values()}, ids
     finally:
@@ -399,7 +396,7 @@ async def test_psk_rotation_cuts_the_sa_it_comes_back_with_the_new_key_mismatch_
         ids = await sa_ids(lab)
         return before[s1.role] not in ids and (s1.role, "ESTABLISHED") in ids.values()
 
-    await eventually(replaced, 15, "the old IKE_SA gone and a new one established with the new key")
+    await wait_for_async(replaced, 15, "the old IKE_SA gone and a new one established with the new key")
     print(f"agent.measured what=rotation_to_new_sa_established seconds={time.monotonic() - t0:.3f}")
     agent.wait_for(all_established([s1.role]), 10, "Established again with the new key")
     ids = await sa_ids(lab)
@@ -433,7 +430,7 @@ async def test_a_key_rotated_while_charon_hung_is_cut_once_it_answers_again(lab:
     lab.gw.charon.pause()
     try:
         agent.write_psk(PSK2)
-        await eventually(lambda: "vici.lost" in agent.log(), 15, "the agent noticed the hang")
+        await wait_for_async(lambda: "vici.lost" in agent.log(), 15, "the agent noticed the hang")
     finally:
         lab.gw.charon.resume()
 
@@ -441,7 +438,7 @@ async def test_a_key_rotated_while_charon_hung_is_cut_once_it_answers_again(lab:
         ids = await sa_ids(lab)
         return before[site.role] not in ids and (site.role, "ESTABLISHED") in ids.values()
 
-    await eventually(replaced, 20, "the old IKE_SA gone and a new one established with the new key")
+    await wait_for_async(replaced, 20, "the old IKE_SA gone and a new one established with the new key")
     assert "fresh=False" in agent.log(), "the same daemon, reconnected"
     assert "tunnel.cut name=s1 why=psk-rotated:psk-s1 " in agent.log()
     agent.wait_for(all_established([site.role]), 10, "Established with the new key")
@@ -510,14 +507,14 @@ async def test_a_changed_remote_id_cuts_the_road_warriors_sa_and_nothing_else(la
     agent.write_plan(rw_plan(lab, site, rw, RW_ID))
     agent.start()
     agent.wait_for(all_established([site.role]), 30, "the site up")
-    await eventually(lambda: "conn.loaded name=rw " in agent.log(), 10, "the road warrior's conn loaded")
+    await wait_for_async(lambda: "conn.loaded name=rw " in agent.log(), 10, "the road warrior's conn loaded")
     async with await ViciSession.connect(rw.charon.vici_socket) as v:
         await v.stream("initiate", {"child": "rw-0", "timeout": "10000"}, "control-log", timeout=15)
     agent.wait_for(all_established([site.role, rw.role]), 10, "the road warrior dialled in")
     before = ike_ids(await gw_sas(lab))
 
     agent.write_plan(rw_plan(lab, site, rw, RW_ID, rekey_time="7200"))
-    await eventually(lambda: agent.log().count("conn.loaded name=rw ") == 2, 10, "the rekey time loaded")
+    await wait_for_async(lambda: agent.log().count("conn.loaded name=rw ") == 2, 10, "the rekey time loaded")
     await anyio.sleep(1)
     assert ike_ids(await gw_sas(lab)) == before, "a rekey time is no reason to cut anyone"
 
@@ -526,7 +523,7 @@ async def test_a_changed_remote_id_cuts_the_road_warriors_sa_and_nothing_else(la
     async def old_sa_gone() -> bool:
         return before[rw.role] not in await sa_ids(lab)
 
-    await eventually(old_sa_gone, 10, "the road warrior's old IKE_SA gone")
+    await wait_for_async(old_sa_gone, 10, "the road warrior's old IKE_SA gone")
     ids = await sa_ids(lab)
     assert rw.role not in {n for n, _ in ids.values()}, "nobody presents the new identity: no SA"
     assert ids.get(before[site.role]) == (site.role, "ESTABLISHED"), "the site keeps its IKE_SA"
@@ -584,16 +581,16 @@ async def test_invalid_plan_keeps_the_running_tunnels_and_says_why(lab: Lab, age
     sites = await bring_up(lab, agent, 2)
     before = ike_ids(await gw_sas(lab))
     agent.plan_file.write_text('{"version": "plan.vpn.bnerd.net/v1", "type": "ipsec"}')
-    await eventually(lambda: "plan.rejected" in agent.log(), 5, "bad plan reported")
+    await wait_for_async(lambda: "plan.rejected" in agent.log(), 5, "bad plan reported")
     assert "gateway: required" in agent.log()
-    await eventually(
+    await wait_for_async(
         lambda: "gateway: required" in (agent.status()["agent"]["lastError"] or ""), 5, "in status"
     )
     bad = make_plan(lab, sites)
     assert bad.ipsec is not None
     broken = Tunnel("s1", True, (Child("nope", "10.9.9.0/24"),), bad.ipsec.tunnels[0].conn)
     agent.write_plan(Plan(gateway=GATEWAY, type="ipsec", ipsec=Ipsec(bad.ipsec.secrets, (broken,))))
-    await eventually(lambda: "is not a child of conn" in agent.log(), 5, "inconsistent plan reported")
+    await wait_for_async(lambda: "is not a child of conn" in agent.log(), 5, "inconsistent plan reported")
     await anyio.sleep(1)
     assert ike_ids(await gw_sas(lab)) == before
     assert all_established([s.role for s in sites])(agent.tunnels())
@@ -677,7 +674,7 @@ async def test_a_missing_secret_is_reported_by_name_and_used_once_it_appears(lab
     await setup_site(lab, sites[0])
     agent.write_plan(make_plan(lab, sites))  # no secret file yet
     agent.start()
-    await eventually(
+    await wait_for_async(
         lambda: "tenant-psk key psk: not mounted" in (agent.status().get("agent", {}).get("lastError") or ""),
         10,
         "the missing secret named in status",

@@ -28,8 +28,9 @@ import pytest
 from gwkit.vici import ViciCommandFailed, ViciSession
 from gwplan import Child, IkeCertificate, IkePrivateKey, IkeSecret, Ipsec, Plan, SecretRef, Tunnel
 from lab.peers import psk_conn
+from lab.wait import wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
-from tests.integration.test_agent_ipsec import GATEWAY, GW_ID, Agent, eventually, gw_sas
+from tests.integration.test_agent_ipsec import GATEWAY, GW_ID, Agent, gw_sas
 from tests.integration.test_agent_ipsec_pubkey import issue, openssl
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -239,8 +240,8 @@ async def test_a_replaced_ca_stops_vouching_at_once_and_the_new_one_takes_over(
 
     agent.write_plan(plan(first_id))
     agent.start()
-    await eventually(lambda: f"credential.loaded id=cert/{first_id}" in agent.log(), 20, "CA-old loaded")
-    await eventually(lambda: "conn.loaded name=rw" in agent.log(), 20, "the conn loaded")
+    await wait_for_async(lambda: f"credential.loaded id=cert/{first_id}" in agent.log(), 20, "CA-old loaded")
+    await wait_for_async(lambda: "conn.loaded name=rw" in agent.log(), 20, "the conn loaded")
 
     before = await dial(lab, rw, pki, creds=old, keep=True)
     assert before.up and before.accepted(rw_id(rw)), before.gateway_log[-3000:]
@@ -252,15 +253,17 @@ async def test_a_replaced_ca_stops_vouching_at_once_and_the_new_one_takes_over(
     if how == "replaced-by-another-id":
         write_secret(agent.secrets, "ca-new", "ca.crt", new_ca)
         agent.write_plan(plan(then_id))
-        await eventually(lambda: "credential.loaded id=cert/ca-new" in agent.log(), 20, "CA-new loaded")
+        await wait_for_async(lambda: "credential.loaded id=cert/ca-new" in agent.log(), 20, "CA-new loaded")
     else:
         write_secret(agent.secrets, "ca-old", "ca.crt", new_ca)  # the same Secret key, a new CA
-        await eventually(lambda: agent.log().count("credential.loaded id=cert/ca ") >= 2, 20, "CA-new loaded")
+        await wait_for_async(
+            lambda: agent.log().count("credential.loaded id=cert/ca ") >= 2, 20, "CA-new loaded"
+        )
 
     async def rw_cut() -> bool:
         return await gw_sa(lab, "rw") is None
 
-    await eventually(rw_cut, 20, "the SA CA-old vouched for cut")
+    await wait_for_async(rw_cut, 20, "the SA CA-old vouched for cut")
     again = await dial(lab, rw, pki, creds=old)
     assert not again.accepted(rw_id(rw)), "the gateway still trusts the CA the plan replaced"
     assert not again.up
@@ -303,7 +306,7 @@ async def test_a_ca_pinned_to_one_peer_cannot_vouch_for_another(
     ))  # fmt: skip
     agent.write_plan(plan)
     agent.start()
-    await eventually(lambda: "conn.loaded name=b" in agent.log(), 20, "the conns loaded")
+    await wait_for_async(lambda: "conn.loaded name=b" in agent.log(), 20, "the conns loaded")
 
     forged = pki.peer("ca-a", rw_id(b))
     attempt = await dial(lab, b, pki, creds=forged)
@@ -347,15 +350,15 @@ async def test_a_ca_dropped_while_the_agent_was_down_is_forgotten_when_it_comes_
 
     agent.write_plan(plan("ca-old"))
     agent.start()
-    await eventually(lambda: "conn.loaded name=rw" in agent.log(), 20, "the conn loaded")
+    await wait_for_async(lambda: "conn.loaded name=rw" in agent.log(), 20, "the conn loaded")
     before = await dial(lab, rw, pki, creds=old)
     assert before.up and before.accepted(rw_id(rw)), before.gateway_log[-3000:]
 
     agent.stop()
     agent.write_plan(plan("ca-new"))
     agent.start()
-    await eventually(lambda: "credential.loaded id=cert/ca-new" in agent.log(), 20, "CA-new loaded")
-    await eventually(lambda: agent.log().count("conn.loaded name=rw") >= 2, 20, "the conn loaded again")
+    await wait_for_async(lambda: "credential.loaded id=cert/ca-new" in agent.log(), 20, "CA-new loaded")
+    await wait_for_async(lambda: agent.log().count("conn.loaded name=rw") >= 2, 20, "the conn loaded again")
 
     again = await dial(lab, rw, pki, creds=old)
     assert not again.accepted(rw_id(rw)), "CA-old, loaded by the agent's previous process, still vouches"

@@ -12,7 +12,6 @@ test can move its clock; charon is killed/stopped under it by the lab's handles.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -28,6 +27,7 @@ from agent.health import HealthState
 from agent.ipsec.keeper import Keeper, Timing
 from agent.sources import FileSecrets
 from gwkit.vici.queries import start_time
+from lab.wait import WaitTimeout, wait_for_async
 from lab.world import Lab
 from tests.integration.test_agent_ipsec import PSK, gw_sas, ike_ids, make_plan, setup_site, start_sites
 
@@ -57,12 +57,12 @@ class Running:
         return {t["name"]: t["state"] for t in doc["tunnels"]}
 
     async def until(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                last = self.sink.published[-1] if self.sink.published else None
-                raise AssertionError(f"{what}: not within {timeout}s; last status {last}")
-            await anyio.sleep(0.02)
+        """``lab.wait.wait_for_async``, with the last status published in the failure."""
+        try:
+            await wait_for_async(cond, timeout, what, interval=0.02)
+        except WaitTimeout as e:
+            last = self.sink.published[-1] if self.sink.published else None
+            raise AssertionError(f"{e}; last status {last}") from None
 
     def established(self) -> set[str]:
         docs = self.sink.published

@@ -18,13 +18,13 @@ import pytest
 
 from gwkit.vici import ViciSession
 from gwplan import Child, IkeCertificate, IkePrivateKey, Ipsec, Plan, SecretRef, Tunnel
+from lab.wait import wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
 from tests.integration.test_agent_ipsec import (
     GATEWAY,
     GW_ID,
     Agent,
     all_established,
-    eventually,
     gw_sas,
     site_id,
 )
@@ -173,7 +173,7 @@ async def test_certificate_tunnel_comes_up_and_a_renewed_certificate_brings_it_b
         # authenticated with the old one is cut; the watchdog brings the site back with the renewed one.
         new_cert, new_key = issue(pki, "gw2", GW_ID, 12)
         write_tls_secret(agent.secrets, new_cert, new_key, ca)
-        await eventually(
+        await wait_for_async(
             lambda: agent.log().count("credential.loaded id=cert/gateway") >= 2, 10, "renewal loaded"
         )
 
@@ -181,7 +181,7 @@ async def test_certificate_tunnel_comes_up_and_a_renewed_certificate_brings_it_b
             sa = (await gw_sas(lab)).get(site.role, {})
             return sa.get("state") == "ESTABLISHED" and sa.get("uniqueid") != before["uniqueid"]
 
-        await eventually(reauthenticated, 30, "a new IKE_SA authenticated with the renewed certificate")
+        await wait_for_async(reauthenticated, 30, "a new IKE_SA authenticated with the renewed certificate")
         assert f"tunnel.cut name={site.role} why=cert/gateway" in agent.log()
         agent.wait_for(all_established([site.role]), 10, "Established with the renewed certificate")
         assert lab.gw.charon is not None

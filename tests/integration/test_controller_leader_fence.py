@@ -23,9 +23,10 @@ import pytest
 
 from controller.cloudplan import tags
 from controller.names import GatewayKey
-from lab.cluster import Cluster, Controller, clouds_yaml, openstack_args, secrets_for, wait_for
+from lab.cluster import Cluster, Controller, clouds_yaml, openstack_args, secrets_for
 from lab.openstack.fixtures import OpenStackLab
 from lab.openstack.proxy import Fault
+from lab.wait import wait_for
 from tests.integration.test_controller_openstack_sweep import NS, gateway_docs
 
 pytestmark = pytest.mark.lab

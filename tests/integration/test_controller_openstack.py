@@ -31,10 +31,10 @@ from controller.names import GatewayKey
 from controller.openstack import OpenStackCloud, OpenStackSettings, server_of
 from controller.reconcile import Snapshot, peers_of, render_gateway
 from controller.settings import Allowance, Settings
-from lab.cluster import wait_for
 from lab.openstack.fixtures import OpenStackLab
 from lab.openstack.neutron import ADMIN_PROJECT
 from lab.openstack.proxy import Fault
+from lab.wait import wait_for
 from tests.examples import example_docs
 
 pytestmark = pytest.mark.lab
@@ -375,6 +375,7 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
     without a duplicate; deleting the gateway leaves nothing tagged."""
     from controller.desired import plan_of
     from lab.cluster import Cluster, clouds_yaml, openstack_args, secrets_for
+    from lab.wait import wait_for
 
     key_tags = ",".join(tags(KEY, "vpngw"))
     conn = lab.connect(direct=True)

@@ -31,9 +31,10 @@ from controller.names import GatewayKey
 from controller.openstack import OpenStackCloud, OpenStackSettings
 from controller.reconcile import Snapshot, peers_of, render_gateway
 from controller.settings import Settings
-from lab.cluster import Cluster, clouds_yaml, openstack_args, secrets_for, wait_for
+from lab.cluster import Cluster, clouds_yaml, openstack_args, secrets_for
 from lab.openstack.fixtures import OpenStackLab
 from lab.openstack.proxy import Fault
+from lab.wait import wait_for
 from tests.examples import example_docs
 
 pytestmark = pytest.mark.lab

@@ -23,9 +23,10 @@ import pytest
 import yaml
 
 from controller.names import LABEL_TENANT, TENANT_ENABLED
-from lab.cluster import ROOT, Controller, crd_documents, free_port, secrets_for, wait_for
+from lab.cluster import ROOT, Controller, crd_documents, free_port, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
+from lab.wait import wait_for
 from tests.component.test_controller_operator import CONFIG, NIC
 from tests.component.test_controller_quantities import (
     CANONICAL,

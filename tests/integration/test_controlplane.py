@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +31,9 @@ from lab.controlplane.flags import (
     etcd_argv,
 )
 from lab.controlplane.nodeagent import NodeAgent
+from lab.wait import wait_for
 
 pytestmark = pytest.mark.lab
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(interval)
 
 
 def get_json(cp: ControlPlane, *args: str) -> Any:
@@ -130,7 +120,7 @@ def test_deployment_replicaset_pod_and_garbage_collection(controlplane: ControlP
         doc = get_json(controlplane, "pods", "-n", namespace, "-l", "app=web")
         return doc["items"] if doc and len(doc["items"]) == 2 else []
 
-    items = wait_for("the ReplicaSet controller makes 2 pods", pods)
+    items = wait_for(pods, 30.0, "the ReplicaSet controller makes 2 pods", interval=0.2)
     rs = get_json(controlplane, "replicasets", "-n", namespace)["items"]
     assert len(rs) == 1 and rs[0]["metadata"]["ownerReferences"][0]["name"] == "web"
     for pod in items:
@@ -146,8 +136,10 @@ def test_deployment_replicaset_pod_and_garbage_collection(controlplane: ControlP
     # and its pods.
     controlplane.kubectl("delete", "deployment", "web", "-n", namespace, "--wait=false")
     wait_for(
-        "the garbage collector removes the ReplicaSet and the pods",
         lambda: not get_json(controlplane, "replicasets,pods", "-n", namespace)["items"],
+        30.0,
+        "the garbage collector removes the ReplicaSet and the pods",
+        interval=0.2,
     )
 
 
@@ -158,8 +150,10 @@ def test_namespace_controller_removes_a_deleted_namespace(controlplane: ControlP
     controlplane.kubectl("delete", "namespace", ns, "--wait=false")
     assert get_json(controlplane, "namespace", ns)["status"]["phase"] == "Terminating"
     wait_for(
-        "the namespace controller deletes the namespace",
         lambda: get_json(controlplane, "namespace", ns) is None,
+        30.0,
+        "the namespace controller deletes the namespace",
+        interval=0.2,
     )
 
 
@@ -241,14 +235,15 @@ def test_owner_references_permission_enforcement(controlplane: ControlPlane, nam
         f"--serviceaccount={namespace}:writer",
     )
     wait_for(
-        "the finalizers grant to take effect",
         lambda: (
             cp.kubectl(
                 "create", "-f", "-", kubeconfig=kubeconfig, input=json.dumps(child("c3", True)), check=False
             ).returncode
             == 0
         ),
-        timeout=10,
+        10,
+        "the finalizers grant to take effect",
+        interval=0.2,
     )
 
 
@@ -311,7 +306,7 @@ def test_silent_node_goes_not_ready_tainted_and_its_pods_evicted(
 
         try:
             node = wait_for(
-                "cp-dead tainted unreachable (NoSchedule and NoExecute)", tainted, timeout=45, interval=0.5
+                tainted, 45, "cp-dead tainted unreachable (NoSchedule and NoExecute)", interval=0.5
             )
         except AssertionError as e:
             brief = {n: (d["spec"].get("taints"), d["status"].get("conditions")) for n, d in seen.items()}
@@ -325,11 +320,12 @@ def test_silent_node_goes_not_ready_tainted_and_its_pods_evicted(
         # The taint eviction controller deletes the pod once its 2 s toleration is over (no kubelet
         # confirms it, so it stays Terminating, as on a real unreachable node).
         wait_for(
-            "the pod on cp-dead evicted",
             lambda: (
                 get_json(cp, "pod", "on-dead", "-n", namespace) or {"metadata": {"deletionTimestamp": "gone"}}
             )["metadata"].get("deletionTimestamp"),
-            timeout=20,
+            20,
+            "the pod on cp-dead evicted",
+            interval=0.2,
         )
         live_node = get_json(cp, "node", "cp-live")
         assert not live_node["spec"].get("taints"), live_node["spec"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from hypothesis import strategies as st
 from controller.api.crds import crds
 from controller.api.validate import validate_object
 from lab.controlplane import ControlPlane
+from lab.wait import wait_for
 from tests.component.test_crd_agreement import FIELDS, HOSTILE, admitted
 from tests.component.test_crd_corpus import CORPUS, Case
 from tests.examples import mutate
@@ -81,16 +81,18 @@ def server(_controlplane_session: ControlPlane) -> Iterator[Server]:
     cp.kubectl("create", "namespace", NAMESPACE)
     with cp.client() as client:
         names = [c["metadata"]["name"] for c in docs]
-        deadline = time.monotonic() + 30
-        while True:
-            conds = {}
+        conds: dict[str, dict[str, Any]] = {}
+
+        def established() -> bool:
             for name in names:
                 crd = client.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}").json()
                 conds[name] = {c["type"]: c for c in crd.get("status", {}).get("conditions", [])}
-            if all(c.get("Established", {}).get("status") == "True" for c in conds.values()):
-                break
-            assert time.monotonic() < deadline, f"CRDs not Established: {json.dumps(conds)}"
-            time.sleep(0.2)
+            return all(c.get("Established", {}).get("status") == "True" for c in conds.values())
+
+        try:
+            wait_for(established, 30, "the CRDs Established", interval=0.2)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {json.dumps(conds)}") from None
         for name, c in conds.items():
             assert c["NamesAccepted"]["status"] == "True", name
             # The API server reports a schema it cannot use (not structural, CEL over budget) here.
@@ -98,10 +100,7 @@ def server(_controlplane_session: ControlPlane) -> Iterator[Server]:
         srv = Server(client)
         # Discovery follows Established by a moment: until it has, a create answers 404.
         probe = CORPUS[0].doc | {"metadata": {"name": "probe", "namespace": NAMESPACE}}
-        deadline = time.monotonic() + 30
-        while srv.status_of(probe) == 404:
-            assert time.monotonic() < deadline, "the CRs' endpoints never appeared"
-            time.sleep(0.2)
+        wait_for(lambda: srv.status_of(probe) != 404, 30, "the CRs' endpoints", interval=0.2)
         yield srv
     cp.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
     # Waited for: the next test that installs them (helm) must not meet them Terminating.

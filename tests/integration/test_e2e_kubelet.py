@@ -27,9 +27,10 @@ from typing import Any
 import pytest
 
 from lab import netns
-from lab.cluster import Cluster, wait_for
+from lab.cluster import Cluster
 from lab.kubelet import KubeletSettings, LabKubeletThread, cleanup_stale, volumes
 from lab.kubelet.pod import PodWorker
+from lab.wait import wait_for
 from lab.world import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]

@@ -26,7 +26,6 @@ import socket
 import struct
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
@@ -50,6 +49,7 @@ from gwkit.vici.queries import DaemonInfo
 from gwkit.wireguard import uapi
 from gwplan.model import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, dumps
 from lab.peers import wireguard_pair
+from lab.wait import wait_for, wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
 from tests.integration.test_exporter_lab import ipsec_plan, registry, two_sites, write_plan
 from tests.integration.test_exporter_support import conn, load_pair
@@ -127,9 +127,11 @@ async def test_the_scrape_through_the_relay_has_the_same_metrics_as_through_the_
                 tg.start_soon(follow_events, ro, Sink())
                 await anyio.sleep(0.5)  # registered (no way to wait for it from outside)
                 await gv.stream("terminate", {"ike": "s2", "timeout": "5000"}, "control-log")
-                with anyio.fail_after(10):
-                    while "ike-updown" not in events:  # noqa: ASYNC110 - events arrive in another task
-                        await anyio.sleep(0.05)
+                # Both events, in whichever order charon sends them (waiting for ike-updown alone and then
+                # asserting child-updown failed when child-updown came second).
+                await wait_for_async(
+                    lambda: {"ike-updown", "child-updown"} <= set(events), 10, "both updown events"
+                )
                 tg.cancel_scope.cancel()
     finally:
         await gv.aclose()
@@ -272,7 +274,7 @@ async def test_a_control_command_through_the_relay_is_refused_and_changes_nothin
         if case.command in ("initiate", "terminate"):  # as swanctl sends them: with the control log
             with pytest.raises(ViciCommandFailed, match="unknown event"):
                 await ro.stream(case.command, case.args(gw), "control-log", timeout=15)
-        await anyio.sleep(1.0)  # an initiate or terminate would have done its work by now
+        await anyio.sleep(1.0)  # the scenario: an initiate or terminate would have done its work by now
         assert await case.state(gw) == before, f"{case.command} through the relay changed charon's state"
         assert (await ro.call("version"))["daemon"] == "charon", "the session goes on after a refusal"
 
@@ -281,8 +283,11 @@ async def test_a_control_command_through_the_relay_is_refused_and_changes_nothin
             await gv.stream(case.command, case.args(gw), "control-log", timeout=15)
         else:
             await gv.call(case.command, case.args(gw), timeout=15)
-        await anyio.sleep(0.3)
-        assert await case.state(gw) != before, f"{case.command} on the control socket changed nothing"
+
+        async def changed() -> bool:
+            return await case.state(gw) != before
+
+        await wait_for_async(changed, 5, f"{case.command} on the control socket to change charon's state")
 
 
 @pytest.mark.parametrize("event", ["log", "control-log"])
@@ -426,8 +431,9 @@ async def test_the_unprivileged_exporter_reads_every_peer_metric_through_the_age
     async with anyio.create_task_group() as tg:
         tg.start_soon(uapi_server.serve_interface, ro_dir, "wg0", uapi_server.opener(wgd.uapi_dir))
         with anyio.fail_after(5):
-            while not (ro_dir / "wg0.sock").exists():  # noqa: ASYNC110 - the listener starts in a task
-                await anyio.sleep(0.01)
+            await wait_for_async(
+                lambda: (ro_dir / "wg0.sock").exists(), 10, "the listener (started in a task)", 0.01
+            )
         assert (ro_dir / "wg0.sock").stat().st_mode & 0o777 == 0o666
         argv = [
             *UNPRIVILEGED, DEBIAN_PYTHON, "-m", "exporter", "--listen", f"127.0.0.1:{port}",
@@ -505,14 +511,9 @@ def free_port() -> int:
 
 
 def wait_scrape(port: int, pid: int) -> str:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            body = scrape(port)
-            if re.search(r'^wireguard_up\{interface="wg0"\} 1', body, re.M):
-                return body
-        except OSError:
-            pass
-        if time.monotonic() > deadline or not Path(f"/proc/{pid}").exists():
-            raise AssertionError("the unprivileged exporter did not serve wireguard_up 1")
-        time.sleep(0.1)
+    def served() -> str | None:
+        assert Path(f"/proc/{pid}").exists(), "the unprivileged exporter exited"
+        body = scrape(port)
+        return body if re.search(r'^wireguard_up\{interface="wg0"\} 1', body, re.M) else None
+
+    return wait_for(served, 20, "the unprivileged exporter to serve wireguard_up 1", 0.1, ignoring=(OSError,))

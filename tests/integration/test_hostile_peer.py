@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from controller.plan.render import RenderOptions, render_documents
 from gwkit.vici import ViciCommandFailed, ViciSession
 from lab.daemons import Charon
 from lab.peers import psk_conn
+from lab.wait import wait_for
 from lab.world import SERVICE_CIDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -123,13 +123,11 @@ def world(lab: Lab, tmp_path: Path) -> Iterator[tuple[Lab, dict[str, Host], gwpl
 
 
 def _wait_for_conns(charon: Charon, names: set[str], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def loaded() -> bool:
         out = charon.swanctl("--list-conns").stdout.decode()
-        if all(re.search(rf"^{n}: ", out, re.M) for n in names):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"the agent did not load {sorted(names)} into the gateway's charon")
+        return all(re.search(rf"^{n}: ", out, re.M) for n in names)
+
+    wait_for(loaded, timeout, f"the agent to load {sorted(names)} into the gateway's charon", interval=0.1)
 
 
 async def claim(lab: Lab, host: Host, *, claimed_id: str, key: str, lan: str) -> tuple[bool, str]:

@@ -10,9 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -60,17 +58,6 @@ def test_every_copy_source_exists_in_the_build_context(dockerfile: Path, tmp_pat
     assert sources
     missing = [s for s in sources if not (tmp_path / "ctx" / s).exists()]
     assert not missing, f"{dockerfile}: COPY sources missing from the staged build context: {missing}"
-
-
-@pytest.fixture
-def open_tmp() -> Iterator[Path]:
-    """A scratch directory the unprivileged user can reach (pytest's tmp_path sits under a 0700 directory)."""
-    d = Path(tempfile.mkdtemp(prefix="vpngw-image-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 _CAPS = re.search(r"^# \* charon: root with capabilities ([A-Z_ ]+) \(", GATEWAY_DOCKERFILE.read_text(), re.M)

@@ -21,10 +21,8 @@ import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ import pytest
 
 from gwplan import GatewayRef, Plan, SecretRef, WireGuard, dumps, plan_hash
 from lab import netns
+from lab.wait import wait_for
 from lab.world import Lab
 from tests.integration.test_agent_ipsec import PSK
 from tests.integration.test_agent_ipsec import make_plan as ipsec_plan
@@ -242,28 +241,6 @@ def pod(built: str) -> Iterator[Pod]:
         p.close()
 
 
-@pytest.fixture
-def open_tmp() -> Iterator[Path]:
-    """A scratch directory the images' unprivileged user can read (pytest's tmp_path is 0700)."""
-    d = Path(tempfile.mkdtemp(prefix="vpngw-image-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = 20.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
-
-
 def swanctl(pod: Pod, ns: str, vici: str, *args: str) -> subprocess.CompletedProcess[str]:
     """swanctl as the status-agent runs: 65532:65532, no capabilities, the socket volume, the pod's netns."""
     return pod.run(GATEWAY, ["swanctl", *args], unprivileged(in_ns(ns), f"{vici}:/var/run/charon"))
@@ -337,7 +314,7 @@ def test_charon_runs_with_exactly_the_stated_capabilities_and_answers_the_unpriv
 ) -> None:
     vici = pod.volume("vici")
     charon = start_charon(pod, lab.gw.ns, vici)
-    res = wait_for("charon's VICI socket", lambda: answered(swanctl(pod, lab.gw.ns, vici, "--stats")))
+    res = wait_for(lambda: answered(swanctl(pod, lab.gw.ns, vici, "--stats")), 20.0, "charon's VICI socket")
     assert "uptime:" in res.stdout and "IKE_SAs: 0 total" in res.stdout
     st = pod.proc_status(charon)
     # The bounding set is exactly the Dockerfile's list (everything else dropped); charon then keeps only
@@ -375,14 +352,14 @@ def test_charon_without_one_stated_capability_is_unusable(
     vici = pod.volume("vici")
     charon = start_charon(pod, lab.gw.ns, vici, caps=[c for c in CHARON_CAPS if c != missing])
     if symptom == "exits":
-        wait_for("charon to abort", lambda: pod.state(charon) == "exited")
+        wait_for(lambda: pod.state(charon) == "exited", 20.0, "charon to abort")
         assert swanctl(pod, lab.gw.ns, vici, "--stats").returncode != 0
     elif symptom == "socket-refused":
-        wait_for("charon's log", lambda: "changing socket group" in pod.logs(charon))
+        wait_for(lambda: "changing socket group" in pod.logs(charon), 20.0, "charon's log")
         res = swanctl(pod, lab.gw.ns, vici, "--stats")
         assert res.returncode != 0 and "Permission denied" in res.stderr, res.stderr
     else:
-        wait_for("VICI", lambda: answered(swanctl(pod, lab.gw.ns, vici, "--stats")))
+        wait_for(lambda: answered(swanctl(pod, lab.gw.ns, vici, "--stats")), 20.0, "VICI")
         assert not {500, 4500} & udp_ports(lab), udp_ports(lab)
         assert "no socket implementation registered" in pod.logs(charon)
 
@@ -400,7 +377,7 @@ def test_status_agent_and_exporter_run_unprivileged_and_reach_charon(
     status_dir = writable_dir(open_tmp / "status")
     vici = pod.volume("vici")
     start_charon(pod, lab.gw.ns, vici)
-    wait_for("charon", lambda: answered(swanctl(pod, lab.gw.ns, vici, "--stats")))
+    wait_for(lambda: answered(swanctl(pod, lab.gw.ns, vici, "--stats")), 20.0, "charon")
     mounts = (
         f"{vici}:/var/run/charon",
         f"{open_tmp / 'plan'}:/etc/vpngw/plan:ro",
@@ -428,14 +405,14 @@ def test_status_agent_and_exporter_run_unprivileged_and_reach_charon(
             return {}
 
     status = wait_for(
-        "the agent's status", lambda: (s := agent_status()).get("agent", {}).get("connected") and s
+        lambda: (s := agent_status()).get("agent", {}).get("connected") and s, 20.0, "the agent's status"
     )
     assert status["agent"]["planHash"] == plan_hash(plan), status
     assert [t["name"] for t in status["tunnels"]] == [site.role], status
     conns = swanctl(pod, lab.gw.ns, vici, "--list-conns")
     assert conns.returncode == 0 and f"{site.role}: IKEv2" in conns.stdout, conns.stdout + conns.stderr
     metrics = wait_for(
-        "the exporter's metrics", lambda: http_get_in(lab.gw.ns, "http://127.0.0.1:9814/metrics")
+        lambda: http_get_in(lab.gw.ns, "http://127.0.0.1:9814/metrics"), 20.0, "the exporter's metrics"
     )
     assert re.search(r"^strongswan_up 1(\.0)?$", metrics, re.M), metrics[:2000]
     assert re.search(rf'^strongswan_tunnel_up\{{tunnel="{site.role}"\}} 0(\.0)?$', metrics, re.M), metrics[
@@ -512,7 +489,7 @@ def test_wireguard_go_creates_wg0_and_the_agent_configures_it(pod: Pod, lab: Lab
         ["wireguard-go", "-f", "wg0"],
         root(["NET_ADMIN"], net, uapi, devices=["/dev/net/tun"]),
     )
-    wait_for("wg0", lambda: lab.gw.run("ip", "link", "show", "wg0", check=False).returncode == 0)
+    wait_for(lambda: lab.gw.run("ip", "link", "show", "wg0", check=False).returncode == 0, 20.0, "wg0")
     agent_argv = agent_cmd("/etc/vpngw/plan.json", "/etc/vpngw/secrets")
     readonly = writable_dir(open_tmp / "readonly")
     agent = pod.start(
@@ -529,11 +506,18 @@ def test_wireguard_go_creates_wg0_and_the_agent_configures_it(pod: Pod, lab: Lab
         ),
     )
     wait_for(
-        "wg0's address", lambda: "10.99.0.1/24" in lab.gw.run("ip", "addr", "show", "wg0").stdout.decode()
+        lambda: "10.99.0.1/24" in lab.gw.run("ip", "addr", "show", "wg0").stdout.decode(),
+        20.0,
+        "wg0's address",
     )
     shown = wait_for(
+        lambda: (
+            o
+            if public in (o := pod.run(GATEWAY, ["wg", "show", "wg0"], root((), "none", uapi)).stdout)
+            else None
+        ),
+        20.0,
         "the plan's key on wg0",
-        lambda: public in (o := pod.run(GATEWAY, ["wg", "show", "wg0"], root((), "none", uapi)).stdout) and o,
     )
     assert "listening port: 51820" in shown
     # The WireGuard exporter: 65532 with no capabilities, through the agent's read-only UAPI socket
@@ -542,12 +526,13 @@ def test_wireguard_go_creates_wg0_and_the_agent_configures_it(pod: Pod, lab: Lab
                      "wg0", "--wireguard-uapi-dir", READONLY, "--plan", f"{READONLY}/plan.json"]  # fmt: skip
     exporter = pod.start("exporter", GATEWAY, exporter_argv, unprivileged(net, f"{readonly}:{READONLY}:ro"))
     metrics = wait_for(
-        "the exporter",
         lambda: (
             (m := http_get_in(lab.gw.ns, "http://127.0.0.1:9815/metrics"))
             and re.search(r'^wireguard_up\{interface="wg0"\} 1(\.0)?$', m, re.M)
             and m
         ),
+        20.0,
+        "the exporter",
     )
     st = pod.proc_status(exporter)
     assert st["Uid"].split()[0] == str(UID) and int(st["CapBnd"], 16) == int(st["CapEff"], 16) == 0, st

@@ -15,6 +15,8 @@ import pytest
 
 from gwplan import Exposure, GatewayRef, Grant, Nat, Nic, Plan, Port, dumps
 from lab import netns
+from lab.kubelet.volumes import write_atomic
+from lab.wait import wait_for
 
 pytestmark = [pytest.mark.lab]
 
@@ -61,15 +63,6 @@ def initnat(ns: str, *args: str, timeout: float = 30) -> subprocess.CompletedPro
 def our_rules(ns: str) -> str:
     save = netns.run(netns.ns_exec(ns, "iptables-save")).stdout.decode()
     return "\n".join(line for line in save.splitlines() if "VPNGW" in line and line.startswith("-A"))
-
-
-def wait_for(cond: object, timeout: float, what: str) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if cond():  # type: ignore[operator]
-            return time.monotonic() - started
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_help_documents_the_command_and_its_exit_codes() -> None:
@@ -210,22 +203,10 @@ def test_runtime_failure_exits_1(ns: str, tmp_path: Path) -> None:
     assert "initnat.failed" in res.stderr
 
 
-def kubelet_swap(volume: Path, plan: Plan, generation: int) -> None:
-    """What kubelet does to a ConfigMap volume: a new timestamped dir, ``..data`` re-pointed atomically."""
-    target = volume / f"..gen_{generation}"
-    target.mkdir()
-    (target / "plan.json").write_bytes(dumps(plan))
-    tmp_link = volume / "..data_tmp"
-    tmp_link.symlink_to(target.name)
-    os.replace(tmp_link, volume / "..data")
-    if not (volume / "plan.json").is_symlink():
-        (volume / "plan.json").symlink_to("..data/plan.json")
-
-
 def test_watch_follows_kubelet_swaps_and_keeps_the_last_good_ruleset(ns: str, tmp_path: Path) -> None:
     volume = tmp_path / "vol"
     volume.mkdir()
-    kubelet_swap(volume, make_plan(GA, GB), 1)
+    write_atomic(volume, {"plan.json": (dumps(make_plan(GA, GB)), 0o644)})
     log = tmp_path / "initnat.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -237,12 +218,14 @@ def test_watch_follows_kubelet_swaps_and_keeps_the_last_good_ruleset(ns: str, tm
         )
     try:
         wait_for(lambda: "0x20000/" in our_rules(ns), 10, "the first apply")
-        kubelet_swap(volume, make_plan(GA), 2)
-        took = wait_for(lambda: "0x20000/" not in our_rules(ns), 5, "the re-apply after a ..data swap")
+        write_atomic(volume, {"plan.json": (dumps(make_plan(GA)), 0o644)})
+        swapped = time.monotonic()
+        wait_for(lambda: "0x20000/" not in our_rules(ns), 5, "the re-apply after a ..data swap")
+        took = time.monotonic() - swapped
         assert took < 2.0, f"re-applied {took:.2f} s after the change"
         good = our_rules(ns)
 
-        kubelet_swap(volume, make_plan(GA, vip="10.0.0.1"), 3)
+        write_atomic(volume, {"plan.json": (dumps(make_plan(GA, vip="10.0.0.1")), 0o644)})
         wait_for(lambda: "initnat.rejected" in log.read_text(), 5, "the bad plan to be reported")
         assert our_rules(ns) == good, "a bad plan leaves the last good ruleset in place"
         assert proc.poll() is None, "the watcher survives a bad plan"

@@ -22,6 +22,7 @@ import pytest
 
 from gwplan import Exposure, Grant, Port, plan_hash
 from lab import netns
+from lab.wait import wait_for
 from lab.world import CLUSTER_GW, SVC_ADDR, Lab
 from tests.integration.test_initnat_traffic import (
     API_ADDR,
@@ -38,7 +39,6 @@ from tests.integration.test_initnat_traffic import (
     one_shot,
     plan,
     tunnels_up,
-    wait_for,
     write_plan,
 )
 
@@ -76,7 +76,7 @@ async def test_an_unresolvable_exposure_host_does_not_block_a_revocation(
     once = tmp_path / "once.py"
     for addr, port in ((SVC_ADDR, 8080), (API_ADDR, 9090)):
         procs.start(lab.svc, PY, str(tmp_path / "echo.py"), addr, str(port), name=f"echo{port}")
-        wait_for(lambda p=port: "listening" in procs.output(f"echo{p}"), 10, f"echo server :{port}")
+        wait_for(procs.says(f"echo{port}", "listening"), 10, f"echo server :{port}")
 
     # Two exposures (web, api), two grants of s1's.
     grant_web = Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB)

@@ -25,6 +25,7 @@ from initnat.iptables import Completed, Iptables, IptablesError, run_process
 from initnat.rules import NatConfigError
 from initnat.statusfile import StatusFile
 from lab import netns
+from lab.wait import wait_for
 
 pytestmark = [pytest.mark.lab]
 
@@ -283,9 +284,7 @@ def watch_until(gw: Gateway, path: Path, done: Callable[[], bool], **options: fl
     t = threading.Thread(target=watch, args=(gw, path, stop), kwargs={"poll": 0.05, **options})
     t.start()
     try:
-        deadline = time.monotonic() + 10
-        while not done() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(done, 10, "the --watch loop's outcome", interval=0.05)
     finally:
         stop.set()
         t.join(10)

@@ -45,6 +45,7 @@ from initnat.conntrack import FakeFlusher
 from initnat.iptables import Completed, Iptables, Runner, run_process
 from initnat.statusfile import StatusFile
 from lab import netns
+from lab.wait import wait_for
 from lab.world import CLUSTER_GW, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
 from tests.integration.test_initnat_traffic import (
     ECHO_SERVER,
@@ -58,7 +59,6 @@ from tests.integration.test_initnat_traffic import (
     our_rules_with_counters,
     plan,
     tunnels_up,
-    wait_for,
     write_plan,
 )
 

@@ -17,6 +17,7 @@ from gwplan import Exposure, Grant, Nat, Port
 from initnat import rules, tables
 from initnat.iptables import Completed, Iptables, IptablesError, Runner, detect_variant, run_process
 from lab import netns
+from tests.helpers import conntrack as _ct
 
 pytestmark = [pytest.mark.lab]
 
@@ -140,10 +141,6 @@ def test_variant_detection_follows_the_namespace_that_holds_the_rules(ns: str) -
     )
     assert run(["iptables-legacy-restore", "--noflush"], rules_text).returncode == 0
     assert detect_variant(run) == "legacy"
-
-
-def _ct(ns: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return netns.run(netns.ns_exec(ns, "conntrack", *args), check=False)
 
 
 def test_flush_by_mark_deletes_exactly_that_grants_entries(ns: str) -> None:

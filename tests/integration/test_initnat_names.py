@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from gwplan import Exposure, Grant, Port
+from lab.wait import wait_for
 from lab.world import CLUSTER_GW, Lab
-from tests.integration.test_initnat_traffic import PY, Procs, plan, wait_for, write_plan
+from tests.integration.test_initnat_traffic import PY, Procs, plan, write_plan
 
 pytestmark = [pytest.mark.lab]
 

@@ -19,6 +19,7 @@ import pytest
 from controller.settings import GatewayPod
 from gwplan import Grant, Plan, SecretRef, WireGuard
 from lab import netns
+from lab.wait import wait_for
 from lab.world import GW_NIC2_ADDR, SVC_ADDR, Host, Lab
 from tests.integration.test_initnat_traffic import (
     ECHO_SERVER,
@@ -31,7 +32,6 @@ from tests.integration.test_initnat_traffic import (
     peer_routing_into_its_tunnel,
     plan,
     tunnels_up,
-    wait_for,
     write_plan,
 )
 

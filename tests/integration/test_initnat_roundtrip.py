@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from initnat.conntrack import NetlinkFlusher
 from initnat.iptables import Completed, Iptables, Runner, run_process
 from lab import netns
 from lab.netns import NsSysctls
+from tests.helpers import conntrack as _ct
 from tests.integration.test_initnat_cli import MAC
 from tests.integration.test_initnat_cli import make_plan as plan
 
@@ -95,10 +95,6 @@ class CountingFlusher(NetlinkFlusher):
         if self._ct is None:
             self._ct = Conntrack(netns=self.ns)
         super().flush_mark(mark, mask)
-
-
-def _ct(ns: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return netns.run(netns.ns_exec(ns, "conntrack", *args), check=False)
 
 
 def add_flows(ns: str, mark: int, first: int, count: int = 3) -> None:

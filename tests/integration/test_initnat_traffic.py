@@ -42,6 +42,7 @@ from initnat.conntrack import ConntrackError
 from initnat.iptables import Completed, Iptables, run_process
 from lab import netns
 from lab.peers import psk_conn, wireguard_pair
+from lab.wait import wait_for
 from lab.world import CLUSTER_GW, CLUSTER_POD, GW_NIC2_ADDR, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -154,6 +155,10 @@ class Procs:
     def output(self, name: str) -> str:
         return (self.tmp / f"{name}.out").read_text()
 
+    def says(self, name: str, text: str, times: int = 1) -> Callable[[], bool]:
+        """A condition for ``wait_for``: ``name``'s output holds ``text`` at least ``times`` times."""
+        return lambda: self.output(name).count(text) >= times
+
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -168,15 +173,6 @@ class Procs:
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-
-
-def wait_for(cond: Any, timeout: float, what: str, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def one_shot(host: Host, src: str, dst: str, port: int, script: Path) -> bool:
@@ -250,7 +246,7 @@ async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_n
     once = tmp_path / "once.py"
     for addr, port in ((SVC_ADDR, 8080), (API_ADDR, 9090)):
         procs.start(lab.svc, PY, str(tmp_path / "echo.py"), addr, str(port), name=f"echo{port}")
-        wait_for(lambda p=port: "listening" in procs.output(f"echo{p}"), 10, f"echo server :{port}")
+        wait_for(procs.says(f"echo{port}", "listening"), 10, f"echo server :{port}")
 
     v1 = plan(
         lab,
@@ -291,7 +287,7 @@ async def test_grants_admit_revocation_cuts_only_its_flows_and_reapply_changes_n
         "c3": procs.start(s2, PY, str(tmp_path / "long.py"), s2_ip, WEB_VIP, "8080", name="c3"),
     }
     for name in clients:
-        wait_for(lambda n=name: procs.output(n).count("ok ") >= 3, 10, f"{name} echoing")
+        wait_for(procs.says(name, "ok ", 3), 10, f"{name} echoing")
     assert marked(lab, GRANT_S1_WEB, "ESTABLISHED") == 1 and marked(lab, GRANT_S2_WEB, "ESTABLISHED") == 2, (
         "each flow carries its grant's mark"
     )
@@ -522,7 +518,7 @@ async def test_a_fabric_client_behind_nic2_reaches_a_reverse_exposure_and_is_ans
         "cluster": procs.start(cluster, PY, str(tmp_path / "long.py"), CLUSTER_GW, RVIP, "7070", name="lc"),
     }
     for name, out in (("fabric", "lf"), ("cluster", "lc")):
-        wait_for(lambda o=out: procs.output(o).count("ok ") >= 3, 10, f"the {name} client echoing")
+        wait_for(procs.says(out, "ok ", 3), 10, f"the {name} client echoing")
     assert marked(lab, FABRIC_MARK, "ESTABLISHED") == 1 and marked(lab, CLUSTER_MARK, "ESTABLISHED") == 1
 
     # Revoking the fabric grant cuts its live connection within 2 s; the cluster's keeps echoing.
@@ -792,7 +788,7 @@ async def _flush_failure_scenario(
         "c2": procs.start(s2, PY, str(tmp_path / "long.py"), s2.lan_host, WEB_VIP, "8080", name="c2"),
     }
     for name in clients:
-        wait_for(lambda n=name: procs.output(n).count("ok ") >= 3, 10, f"{name} echoing")
+        wait_for(procs.says(name, "ok ", 3), 10, f"{name} echoing")
 
     v2 = plan(lab, tuple(g for g in v1.nat.grants if g.mark != GRANT_S1_WEB))
     changed_at = time.time()

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from lab.openstack.neutron import Neutron
 from lab.openstack.nova import MAX_VERSION, NovaEmulator
 from lab.openstack.proxy import Fault
 from lab.openstack.rest import request_json, split_url
+from lab.wait import wait_for
 
 if TYPE_CHECKING:
     from lab.openstack.fixtures import OpenStackLab
@@ -703,6 +703,7 @@ CHILD_TEST = """
 import threading, time
 import pytest
 from lab.openstack.proxy import Fault
+from lab.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -711,9 +712,9 @@ def test_fails_midway(openstack_lab):
     conn = openstack_lab.connect()
     port = conn.network.create_port(network_id=openstack_lab.cloud.gateway.network_id, name="leak-check")
     conn.compute.create_server_interface(openstack_lab.cloud.nodes[0].server_id, port_id=port.id)
-    openstack_lab.neutron_proxy.add("GET", "^/v2.0/ports$", Fault.hang(600))
-    threading.Thread(target=lambda: list(conn.network.ports()), daemon=True).start()  # held in the proxy
-    time.sleep(0.3)
+    held = openstack_lab.neutron_proxy.add("GET", "^/v2.0/ports$", Fault.hang(600))
+    threading.Thread(target=lambda: list(conn.network.ports()), daemon=True).start()
+    wait_for(lambda: held.hits, 30, "the ports list held in the proxy")
     openstack_lab.neutron.stop()
     {wait}
     assert False, "deliberate failure with Neutron stopped and a request held"
@@ -747,10 +748,13 @@ def _child_pytest(
     if kill_after is None:
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, check=False)
     child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not kill_after.exists() and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert child.poll() is None, "the child ended before it signalled readiness"
+    try:
+        wait_for(lambda: kill_after.exists() or child.poll() is not None, 120, "the child's readiness")
+        assert child.poll() is None, "the child ended before it signalled readiness"
+    except AssertionError:
+        child.kill()
+        child.communicate(timeout=30)
+        raise
     child.send_signal(signal.SIGKILL)
     out, _ = child.communicate(timeout=30)
     return subprocess.CompletedProcess(argv, child.returncode, out, "")
@@ -781,9 +785,7 @@ def test_a_killed_session_is_cleaned_by_the_next_start(child_tmp: Path) -> None:
     assert result.returncode == -signal.SIGKILL
     root = child_tmp / "tmp"
     # nobody ran the child's teardown: PR_SET_PDEATHSIG stopped its daemons, its directory is still there
-    deadline = time.monotonic() + 20
-    while process.processes_under(root) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: not process.processes_under(root), 20, "the child's daemons stopped", interval=0.1)
     dirs, procs = _our_leftovers(root)
     assert procs == [] and len(dirs) == 1
     removed = process.cleanup_stale(root)  # what the next start_neutron() runs first

@@ -29,11 +29,13 @@ import yaml
 
 from controller.api.crds import crds
 from controller.names import LABEL_TENANT, TENANT_ENABLED
-from lab.cluster import MANIFESTS, ROOT, Controller, secrets_for, wait_for
+from lab.cluster import MANIFESTS, ROOT, Controller, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
+from lab.wait import wait_for
 from tests.component.test_helm_chart import CHART, NAMESPACE, helm, run_helm
-from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES, condition, spawn_controller
+from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES, spawn_controller
+from tests.helpers import condition
 
 __all__ = ["helm"]  # the fixture
 

@@ -34,10 +34,11 @@ import yaml
 
 from controller.cloudplan import tags
 from controller.names import GatewayKey
-from lab.cluster import Controller, clouds_yaml, openstack_args, secrets_for, wait_for
+from lab.cluster import Controller, clouds_yaml, openstack_args, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
 from lab.openstack.fixtures import OpenStackLab
+from lab.wait import wait_for
 from tests.component.test_helm_install import GATEWAYS, spawn_controller
 from tests.integration.test_real_install import (
     EXAMPLE,

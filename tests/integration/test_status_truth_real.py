@@ -28,12 +28,14 @@ import pytest
 import yaml
 
 from controller.names import GatewayKey
-from lab.cluster import MANIFESTS, secrets_for, wait_for
+from lab.cluster import MANIFESTS, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
+from lab.wait import wait_for
 from tests.component.test_controller_pod_ready import PODSECURITY
 from tests.component.test_helm_chart import NAMESPACE
-from tests.component.test_helm_install import GATEWAYS, condition
+from tests.component.test_helm_install import GATEWAYS
+from tests.helpers import condition
 from tests.integration.test_real_install import (
     EXAMPLE,
     TENANT,

@@ -29,6 +29,7 @@ from gwkit.wireguard.model import DeviceState
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, dumps
 from lab import netns
 from lab.daemons import WireGuardGo
+from lab.wait import wait_for
 from lab.world import Host, Lab
 
 pytestmark = [pytest.mark.lab]
@@ -43,17 +44,6 @@ def keypair() -> tuple[str, str]:
     private = subprocess.run(["wg", "genkey"], capture_output=True, check=True).stdout.strip()
     public = subprocess.run(["wg", "pubkey"], input=private, capture_output=True, check=True).stdout.strip()
     return private.decode(), public.decode()
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = 15.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
@@ -265,7 +255,7 @@ def world(lab: Lab, tmp_path: Path) -> Iterator[World]:
     w.start_agent()
     try:
         # The responder (gateway) is configured before the peers start talking (LAB-FACTS).
-        wait_for("the agent to configure the gateway", lambda: len(w.device().peers) == 2)
+        wait_for(lambda: len(w.device().peers) == 2, 15.0, "the agent to configure the gateway")
         for p in peers:
             configure_peer(p, w, tmp_path / f"{p.host.role}.key")
         yield w
@@ -287,8 +277,9 @@ def test_both_peers_handshake_ping_through_tunnel_and_show_connected(world: Worl
     routes = ip_show(world, "route")
     assert site.host.lans[0] in routes
     status = wait_for(
+        lambda: s if (s := world.status()) and all(p["state"] == "Connected" for p in s.values()) else None,
+        15.0,
         "both peers Connected",
-        lambda: (s := world.status()) and all(p["state"] == "Connected" for p in s.values()) and s,
     )
     assert set(status) == {"site-a", "laptop-b"}
     a = status["site-a"]
@@ -307,22 +298,24 @@ def test_removing_a_peer_stops_its_traffic_and_leaves_the_other_untouched(world:
     site, roamer = world.site, world.roamer
     assert site.host.ping(GW_TUNNEL) and roamer.host.ping(GW_TUNNEL)
     wait_for(
-        "both Connected", lambda: len([p for p in world.status().values() if p["state"] == "Connected"]) == 2
+        lambda: len([p for p in world.status().values() if p["state"] == "Connected"]) == 2,
+        15.0,
+        "both Connected",
     )
     before = {p.public_key: p for p in world.device().peers}[roamer.public]
     started = time.monotonic()
     world.write_plan(world.plan(roamer))
     wait_for(
-        "site-a removed from the device",
         lambda: site.public not in {p.public_key for p in world.device().peers},
-        timeout=5,
-        every=0.02,
+        5,
+        "site-a removed from the device",
+        interval=0.02,
     )
     removed_after = time.monotonic() - started
     assert removed_after < 2.0, f"peer removal took {removed_after:.2f}s"
     print(f"peer removal applied {removed_after:.3f}s after the plan file was replaced")
     assert not site.host.ping(GW_TUNNEL, wait=0.5)
-    wait_for("site-a dropped from status", lambda: set(world.status()) == {"laptop-b"})
+    wait_for(lambda: set(world.status()) == {"laptop-b"}, 15.0, "site-a dropped from status")
     after = {p.public_key: p for p in world.device().peers}[roamer.public]
     assert after.last_handshake == before.last_handshake  # the reload did not touch the other peer
     assert after.rx_bytes >= before.rx_bytes and after.tx_bytes >= before.tx_bytes
@@ -336,14 +329,16 @@ def test_rotating_the_gateway_private_key_is_applied_and_updated_peers_reconnect
     assert roamer.host.ping(GW_TUNNEL)
     new_private, new_public = keypair()
     world.write_secret("gw-key", "privateKey", new_private)
-    wait_for("the new private key on the device", lambda: world.device().private_key == new_private)
+    wait_for(lambda: world.device().private_key == new_private, 15.0, "the new private key on the device")
     # The tenant updates its side with the gateway's new public key.
     roamer.wg.wg("set", "wg0", "peer", world.gw_public, "remove")
     keyfile = world.dir / "roamer-rotated.key"
     configure_peer(roamer, world, keyfile, gw_public=new_public)
-    assert wait_for("ping over the rotated key", lambda: roamer.host.ping(GW_TUNNEL), timeout=10)
+    assert wait_for(lambda: roamer.host.ping(GW_TUNNEL), 10, "ping over the rotated key")
     wait_for(
-        "laptop-b Connected again", lambda: world.status().get("laptop-b", {}).get("state") == "Connected"
+        lambda: world.status().get("laptop-b", {}).get("state") == "Connected",
+        15.0,
+        "laptop-b Connected again",
     )
     log = world.log_path.read_text()
     assert new_private not in log
@@ -357,22 +352,23 @@ def test_killing_and_restarting_wireguard_go_is_repaired_by_the_agent(world: Wor
     world.gw.start()
     assert world.gw.pid != first_pid
     wait_for(
-        "config restored", lambda: len(world.device().peers) == 2 and world.device().listen_port == 51820
+        lambda: len(world.device().peers) == 2 and world.device().listen_port == 51820,
+        15.0,
+        "config restored",
     )
     wait_for(
-        "address and route restored",
         lambda: (
             f"{GW_TUNNEL}/24" in world.lab.gw.run("ip", "-4", "addr", "show", "dev", "wg0").stdout.decode()
             and site.host.lans[0]
             in world.lab.gw.run("ip", "-4", "route", "show", "dev", "wg0").stdout.decode()
         ),
+        15.0,
+        "address and route restored",
     )
     # The gateway initiates to the site's planned endpoint: a fresh handshake, traffic flows again.
-    assert wait_for(
-        "ping through the restored tunnel", lambda: world.lab.gw.ping(site.host.lan_host), timeout=10
-    )
+    assert wait_for(lambda: world.lab.gw.ping(site.host.lan_host), 10, "ping through the restored tunnel")
     assert world.agent is not None and world.agent.poll() is None  # no restart of the agent needed
-    wait_for("site-a Connected", lambda: state_of(world, "site-a") == "Connected")
+    wait_for(lambda: state_of(world, "site-a") == "Connected", 15.0, "site-a Connected")
 
 
 def test_bad_input_is_named_and_the_last_good_config_keeps_running(world: World) -> None:
@@ -380,15 +376,16 @@ def test_bad_input_is_named_and_the_last_good_config_keeps_running(world: World)
     assert roamer.host.ping(GW_TUNNEL)
     world.write_secret("gw-key", "privateKey", "bm90LWEta2V5")  # valid base64, but 9 bytes
     wait_for(
-        "the rejection in the log",
         lambda: (
             "wireguard.config.rejected error='secret gw-key key privateKey: must decode to 32 bytes, got 9'"
             in world.log_path.read_text()
         ),
+        15.0,
+        "the rejection in the log",
     )
     world.plan_path.write_text('{"version": "plan.vpn.bnerd.net/v1", "type": "wireguard"')  # truncated
-    wait_for("the plan rejection in the log", lambda: "plan.rejected" in world.log_path.read_text())
-    time.sleep(0.5)  # a few more agent steps
+    wait_for(lambda: "plan.rejected" in world.log_path.read_text(), 15.0, "the plan rejection in the log")
+    time.sleep(0.5)  # the scenario: a few more agent steps, which must leave the device as it was
     device = world.device()
     assert device.private_key == world.gw_private and len(device.peers) == 2
     assert roamer.host.ping(GW_TUNNEL)  # still serving with the last good configuration
@@ -397,7 +394,9 @@ def test_bad_input_is_named_and_the_last_good_config_keeps_running(world: World)
     world.write_secret("gw-key", "privateKey", world.gw_private)
     world.write_plan(world.plan(roamer))
     wait_for(
-        "the fixed plan applied", lambda: [p.public_key for p in world.device().peers] == [roamer.public]
+        lambda: [p.public_key for p in world.device().peers] == [roamer.public],
+        15.0,
+        "the fixed plan applied",
     )
 
 
@@ -406,14 +405,15 @@ def test_a_hostname_endpoint_is_resolved_inside_the_pods_namespace(world: World)
     # The device learnt the site's address from the handshake already; make sure the plan, not roaming,
     # decides: point the device elsewhere first, then let the agent put the resolved address back.
     world.write_plan(world.plan(site, world.roamer, site_host="192.0.2.66"))
-    wait_for("literal endpoint applied", lambda: _endpoint(world, site.public) == "192.0.2.66:51820")
+    wait_for(lambda: _endpoint(world, site.public) == "192.0.2.66:51820", 15.0, "literal endpoint applied")
     world.write_plan(world.plan(site, world.roamer, site_host=SITE_NAME))
     wait_for(
-        "resolved endpoint applied",
         lambda: _endpoint(world, site.public) == f"{site.host.addresses[0]}:51820",
+        15.0,
+        "resolved endpoint applied",
     )
     assert wait_for(
-        "ping the site LAN via the resolved endpoint", lambda: world.lab.gw.ping(site.host.lan_host), 10
+        lambda: world.lab.gw.ping(site.host.lan_host), 10, "ping the site LAN via the resolved endpoint"
     )
     assert f"wireguard.endpoint.resolved host={SITE_NAME} address={site.host.addresses[0]}" in (
         world.log_path.read_text()
@@ -440,7 +440,7 @@ def add_third_peer(world: World) -> tuple[Peer, str]:
     psk = keypair()[0]
     world.write_secret("laptop-c-psk", "psk", psk)
     world.write_plan(world.plan(world.site, world.roamer, third))
-    wait_for("three peers on the device", lambda: len(world.device().peers) == 3)
+    wait_for(lambda: len(world.device().peers) == 3, 15.0, "three peers on the device")
     configure_peer(third, world, world.dir / "laptop-c.key", psk=psk)
     return third, psk
 
@@ -455,22 +455,22 @@ def test_a_peer_whose_preshared_key_is_missing_is_left_out_and_the_rest_of_the_p
     site, roamer = world.site, world.roamer
     third, psk = add_third_peer(world)
     for p in (site, roamer, third):
-        assert wait_for(f"{p.host.role} through the tunnel", _pinger(p), timeout=10)
+        assert wait_for(_pinger(p), 10, f"{p.host.role} through the tunnel")
     before = {p.public_key: p for p in world.device().peers}[site.public]
 
     missing = SecretRef("laptop-c-psk-rotated", "psk")  # the plan names it; it was never created
     world.write_plan(world.plan(site, third, third_psk=missing))
     wait_for(
-        "laptop-b removed from the device",
         lambda: roamer.public not in {p.public_key for p in world.device().peers},
-        timeout=5,
-        every=0.05,
+        5,
+        "laptop-b removed from the device",
+        interval=0.05,
     )
     wait_for(
-        "laptop-c removed from the device",
         lambda: third.public not in {p.public_key for p in world.device().peers},
-        timeout=5,
-        every=0.05,
+        5,
+        "laptop-c removed from the device",
+        interval=0.05,
     )
     device = {p.public_key: p for p in world.device().peers}
     assert set(device) == {site.public}, "site-a alone is configured"
@@ -481,7 +481,7 @@ def test_a_peer_whose_preshared_key_is_missing_is_left_out_and_the_rest_of_the_p
     assert not roamer.host.ping(GW_TUNNEL, wait=0.5) and not third.host.ping(GW_TUNNEL, wait=0.5)
 
     status = wait_for(
-        "laptop-c reported", lambda: (s := world.status()).get("laptop-c", {}).get("lastError") and s
+        lambda: (s := world.status()).get("laptop-c", {}).get("lastError") and s, 15.0, "laptop-c reported"
     )
     assert set(status) == {"site-a", "laptop-c"}
     assert status["laptop-c"]["state"] == "Failed"
@@ -493,11 +493,13 @@ def test_a_peer_whose_preshared_key_is_missing_is_left_out_and_the_rest_of_the_p
 
     world.write_secret("laptop-c-psk-rotated", "psk", psk)
     wait_for(
-        "laptop-c configured again", lambda: third.public in {p.public_key for p in world.device().peers}
+        lambda: third.public in {p.public_key for p in world.device().peers},
+        15.0,
+        "laptop-c configured again",
     )
     # laptop-c still holds the session the gateway dropped: its data goes unanswered until WireGuard's
     # own timers make it handshake again (keepalive 10 s + rekey 5 s after its last answered packet).
-    assert wait_for("laptop-c through the tunnel", lambda: third.host.ping(GW_TUNNEL), timeout=30)
-    wait_for("laptop-c Connected", lambda: state_of(world, "laptop-c") == "Connected")
+    assert wait_for(lambda: third.host.ping(GW_TUNNEL), 30, "laptop-c through the tunnel")
+    wait_for(lambda: state_of(world, "laptop-c") == "Connected", 15.0, "laptop-c Connected")
     assert "lastError" not in world.status()["laptop-c"]
     assert psk not in world.log_path.read_text() and psk not in world.status_path.read_text()

@@ -30,6 +30,7 @@ from gwkit.wireguard.netdev import IpRouteNetDev
 from gwplan import GatewayRef, Plan, SecretRef, WgPeer, WireGuard
 from lab import netns
 from lab.peers import keypair
+from lab.wait import wait_for_async
 from lab.world import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -43,19 +44,6 @@ def plan(*peers: WgPeer) -> Plan:
         type="wireguard",
         wireguard=WireGuard("wg0", 51820, "10.99.0.1/24", SecretRef("gw-key", "privateKey"), peers),
     )
-
-
-async def until(what: str, cond: Callable[[], Any], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = cond()
-        if hasattr(result, "__await__"):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        await anyio.sleep(0.05)
 
 
 async def test_a_dns_outage_never_holds_up_a_step_and_the_late_answer_is_applied(
@@ -111,25 +99,27 @@ async def test_a_dns_outage_never_holds_up_a_step_and_the_late_answer_is_applied
             tg.start_soon(agent.run, _Plans(agent))
             agent.plan = plan(named, WgPeer("other", other, ("10.99.0.9/32",)))
             agent.wake_up()
-            await until("both peers configured while the name does not resolve", lambda: _has(peers, 2))
+            await wait_for_async(
+                lambda: _has(peers, 2), 10.0, "both peers configured while the name does not resolve"
+            )
             assert asked == [NAME]
             assert (await peers())[site_pub] is None, "no endpoint invented"
             assert not await anyio.to_thread.run_sync(lambda: lab.gw.ping("10.99.0.2", count=1, wait=1))
             t0 = time.monotonic()
             agent.plan = plan(named)  # a plan change during the outage
-            await until("the removal applied", lambda: _has(peers, 1), timeout=5)
+            await wait_for_async(lambda: _has(peers, 1), 5, "the removal applied")
             removal = time.monotonic() - t0
             answer.set()
-            await until(
-                "the late answer applied",
+            await wait_for_async(
                 lambda: _endpoint_is(peers, site_pub, f"{site.addresses[0]}:51820"),
-                timeout=5,
+                5,
+                "the late answer applied",
             )
             # wireguard-go retries a handshake that had no endpoint after REKEY_TIMEOUT (5 s)
-            await until(
-                "ping the site's LAN through the resolved endpoint",
+            await wait_for_async(
                 lambda: anyio.to_thread.run_sync(lambda: lab.gw.ping(site.lan_host, count=1, wait=1)),
-                timeout=15,
+                15,
+                "ping the site's LAN through the resolved endpoint",
             )
             tg.cancel_scope.cancel()
     finally:
