@@ -799,6 +799,9 @@ class PodWorker:
             if self.k.partitioned:
                 continue  # nothing reaches the API server; the next change after healing writes it all
             status, transitions = model.pod_status(self.view, now())
+            # The API server sets the QoS class at creation and refuses a change (a real one validates
+            # it immutable): keep the one the pod has.
+            status["qosClass"] = (self.pod.get("status") or {}).get("qosClass") or status["qosClass"]
             self.view = replace(self.view, transitions=transitions)
             if status == last:
                 continue
