@@ -82,7 +82,7 @@ def main() -> int:
     )
     for key, label in PHASES.items():
         xs = results[key]
-        print(f"  {label:36s} median {statistics.median(xs):6.2f} s  min {min(xs):6.2f}  max {max(xs):6.2f}")
+        print(f"  {label:40s} median {statistics.median(xs):6.2f} s  min {min(xs):6.2f}  max {max(xs):6.2f}")
     return 0
 
 
