@@ -44,7 +44,7 @@ from lab.kubelet.nsnet import listener_in
 from lab.kubelet.pod import PodWorker, random_suffix
 from lab.kubelet.runtime import ContainerRun, Mount, PodmanRuntime, ProcessRuntime, podman, podman_sync
 from lab.kubelet.sandbox import NodeNetwork
-from lab.kubelet.services import serve_dns, serve_relay
+from lab.kubelet.services import RelayGate, serve_dns, serve_relay
 from lab.kubelet.settings import KubeletSettings
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,9 @@ class LabKubelet:
         self._kube: KubeClient | None = None
         self._pod_changed = anyio.Event()
         self.lab_conf = self.root / "lab-strongswan.conf"
+        self.partitioned = False
+        """``partition()``: the node is cut off from the API server, its pods keep running."""
+        self.relay_gate = RelayGate()
 
     @property
     def kube(self) -> KubeClient:
@@ -87,6 +90,15 @@ class LabKubelet:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def partition(self) -> None:
+        """The node loses the API server (a network partition; call on the kubelet's loop): from now on
+        it writes nothing (no pod status, no deletion confirmed), acts on no change it would have seen,
+        and its pods' connections to the API server through the relay are cut, new ones refused. Its
+        pods keep running as they are, as on a real partitioned node. Not undone."""
+        self.partitioned = True
+        self.relay_gate.close()
+        log.info("kubelet.partitioned node=%s pods=%d", self.settings.node, len(self.workers))
 
     # --- the loop ------------------------------------------------------------------------------------
 
@@ -118,7 +130,7 @@ class LabKubelet:
                 )
                 for cache in (self.configmaps, self.secrets, self.pods):
                     tg.start_soon(cache.run)
-                await tg.start(serve_relay, relay_sock, self.api_target)
+                await tg.start(serve_relay, relay_sock, self.api_target, self.relay_gate)
                 await tg.start(serve_dns, dns_sock, self.dns_records)
                 for cache in (self.configmaps, self.secrets, self.pods):
                     await cache.synced.wait()
@@ -165,6 +177,9 @@ class LabKubelet:
     async def _pods_loop(self, tg: anyio.abc.TaskGroup) -> None:
         while True:
             self._pod_changed = anyio.Event()
+            if self.partitioned:  # what it would see from the API server, it does not
+                await self._pod_changed.wait()
+                continue
             seen = set()
             for pod in self.pods.values():
                 md = pod["metadata"]
@@ -174,13 +189,15 @@ class LabKubelet:
                 if md.get("deletionTimestamp"):
                     if w is not None:
                         w.stop(deleting=True)
-                    elif uid not in self.finished and model.GRACEFUL_FINALIZER in (
-                        md.get("finalizers") or []
+                    elif uid not in self.finished and (
+                        self.settings.deletion == "api"
+                        or model.GRACEFUL_FINALIZER in (md.get("finalizers") or [])
                     ):
+                        # Deleted before it ran here (or before this kubelet started): nothing to stop.
                         w = PodWorker(self, pod)
                         w.deleting = True
                         self.finished[uid] = w
-                        tg.start_soon(w._release_finalizer)
+                        tg.start_soon(w.confirm_deletion)
                     continue
                 if w is None and uid not in self.finished:
                     w = PodWorker(self, pod)
@@ -423,6 +440,23 @@ class LabKubeletThread:
             if w.namespace == namespace and w.name.startswith(prefix + "-") and not w.deleting:
                 return w
         return None
+
+    def partition(self) -> None:
+        """``LabKubelet.partition`` on the kubelet's loop."""
+        self.portal.call(self.kubelet.partition)
+
+    def take_host_device(self, mac: str, to_ns: str) -> list[str]:
+        """What a cloud's fence does to this node: the interface with ``mac`` leaves the pod holding it
+        (and the pod forgets it: its teardown will not move it back) or the node itself, and appears in
+        network namespace ``to_ns`` (another node) under the name it had on this node. Returns the pods
+        it was taken from (empty: it was on the node, or nowhere here)."""
+        taken = []
+        for w in [*self.kubelet.workers.values()]:
+            if w.sandbox.take_host_device(mac, to_ns):
+                taken.append(f"{w.namespace}/{w.name}")
+        if not taken:
+            self.kubelet.node_network.give_link(mac, to_ns)
+        return taken
 
     def kill(self, namespace: str, name: str, container: str, sig: int = signal.SIGKILL) -> bool:
         w = self.worker(namespace, name)

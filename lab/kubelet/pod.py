@@ -19,7 +19,8 @@ Sequence (the kubelet's, simplified where docs/e2e.md says so):
    changes;
 6. teardown (the pod deleted, or the kubelet stopping): every container stopped (SIGTERM, then SIGKILL
    after terminationGracePeriodSeconds), host-device interfaces moved back to the node, the namespace,
-   the veth and the volumes (tmpfs unmounted) removed, then the pod's finalizer released.
+   the veth and the volumes (tmpfs unmounted) removed, then the deletion confirmed: the pod's finalizer
+   released (the emulator) or the pod deleted with grace 0 (a real API server; ``settings.deletion``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 
 import anyio
 
-from gwkit.kube import KubeError, NotFound
+from gwkit.kube import Conflict, KubeError, NotFound
 from gwkit.kube.client import JSON_PATCH, PODS
 from lab import netns
 from lab.kubelet import adapt, model, volumes
@@ -795,7 +796,12 @@ class PodWorker:
             await self._dirty.wait()
             self._dirty = anyio.Event()
             await anyio.sleep(0.05)  # coalesce a burst of changes into one write
+            if self.k.partitioned:
+                continue  # nothing reaches the API server; the next change after healing writes it all
             status, transitions = model.pod_status(self.view, now())
+            # The API server sets the QoS class at creation and refuses a change (a real one validates
+            # it immutable): keep the one the pod has.
+            status["qosClass"] = (self.pod.get("status") or {}).get("qosClass") or status["qosClass"]
             self.view = replace(self.view, transitions=transitions)
             if status == last:
                 continue
@@ -848,8 +854,8 @@ class PodWorker:
                 lambda: shutil.copytree(self.dir / "logs", keep, dirs_exist_ok=True)
             )
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.dir, ignore_errors=True))
-        if self.deleting:
-            await self._release_finalizer()
+        if self.deleting and not self.k.partitioned:
+            await self.confirm_deletion()
         log.info(
             "kubelet.pod.stopped pod=%s/%s deleting=%s errors=%d",
             self.namespace,
@@ -857,6 +863,30 @@ class PodWorker:
             self.deleting,
             len(self.errors),
         )
+
+    async def confirm_deletion(self) -> None:
+        """The containers are gone: tell the API server (``settings.deletion``)."""
+        if self.k.settings.deletion == "api":
+            await self._delete_now()
+        else:
+            await self._release_finalizer()
+
+    async def _delete_now(self) -> None:
+        """What the kubelet does on a real API server once a terminating pod's containers stopped: DELETE
+        with gracePeriodSeconds 0 and the pod's uid as precondition (another pod of the same name is not
+        this one), after which the object is gone."""
+        for _ in range(20):
+            try:
+                await self.k.kube.delete(PODS, self.name, self.namespace, uid=self.uid, grace_seconds=0)
+                log.info("kubelet.pod.deletion_confirmed pod=%s/%s", self.namespace, self.name)
+                return
+            except (NotFound, Conflict):
+                return  # gone already, or the name is another pod's now
+            except KubeError as exc:
+                log.warning(
+                    "kubelet.pod.delete_failed pod=%s/%s error=%r", self.namespace, self.name, str(exc)
+                )
+                await anyio.sleep(0.2)
 
     async def _release_finalizer(self) -> None:
         for _ in range(20):

@@ -86,6 +86,17 @@ class NodeNetwork:
     def release(self, ip: IPv4Interface) -> None:
         self.used.discard(str(ip.ip))
 
+    def give_link(self, mac: str, to_ns: str) -> bool:
+        """Move the node's interface with ``mac`` (if it is here) to network namespace ``to_ns``."""
+        name = link_by_mac(self.ns, mac)
+        if name is None:
+            return False
+        netns.run(["ip", "-n", self.ns, "link", "set", name, "down"])
+        netns.run(["ip", "-n", self.ns, "link", "set", name, "netns", to_ns])
+        netns.run(["ip", "-n", to_ns, "link", "set", name, "up"])
+        log.info("kubelet.link_given ns=%s interface=%s to=%s mac=%s", self.ns, name, to_ns, mac)
+        return True
+
 
 @dataclass
 class Moved:
@@ -164,6 +175,24 @@ class Sandbox:
         self.moved.append(moved)
         log.info("kubelet.host_device.added ns=%s interface=%s from=%s mac=%s", self.ns, got, name, mac)
         return moved
+
+    def take_host_device(self, mac: str, to_ns: str) -> bool:
+        """The attached interface with ``mac`` leaves this pod for network namespace ``to_ns`` (another
+        node), under its node name, down as an interface fresh on a node is until its pod takes it; the
+        pod forgets it (its teardown does not move it back). False when this pod does not hold it."""
+        for m in list(self.moved):
+            if m.mac.lower() != mac.lower():
+                continue
+            netns.run(["ip", "-n", self.ns, "link", "set", m.pod_name, "down"])
+            if m.pod_name != m.node_name:
+                netns.run(["ip", "-n", self.ns, "link", "set", m.pod_name, "name", m.node_name])
+            netns.run(["ip", "-n", self.ns, "link", "set", m.node_name, "netns", to_ns])
+            self.moved.remove(m)
+            log.info(
+                "kubelet.host_device.taken ns=%s interface=%s to=%s mac=%s", self.ns, m.pod_name, to_ns, mac
+            )
+            return True
+        return False
 
     def teardown(self) -> list[str]:
         """Move attached interfaces back (host-device DEL), delete the namespace. Errors are returned, not

@@ -3,7 +3,10 @@ the lab kubelet's own event loop (no extra process):
 
 * the API server at its in-cluster address (``kubernetes.default.svc``, e.g. 10.96.0.1:443): a TCP relay
   to the emulator on 127.0.0.1 in the root namespace. TLS passes through untouched, so the pod checks the
-  emulator's certificate (which carries the in-cluster address as a SAN) against the projected ``ca.crt``;
+  emulator's certificate (which carries the in-cluster address as a SAN) against the projected ``ca.crt``
+  (or the real kube-apiserver's, lab.controlplane, whose serving certificate carries it too). A
+  ``RelayGate`` closed cuts every relayed connection and refuses new ones: a node partitioned from the
+  API server takes its pods with it;
 * cluster DNS (e.g. 10.96.0.10:53, UDP): A records for names the test registers (``records``), NXDOMAIN
   for every other name, as CoreDNS answers for unknown names. Only what a pod's resolver asks: one
   question per query, A (and an empty answer for other types of a known name).
@@ -33,26 +36,53 @@ async def _pump(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
         pass
 
 
+class RelayGate:
+    """Open until ``close()``: then every relayed connection is cut and new ones are closed at once (a
+    partitioned node's pods lose the API server with it). Used on the relay's event loop only."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._scopes: set[anyio.CancelScope] = set()
+
+    def close(self) -> None:
+        self.closed = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+
 async def serve_relay(
     sock: socket.socket,
     target: tuple[str, int],
+    gate: RelayGate | None = None,
     *,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Relay every connection accepted on ``sock`` (a listening socket, any namespace) to ``target``."""
+    """Relay every connection accepted on ``sock`` (a listening socket, any namespace) to ``target``, while
+    ``gate`` (if any) is open."""
     listener = await anyio.abc.SocketListener.from_socket(sock)
     task_status.started()
 
     async def handle(client: anyio.abc.SocketStream) -> None:
         async with client:
-            try:
-                upstream = await anyio.connect_tcp(*target)
-            except OSError as exc:
-                log.warning("relay.connect_failed target=%s:%d error=%r", target[0], target[1], str(exc))
+            if gate is not None and gate.closed:
                 return
-            async with upstream, anyio.create_task_group() as tg:
-                tg.start_soon(_pump, client, upstream)
-                tg.start_soon(_pump, upstream, client)
+            with anyio.CancelScope() as scope:
+                if gate is not None:
+                    gate._scopes.add(scope)
+                try:
+                    try:
+                        upstream = await anyio.connect_tcp(*target)
+                    except OSError as exc:
+                        log.warning(
+                            "relay.connect_failed target=%s:%d error=%r", target[0], target[1], str(exc)
+                        )
+                        return
+                    async with upstream, anyio.create_task_group() as tg:
+                        tg.start_soon(_pump, client, upstream)
+                        tg.start_soon(_pump, upstream, client)
+                finally:
+                    if gate is not None:
+                        gate._scopes.discard(scope)
 
     async with listener:
         await listener.serve(handle)

@@ -38,7 +38,13 @@ class KubeletSettings:
     probe_period_factor: float = 1.0
     """Scales every probe's periodSeconds (1: as written)."""
     deployments: bool = True
-    """Also play the Deployment controller (one per cluster: only one node's kubelet should)."""
+    """Also play the Deployment controller (one per cluster: only one node's kubelet should). False on
+    the real control plane (lab.controlplane), whose ReplicaSet controller makes the pods."""
+    deletion: Literal["finalizer", "api"] = "finalizer"
+    """How the deletion of a pod is confirmed once its containers stopped: ``finalizer`` releases the
+    emulator's graceful-termination finalizer (model.GRACEFUL_FINALIZER, how lab.kubeapi models graceful
+    deletion); ``api`` deletes it with gracePeriodSeconds 0 and its uid as precondition, as a kubelet
+    does on a real kube-apiserver (which keeps a pod deleted with a grace period until then)."""
     lab_charon: bool = True
     """Run charon containers as the lab's kernel needs (adapt.py)."""
     workdir: Path | None = None
@@ -57,6 +63,8 @@ class PodHost(Protocol):
     runtime_default_user: int
     configmaps: Cache
     secrets: Cache
+    partitioned: bool
+    """Cut off from the API server: nothing is written (the pods keep running as they are)."""
 
     @property
     def kube(self) -> KubeClient: ...
