@@ -75,6 +75,7 @@ class KubeAPI:
         self.store = Store(
             history_size=self.settings.history,
             validator=validator if self.settings.validate_schemas else None,
+            pod_security=self.settings.pod_security,
         )
         self.server = ApiServer(
             self.store, self.tokens, self.settings, lambda: f"{self.settings.host}:{self.port}"

@@ -194,6 +194,9 @@ class Settings:
     """Events kept for watches from an older resourceVersion; older ones give 410 Expired."""
     validate_schemas: bool = True
     """Validate and default custom resources against their CRD's openAPIV3Schema and CEL rules."""
+    pod_security: bool = True
+    """The PodSecurity admission plugin: the namespace's pod-security.kubernetes.io/* labels refuse pods
+    and warn about pod templates (lab.kubeapi.podsecurity; on by default, as in kube-apiserver)."""
     watch_timeout: tuple[float, float] = (1800.0, 3600.0)
     """Server-side watch duration when the client sets no timeoutSeconds (min-request-timeout..2x)."""
 
