@@ -113,6 +113,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="admit every pod whatever its namespace's pod-security.kubernetes.io labels say",
     )
+    p.add_argument(
+        "--rbac-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the authorizer sees a Role/RoleBinding change this long after it (default 0: at once)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -134,6 +141,7 @@ async def serve(args: argparse.Namespace) -> int:
         history=args.history,
         validate_schemas=not args.no_schema_validation,
         pod_security=not args.no_pod_security,
+        rbac_delay=args.rbac_delay,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
