@@ -478,8 +478,9 @@ async def pod_security(kube: KubeClient, ns: str) -> Observations:
             "containers": [plain, {**RESTRICTED_CONTAINER, "securityContext": {"runAsUser": 0}}],
         },
         "host namespaces, ports, volumes, sysctls": {
-            "hostPID": True,  # not hostNetwork: with it a hostPort must equal its containerPort (422)
-            "hostIPC": True,
+            # Not hostNetwork (a hostPort must then equal its containerPort) nor hostIPC (no IPC sysctl
+            # then): the real server refuses those as invalid (422) before PodSecurity is asked.
+            "hostPID": True,
             "securityContext": {
                 "sysctls": [
                     {"name": "net.ipv4.ip_forward", "value": "1"},
@@ -519,7 +520,20 @@ async def pod_security(kube: KubeClient, ns: str) -> Observations:
     )
     await o.call(
         "restricted: a Deployment with the gateway's template",
-        kube.create(DEPLOYMENTS, _deployment("gw", ns, gateway["spec"]["containers"]), ns),
+        kube.create(
+            DEPLOYMENTS,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "gw", "namespace": ns},
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": gateway["metadata"]["labels"]},
+                    "template": gateway,
+                },
+            },
+            ns,
+        ),
         lambda x: x["metadata"]["name"],
     )
     await kube.patch(NAMESPACES, ns, {"metadata": {"labels": {label: "baseline"}}})
