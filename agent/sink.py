@@ -120,8 +120,14 @@ class KubeStatusApi:
                 res, gateway.name, {"status": dict(status)}, gateway.namespace, subresource="status"
             )
         except ApiError as exc:
+            # A 403 is retried as soon as a failed write is: the gateway's Role and binding are written
+            # with its pod, and kube-apiserver's RBAC authorizer sees them only once its informers have
+            # (a moment, longer under load); the 10 s of a write that cannot succeed would hold the first
+            # status back that long (tests/component/test_rbac_propagation.py).
             raise StatusWriteError(
-                f"HTTP {exc.code} {exc.reason}", retry=exc.retryable, conflict=exc.code == 409
+                f"HTTP {exc.code} {exc.reason}",
+                retry=exc.retryable or exc.code == 403,
+                conflict=exc.code == 409,
             ) from None
         except KubeError as exc:  # no answer: the API server may come back
             raise StatusWriteError(str(exc), retry=True) from None

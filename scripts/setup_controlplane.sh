@@ -29,6 +29,9 @@ cd "$(dirname "$0")/.."
 
 fail() { echo "setup_controlplane.failed step=$1 reason='$2'" >&2; exit 1; }
 
+# The CEL cost estimator (lab/celcost): the apiextensions-apiserver of the same release, its own stamp.
+bash scripts/setup_celcost.sh "$@" || fail celcost "scripts/setup_celcost.sh (its output is above)"
+
 MOD=lab/controlplane
 BIN=.tools/bin
 STAMP=.tools/controlplane.stamp

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from gwkit.kube import ApiError, KubeClient
-from gwkit.kube.client import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, VPNGATEWAYS
+from gwkit.kube.client import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, SERVICEACCOUNTS, VPNGATEWAYS
 from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict, Forbidden, NotFound
 from tests.examples import example_docs
@@ -428,6 +428,131 @@ async def not_served(kube: KubeClient, ns: str) -> Observations:
     return o.seen
 
 
+def _pod(name: str, namespace: str, spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, **meta},
+        # Bound to a node that does not exist: never run; the ServiceAccount exists before any pod, so
+        # the ServiceAccount admission plugin (which runs first) never refuses one.
+        "spec": {
+            "nodeName": "nowhere",
+            "serviceAccountName": "ps",
+            "automountServiceAccountToken": False,
+            **spec,
+        },
+    }
+
+
+RESTRICTED_CONTAINER = {
+    "name": "ok",
+    "image": "registry.example/x:1",
+    "securityContext": {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+}
+
+
+async def pod_security(kube: KubeClient, ns: str) -> Observations:
+    """PodSecurity admission (lab.kubeapi.podsecurity): pods refused by a namespace labelled
+    ``enforce: restricted``, then ``baseline``, in the real words (which checks, in which order, which
+    containers), the gateway pod the controller writes among them; a restricted pod admitted; a
+    Deployment whose template violates the level admitted (only its pods are refused)."""
+    from tests.unit.test_controller_desired import by_kind, run, snapshot
+
+    o = Observer(kube, ns)
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ps", "namespace": ns}}
+    await kube.create(SERVICEACCOUNTS, sa, ns)
+    label = "pod-security.kubernetes.io/enforce"
+    await kube.patch(NAMESPACES, ns, {"metadata": {"labels": {label: "restricted"}}})
+    plain = {"name": "plain", "image": "registry.example/x:1"}
+    gateway = by_kind(run(snapshot(example_docs("ipsec.yaml"))))["Deployment"]["spec"]["template"]
+    gateway_spec = {**gateway["spec"], "nodeName": "nowhere", "serviceAccountName": "ps"}
+    refused: dict[str, dict[str, Any]] = {
+        "a plain container": {"containers": [plain]},
+        "privileged, init and plain": {
+            "initContainers": [{**plain, "name": "init", "securityContext": {"privileged": True}}],
+            "containers": [plain, {**RESTRICTED_CONTAINER, "securityContext": {"runAsUser": 0}}],
+        },
+        "host namespaces, ports, volumes, sysctls": {
+            # Not hostNetwork (a hostPort must then equal its containerPort) nor hostIPC (no IPC sysctl
+            # then): the real server refuses those as invalid (422) before PodSecurity is asked.
+            "hostPID": True,
+            "securityContext": {
+                "sysctls": [
+                    {"name": "net.ipv4.ip_forward", "value": "1"},
+                    {"name": "kernel.shm_rmid_forced", "value": "0"},
+                ],
+                "seccompProfile": {"type": "Unconfined"},
+            },
+            "containers": [
+                {
+                    **RESTRICTED_CONTAINER,
+                    "ports": [
+                        {"containerPort": 80, "hostPort": 8080},
+                        {"containerPort": 9, "hostPort": 10000},
+                    ],
+                    "securityContext": {
+                        **RESTRICTED_CONTAINER["securityContext"],  # type: ignore[dict-item]
+                        "capabilities": {"add": ["NET_ADMIN", "SYS_TIME"]},
+                        "seLinuxOptions": {"type": "spc_t", "user": "u"},
+                    },
+                    "readinessProbe": {"tcpSocket": {"port": 80, "host": "10.0.0.1"}},
+                }
+            ],
+            "volumes": [
+                {"name": "tun", "hostPath": {"path": "/dev/net/tun"}},
+                {"name": "git", "gitRepo": {"repository": "https://example.com/r"}},
+                {"name": "data", "emptyDir": {}},
+            ],
+        },
+        "the gateway pod": gateway_spec,
+    }
+    for what, spec in refused.items():
+        await o.call(f"restricted: {what}", kube.create(PODS, _pod("p", ns, spec), ns))
+    await o.call(
+        "restricted: admitted",
+        kube.create(PODS, _pod("ok", ns, {"containers": [RESTRICTED_CONTAINER]}), ns),
+        lambda x: x["metadata"]["name"],
+    )
+    await o.call(
+        "restricted: a Deployment with the gateway's template",
+        kube.create(
+            DEPLOYMENTS,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "gw", "namespace": ns},
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": gateway["metadata"]["labels"]},
+                    "template": gateway,
+                },
+            },
+            ns,
+        ),
+        lambda x: x["metadata"]["name"],
+    )
+    await kube.patch(NAMESPACES, ns, {"metadata": {"labels": {label: "baseline"}}})
+    await o.call("baseline: the gateway pod", kube.create(PODS, _pod("p", ns, gateway_spec), ns))
+    await o.call(
+        "baseline: a plain container",
+        kube.create(PODS, _pod("plain", ns, {"containers": [plain]}), ns),
+        lambda x: x["metadata"]["name"],
+    )
+    await o.call(
+        "baseline: generateName",
+        kube.create(PODS, _pod("", ns, gateway_spec, generateName="gw-"), ns),
+    )
+    seen = o.seen["baseline: generateName"]
+    if len(seen) == 3:  # refused: the name in the message is the generated one, random
+        o.seen["baseline: generateName"] = (*seen[:2], 'pods "gw-' in seen[2], seen[2].split(" is ", 1)[-1])
+    return o.seen
+
+
 SCENARIOS: dict[str, Callable[[KubeClient, str], Awaitable[Observations]]] = {
     "not_served": not_served,
     "config_maps": config_maps,
@@ -435,6 +560,7 @@ SCENARIOS: dict[str, Callable[[KubeClient, str], Awaitable[Observations]]] = {
     "lists": lists,
     "owned_objects": owned_objects,
     "pod_specs": pod_specs,
+    "pod_security": pod_security,
 }
 
 

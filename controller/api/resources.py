@@ -210,8 +210,11 @@ def _names_disjoint(o: Mapping[str, Any]) -> bool:
 
 
 UNIQUE_EXPOSURE_NAMES = Rule(
+    # `r.name in <the exposures' names>` rather than a nested exists(e, e.name == r.name): the same set
+    # test, estimated by the API server at 3.9M instead of 8.9M of its 10M per-rule limit
+    # (tests/integration/test_crd_cel_cost.py; sets.intersects would be 0.3M but needs Kubernetes 1.30).
     "!has(self.exposures) || !has(self.reverseExposures) || "
-    "self.reverseExposures.all(r, !self.exposures.exists(e, e.name == r.name))",
+    "self.reverseExposures.all(r, !(r.name in self.exposures.map(e, e.name)))",
     "exposure names must be unique across exposures and reverseExposures",
     _names_disjoint,
     field_path=".reverseExposures",

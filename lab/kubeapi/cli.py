@@ -108,6 +108,18 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="admit custom resources without checking their CRD schema",
     )
+    p.add_argument(
+        "--no-pod-security",
+        action="store_true",
+        help="admit every pod whatever its namespace's pod-security.kubernetes.io labels say",
+    )
+    p.add_argument(
+        "--rbac-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="the authorizer sees a Role/RoleBinding change this long after it (default 0: at once)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -128,6 +140,8 @@ async def serve(args: argparse.Namespace) -> int:
         bookmark_interval=args.bookmark_interval,
         history=args.history,
         validate_schemas=not args.no_schema_validation,
+        pod_security=not args.no_pod_security,
+        rbac_delay=args.rbac_delay,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

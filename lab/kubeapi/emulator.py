@@ -75,12 +75,14 @@ class KubeAPI:
         self.store = Store(
             history_size=self.settings.history,
             validator=validator if self.settings.validate_schemas else None,
+            pod_security=self.settings.pod_security,
         )
         self.server = ApiServer(
             self.store, self.tokens, self.settings, lambda: f"{self.settings.host}:{self.port}"
         )
         self.server.on_unreachable = self.unreachable
         self._seed()
+        self.server.set_rbac_delay(self.settings.rbac_delay)  # its caches start here, with the seed
 
     def _seed(self) -> None:
         for obj in rbac.bootstrap_policy():
@@ -222,6 +224,12 @@ class KubeAPI:
         """Mutating admission from now on: ``mutate((group, plural), obj)`` on every create and update, as
         a webhook would (a sidecar, a label, a toleration)."""
         self.store.mutators.append(mutate)
+
+    def set_rbac_delay(self, seconds: float) -> None:
+        """From now on the authorizer sees a Role, ClusterRole or binding change ``seconds`` after it (0: at
+        once), as kube-apiserver's RBAC authorizer does once its informers deliver the change
+        (``Settings.rbac_delay`` at start)."""
+        self.server.set_rbac_delay(seconds)
 
     def stall_watches(self) -> int:
         """Every open watch goes half-open: the connection stays, nothing more is sent (no event, no
@@ -476,6 +484,9 @@ class KubeAPIThread:
 
     def stall_watches(self) -> int:
         return self.call(self._a.stall_watches)
+
+    def set_rbac_delay(self, seconds: float) -> None:
+        self.call(self._a.set_rbac_delay, seconds)
 
     def add_mutator(self, mutate: Mutator) -> None:
         self.call(self._a.add_mutator, mutate)

@@ -74,6 +74,58 @@ class Snapshot:
 
 Rule = Mapping[str, Any]
 
+RBAC_GROUP = "rbac.authorization.k8s.io"
+RBAC_PLURALS = ("roles", "clusterroles", "rolebindings", "clusterrolebindings")
+
+
+@dataclass
+class LaggingCache:
+    """The RBAC authorizer's view when RBAC changes take ``delay`` seconds to be seen: kube-apiserver's
+    authorizer reads Roles, ClusterRoles and their bindings from informer caches (kubernetes
+    plugin/pkg/auth/authorizer/rbac/rbac.go ``RBACAuthorizer`` over the listers that
+    pkg/kubeapiserver/authorizer/config.go ``New`` gets from the shared informer factory), so a write is
+    authorized against only once the watch has delivered it. Each watch event is offered with the time it
+    happened and applied when it is ``delay`` old - pure, the clock is the caller's."""
+
+    delay: float
+    objects: dict[tuple[str, str, str], Mapping[str, Any]] = field(default_factory=dict)
+    pending: list[tuple[float, str, str, Mapping[str, Any]]] = field(default_factory=list)
+
+    @staticmethod
+    def _key(plural: str, obj: Mapping[str, Any]) -> tuple[str, str, str]:
+        meta = obj.get("metadata") or {}
+        return plural, str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+    def offer(
+        self, now: float, plural: str, etype: str, obj: Mapping[str, Any], *, synced: bool = False
+    ) -> None:
+        """A watch event of ``plural`` at ``now``; ``synced``: part of the initial list, seen at once."""
+        if synced:
+            self._apply(plural, etype, obj)
+        else:
+            self.pending.append((now + self.delay, plural, etype, obj))
+
+    def _apply(self, plural: str, etype: str, obj: Mapping[str, Any]) -> None:
+        if etype == "DELETED":
+            self.objects.pop(self._key(plural, obj), None)
+        else:
+            self.objects[self._key(plural, obj)] = obj
+
+    def snapshot(self, now: float) -> Snapshot:
+        while self.pending and self.pending[0][0] <= now:
+            _, plural, etype, obj = self.pending.pop(0)
+            self._apply(plural, etype, obj)
+
+        def of(plural: str) -> list[Mapping[str, Any]]:
+            return [o for (p, _, _), o in self.objects.items() if p == plural]
+
+        return Snapshot(
+            roles={(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in of("roles")},
+            cluster_roles={o["metadata"]["name"]: o for o in of("clusterroles")},
+            role_bindings=of("rolebindings"),
+            cluster_role_bindings=of("clusterrolebindings"),
+        )
+
 
 def _applies(subject: Mapping[str, Any], user: UserInfo, binding_ns: str) -> bool:
     kind = subject.get("kind")

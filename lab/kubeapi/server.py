@@ -194,8 +194,14 @@ class Settings:
     """Events kept for watches from an older resourceVersion; older ones give 410 Expired."""
     validate_schemas: bool = True
     """Validate and default custom resources against their CRD's openAPIV3Schema and CEL rules."""
+    pod_security: bool = True
+    """The PodSecurity admission plugin: the namespace's pod-security.kubernetes.io/* labels refuse pods
+    and warn about pod templates (lab.kubeapi.podsecurity; on by default, as in kube-apiserver)."""
     watch_timeout: tuple[float, float] = (1800.0, 3600.0)
     """Server-side watch duration when the client sets no timeoutSeconds (min-request-timeout..2x)."""
+    rbac_delay: float = 0.0
+    """Seconds before a Role, ClusterRole or binding written is seen by the authorizer (kube-apiserver's
+    RBAC authorizer reads informer caches: rbac.LaggingCache); 0 = at once."""
 
 
 class _WatchCache:
@@ -236,6 +242,9 @@ class ApiServer:
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.on_unreachable: Callable[[float], Awaitable[None]] | None = None
         store.on_change = self._wake_gc
+        self._rbac_cache: rbac.LaggingCache | None = None
+        self.rbac_delay = settings.rbac_delay
+        self._rbac_watchers: list[Watcher] = []
 
     # --- background: the garbage collector, namespace and CRD cleanup ------------------------------------
 
@@ -284,7 +293,7 @@ class ApiServer:
         return user
 
     def _check_impersonation(self, user: UserInfo, name: str, groups: list[str]) -> None:
-        snap = self.rbac_snapshot()
+        snap = self.authorizer_snapshot()
         checks: list[Attributes] = []
         if name.startswith(rbac.SA_PREFIX) and name.count(":") == 3:
             _, _, ns, sa = name.split(":")
@@ -308,6 +317,36 @@ class ApiServer:
             cluster_role_bindings=list(s.items((g, "clusterrolebindings"))),
         )
 
+    def authorizer_snapshot(self) -> rbac.Snapshot:
+        """What the authorizer decides with: the store's RBAC objects, or with ``rbac_delay`` its watch
+        caches (started, synced, by ``set_rbac_delay``: at the emulator's start)."""
+        if self.rbac_delay <= 0:
+            return self.rbac_snapshot()
+        if self._rbac_cache is None:
+            cache = self._rbac_cache = rbac.LaggingCache(self.rbac_delay)
+            for plural in rbac.RBAC_PLURALS:
+                syncing = [True]  # the watch's initial ADDED events come before it returns: the list
+
+                def deliver(
+                    etype: str, obj: dict[str, Any], plural: str = plural, s: list[bool] = syncing
+                ) -> None:
+                    cache.offer(time.monotonic(), plural, etype, obj, synced=s[0])
+
+                rtype = self.store.rtype(rbac.RBAC_GROUP, plural)
+                self._rbac_watchers.append(self.store.watch(rtype, "", (), (), deliver))
+                syncing[0] = False
+        return self._rbac_cache.snapshot(time.monotonic())
+
+    def set_rbac_delay(self, seconds: float) -> None:
+        """The authorizer's lag from now on; its caches start over (synced) at the next request."""
+        if self._rbac_cache is not None:
+            for w in list(self._rbac_watchers):
+                self.store.unwatch(w)
+        self._rbac_watchers = []
+        self._rbac_cache = None
+        self.rbac_delay = max(0.0, seconds)
+        self.authorizer_snapshot()  # the caches start (synced) now: later changes lag
+
     def attributes(self, user: UserInfo, info: RequestInfo) -> Attributes:
         if not info.resource_request:
             return Attributes(user, info.verb, False, path=info.path)
@@ -318,7 +357,7 @@ class ApiServer:
     def authorize(self, a: Attributes) -> None:
         if a.user.privileged:
             return
-        ok, reason = rbac.authorize(a, self.rbac_snapshot())
+        ok, reason = rbac.authorize(a, self.authorizer_snapshot())
         if not ok:
             msg = rbac.forbidden_message(a) + (f": {reason}" if reason else "")
             if not a.resource_request:
@@ -1009,7 +1048,7 @@ class ApiServer:
             "metadata": {"creationTimestamp": None},
             "spec": spec,
         }
-        snap = self.rbac_snapshot()
+        snap = self.authorizer_snapshot()  # reviews ask the authorizer (and its caches)
         if rtype.plural == "selfsubjectreviews":
             out["status"] = {"userInfo": user_info_dict(user)}
             return out

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from lab.kubeapi import kinds, podspec
+from lab.kubeapi import kinds, podsecurity, podspec
 from lab.kubeapi.errors import (
     ApiError,
     FieldError,
@@ -164,6 +164,8 @@ class Store:
     validator: Validator | None = None
     on_change: Callable[[], None] = field(default=lambda: None)
     on_types_changed: Callable[[], None] = field(default=lambda: None)
+    pod_security: bool = True
+    """The PodSecurity admission plugin (lab.kubeapi.podsecurity), on by default as in kube-apiserver."""
 
     def __post_init__(self) -> None:
         self.objects: dict[StorageKey, dict[Ident, dict[str, Any]]] = {}
@@ -416,6 +418,7 @@ class Store:
             else:
                 obj["status"] = status
         self._admit(rtype, version, obj, None, field_validation, warnings)
+        self._pod_security(rtype, obj, None, "", warnings)
         if dry_run:
             return self.view(rtype, obj, version)
         stored = self._commit(rtype, self._ident(rtype, ns, name), obj, "ADDED")
@@ -469,6 +472,46 @@ class Store:
             w = self.validator(rtype, version or rtype.version, obj, old, field_validation)
             if warnings is not None:
                 warnings.extend(w)
+
+    def _pod_security(
+        self,
+        rtype: ResourceType,
+        obj: Mapping[str, Any],
+        old: Mapping[str, Any] | None,
+        subresource: str,
+        warnings: list[str] | None,
+    ) -> None:
+        """The PodSecurity validating admission plugin, after the object's own validation (a validating
+        plugin runs in the registry's createValidation/updateValidation, after the strategy's Validate:
+        apiserver pkg/registry/generic/registry/store.go Create, Update): a Pod the namespace's enforce
+        level refuses is a 403; the warn level's verdict is a warning (k8s.io/pod-security-admission
+        admission/admission.go ValidatePod, ValidatePodController)."""
+        if not self.pod_security or not rtype.namespaced:
+            return
+        if rtype.key == ("", "pods"):
+            if subresource not in ("", "ephemeralcontainers"):
+                return  # ignoredPodSubresources (status, binding, eviction, ...)
+            if old is not None and not podsecurity.significant_update(obj, old):
+                return
+            meta, spec, enforce = obj.get("metadata") or {}, obj.get("spec") or {}, True
+        elif rtype.key in podsecurity.POD_CONTROLLERS and not subresource:
+            template: Any = obj
+            for step in podsecurity.POD_CONTROLLERS[rtype.key]:
+                template = template.get(step) if isinstance(template, Mapping) else None
+            if not isinstance(template, Mapping):
+                return
+            meta, spec, enforce = template.get("metadata") or {}, template.get("spec") or {}, False
+        else:
+            return
+        nso = self.objects.get(NS_KEY, {}).get(("", obj["metadata"].get("namespace", "")))
+        labels = (nso or {}).get("metadata", {}).get("labels") or {}
+        if enforce:
+            refused = podsecurity.refusal(labels, meta, spec)
+            if refused:
+                raise forbidden("", "pods", obj["metadata"].get("name", ""), refused)
+        said = podsecurity.warning(labels, meta, spec)
+        if said and warnings is not None:
+            warnings.append(said)
 
     def _after_write(
         self, rtype: ResourceType, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
@@ -603,6 +646,7 @@ class Store:
                 raise invalid(rtype, name, errs)
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         self._admit(rtype, version, new, old, field_validation, warnings)
+        self._pod_security(rtype, new, old, subresource, warnings)
         if subresource != "status" and rtype.has_generation and _spec_changed(old, new, rtype.has_status):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if new == old:
