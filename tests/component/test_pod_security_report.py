@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
-from lab.cluster import Cluster, home_of, wait_for
+from lab.cluster import Cluster, home_of
 from lab.kubeapi.errors import ApiError
-from tests.component.test_controller_operator import NS, apply_ipsec, cluster, condition, gateway, start
+from lab.wait import wait_for
+from tests.component.test_controller_operator import NS, apply_ipsec, cluster, gateway, start
 from tests.component.test_controller_pod_ready import PODSECURITY
+from tests.helpers import condition
 
 __all__ = ["cluster"]  # the fixture
 
