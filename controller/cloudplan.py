@@ -74,6 +74,12 @@ def instance_tag(instance: str) -> str:
 CLUSTER_TAG = "vpngw-cluster:"
 
 
+def foreign_cluster(resource_tags: Iterable[str], cluster: str | None) -> bool:
+    """Whether a resource carries another cluster's identity: never ours to reuse, tag or release, even
+    with our instance's and gateway's tags (two clusters, one instance name, one project)."""
+    return any(t.startswith(CLUSTER_TAG) and t != cluster_tag(cluster or "") for t in resource_tags)
+
+
 def cluster_tag(cluster: str) -> str:
     """The cluster's identity (its kube-system namespace's uid): what a cloud-wide sweep may touch, so two
     clusters with the same instance name in one project never release each other's gateways."""
@@ -109,16 +115,20 @@ def sweepable(
     )
 
 
-def adoption_refusal(what: str, resource_tags: Sequence[str], key: GatewayKey, instance: str) -> str | None:
+def adoption_refusal(
+    what: str, resource_tags: Sequence[str], key: GatewayKey, instance: str, cluster: str | None = None
+) -> str | None:
     """Why a resource made outside this installation (the seed's port or floating IP) may not be adopted
-    for ``key``, or None. Ours already (both our tags) is fine; a resource any vpngw installation tagged for
-    another gateway, or another installation tagged at all, belongs to someone: adopting it would take a
-    running gateway's address away."""
-    ours = set(tags(key, instance))
-    mine = [t for t in resource_tags if t.startswith((GATEWAY_TAG, "vpngw-instance:"))]
+    for ``key``, or None. Ours already (our tags) is fine; a resource any vpngw installation or cluster
+    tagged for another gateway, or another installation or cluster tagged at all, belongs to someone:
+    adopting it would take a running gateway's address away."""
+    ours = set(tags(key, instance)) | ({cluster_tag(cluster)} if cluster else set())
+    mine = [t for t in resource_tags if t.startswith((GATEWAY_TAG, "vpngw-instance:", CLUSTER_TAG))]
     foreign = sorted(set(mine) - ours)
     if foreign:
-        return f"{what} is tagged {', '.join(foreign)}: it belongs to another gateway or installation"
+        return (
+            f"{what} is tagged {', '.join(foreign)}: it belongs to another gateway, installation or cluster"
+        )
     return None
 
 

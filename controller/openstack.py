@@ -29,7 +29,7 @@ import ipaddress
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +41,7 @@ from controller.cloudplan import (
     address_pairs,
     adoption_refusal,
     cluster_tag,
+    foreign_cluster,
     gateway_of,
     instance_tag,
     plan_cloud,
@@ -75,7 +76,9 @@ class AdoptionRefused(Exception):
 @dataclass(frozen=True)
 class Adopted:
     port_id: str
-    address: str | None
+    address: str
+    server: str | None
+    """The server the port is attached to (the reconcile moves it to the gateway's node)."""
     floating_ips: tuple[str, ...]
     tagged: tuple[str, ...]
     """``kind/id`` of what was tagged now (empty on a dry run, or when everything was ours already)."""
@@ -251,7 +254,12 @@ class OpenStackCloud:
         untagged by a crash in between is found by ``adopt`` (its name, or for a floating IP its port)
         and tagged now, never created twice."""
         found = sorted(
-            listing(tags=",".join(self._tags(key))), key=lambda r: str(getattr(r, "created_at", "") or "")
+            (
+                r
+                for r in listing(tags=",".join(self._tags(key)))
+                if not foreign_cluster(r.tags or [], self.settings.cluster)
+            ),
+            key=lambda r: str(getattr(r, "created_at", "") or ""),
         )
         if found or not adopt:
             # Made before the cluster tag was (an earlier release, ``adopt``): the sweep may see it now.
@@ -510,16 +518,26 @@ class OpenStackCloud:
         conds = (ready, scope_condition(cp), routing_condition(cp, True))
         return CloudState(nic, str(fip.floating_ip_address), conds, fenced=fenced)
 
-    def adopt(self, key: GatewayKey, port_id: str, *, dry_run: bool = False) -> Adopted:
+    def adopt(
+        self,
+        key: GatewayKey,
+        port_id: str,
+        *,
+        nodes: Collection[str] | None = None,
+        force: bool = False,
+        dry_run: bool = False,
+    ) -> Adopted:
         """Tag an existing port (the seed's gateway port, found by the platform engineer) and its floating
         IP as ``key``'s, so that the next reconcile finds them (``_find``) instead of creating new ones: the
         gateway keeps its address and its floating IP, and no remote peer changes anything. Refused, with
-        nothing tagged, when the port is on another network or anything is tagged for another gateway or
-        installation, or the gateway already has another port. Its security group is not adopted: the
-        reconcile adds the gateway's own beside the port's existing groups (docs/install.md, "Moving a
-        gateway from the earlier release")."""
+        nothing tagged: a port on another network or subnet, without one IPv4 address, without port
+        security, owned by a router or DHCP, attached to a server that is not one of ``nodes`` (the
+        cluster's nodes' servers; unknown: None) unless ``force``, anything tagged for another gateway,
+        installation or cluster, or a gateway that already has cloud resources (reconciled already: the
+        reconcile would keep its own). Its security group is not adopted: the reconcile adds the gateway's
+        own beside the port's (docs/install.md, "Moving a gateway from bnerd-vpn-operator")."""
         net = self.conn.network
-        net_id = self._network()[0]
+        net_id, sub_id, *_ = self._network()
         with _Step("Adopt"):
             try:
                 port = net.get_port(port_id)
@@ -531,38 +549,76 @@ class OpenStackCloud:
                 raise AdoptionRefused(
                     f"port {port.id} is on network {port.network_id}, not the gateway network {net_id}"
                 )
-            owner = str(port.device_owner or "")
+            v4 = [ip for ip in port.fixed_ips or [] if ipaddress.ip_address(ip["ip_address"]).version == 4]
+            if len(port.fixed_ips or []) != 1 or len(v4) != 1 or v4[0].get("subnet_id") != sub_id:
+                raise AdoptionRefused(
+                    f"port {port.id} must have exactly one IPv4 address, on the gateway subnet {sub_id}"
+                )
+            if port.is_port_security_enabled is False:
+                raise AdoptionRefused(
+                    f"port {port.id} has port security off: security groups and address pairs need it "
+                    f"(openstack port set --enable-port-security {port.id})"
+                )
+            owner, server = str(port.device_owner or ""), str(port.device_id or "")
             if owner and not owner.startswith("compute:"):
                 raise AdoptionRefused(f"port {port.id} is a {owner} port, not a gateway's")
+            if server and not force and (nodes is None or server.lower() not in nodes):
+                raise AdoptionRefused(
+                    f"port {port.id} is attached to server {server}, "
+                    + (
+                        "not one of this cluster's nodes"
+                        if nodes is not None
+                        else "and the nodes are unknown"
+                    )
+                    + ": the reconcile would take it from that server (--force if that is meant)"
+                )
             fips = list(net.ips(port_id=port.id))
+            cluster = self.settings.cluster
             for what, r in [(f"port {port.id}", port), *((f"floating IP {f.id}", f) for f in fips)]:
-                why = adoption_refusal(what, list(r.tags or []), key, self.settings.instance)
+                why = adoption_refusal(what, list(r.tags or []), key, self.settings.instance, cluster)
                 if why:
                     raise AdoptionRefused(why)
-            others = [p.id for p in net.ports(tags=",".join(self._tags(key))) if p.id != port.id]
-            if others:
-                raise AdoptionRefused(f"gateway {key} already has port(s) {', '.join(others)}")
+            mine = {port.id, *(f.id for f in fips)}
+            listings = (
+                ("port", net.ports),
+                ("floating IP", net.ips),
+                ("security group", net.security_groups),
+            )
+            held = [
+                f"{kind} {r.id}"
+                for kind, listing in listings
+                for r in listing(tags=",".join(self._tags(key)))
+                if r.id not in mine and not foreign_cluster(r.tags or [], cluster)
+            ]
+            if held:
+                raise AdoptionRefused(
+                    f"gateway {key} already has {', '.join(held)}: it was reconciled already; adopt before "
+                    "its CR reaches the controller"
+                )
             tagged: list[str] = []
+            want = [*self._tags(key), *self._cluster_tags()]
             for kind, r in [("port", port), *(("floatingip", f) for f in fips)]:
                 have = list(r.tags or [])
-                if set(self._tags(key)) <= set(have):
+                if set(want) <= set(have):
                     continue
                 tagged.append(f"{kind}/{r.id}")
                 if not dry_run:
-                    net.set_tags(r, [*have, *(t for t in self._tags(key) if t not in have)])
-            address = port.fixed_ips[0]["ip_address"] if port.fixed_ips else None
+                    net.set_tags(r, [*have, *(t for t in want if t not in have)])
+            address = str(v4[0]["ip_address"])
             log.info(
-                "cloud.adopt gateway=%s port=%s address=%s floating_ips=%s tagged=%s dry_run=%s",
+                "cloud.adopt gateway=%s port=%s address=%s server=%s floating_ips=%s tagged=%s dry_run=%s",
                 key,
                 port.id,
                 address,
+                server or "-",
                 ",".join(str(f.floating_ip_address) for f in fips),
                 ",".join(tagged),
                 dry_run,
             )
             return Adopted(
                 str(port.id),
-                str(address) if address else None,
+                address,
+                server or None,
                 tuple(str(f.floating_ip_address) for f in fips),
                 tuple(tagged),
             )

@@ -237,9 +237,13 @@ class Operator:
                     keys.add(GatewayKey("VPNGateway", str(o["metadata"]["namespace"]), str(ref)))
         elif kind == "ClusterLink":
             for o in objs:
-                for name in (o.get("spec") or {}).get("gateways") or []:
+                link_ns = str(o["metadata"]["namespace"])
+                names = (o.get("spec") or {}).get("gateways") or []
+                for name in names:
                     for k in GATEWAY_KINDS:
-                        keys.add(GatewayKey(k, str(o["metadata"]["namespace"]), str(name)))
+                        keys.add(GatewayKey(k, link_ns, str(name)))
+                if not names:  # the seed's shape: every gateway of its namespace says so (RoutingReady)
+                    keys |= {g for gw in self._gateways() if (g := self._key(gw)).namespace == link_ns}
         elif kind == "Pod":
             for o in objs:
                 md = o.get("metadata") or {}
@@ -599,11 +603,22 @@ class Operator:
             return informer.get(key.namespace, key.name) is not None
 
         before = datetime.fromtimestamp(time.time() - self.sweep_grace_seconds, UTC)
-        keys = sweepable(held, exists, before.strftime("%Y-%m-%dT%H:%M:%SZ"))
-        for key in keys:
+        found: list[GatewayKey] = []
+        for key in sweepable(held, exists, before.strftime("%Y-%m-%dT%H:%M:%SZ")):
+            # The cache may be behind (a watch failing since its sync): the API itself must not hold it.
+            try:
+                items, _ = await self.kube.list(
+                    self.informers[key.kind].res, key.namespace, field_selector=f"metadata.name={key.name}"
+                )
+            except KubeError as exc:
+                log.warning("cloud.sweep_skipped gateway=%s error=%r", key, str(exc))
+                continue
+            if items:
+                continue
             log.warning("cloud.sweep_found gateway=%s: its gateway does not exist", key)
             self.queue.add(key, background=True)
-        return keys
+            found.append(key)
+        return tuple(found)
 
     def _gauge_ready(self) -> None:
         tally: Tally[str] = Tally()

@@ -8,9 +8,11 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -36,12 +38,14 @@ from controller.settings import (
 )
 from gwkit import httpd
 from gwkit.kube import ConfigError, KubeClient, KubeError, load
-from gwkit.kube.client import NAMESPACES
+from gwkit.kube.client import NAMESPACES, NODES
 
 if TYPE_CHECKING:
     from controller.openstack import OpenStackCloud
 
 log = logging.getLogger("controller")
+CLUSTER_ID = re.compile(r"^[-._a-zA-Z0-9]{1,64}$")
+"""A cluster identity fits a Neutron tag and its filter (no comma)."""
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
 ENV = {
@@ -233,6 +237,22 @@ def add_adopt_parser(sub: Any) -> None:
     )
     a.add_argument("port", metavar="PORT_ID", help="the Neutron port to adopt")
     a.add_argument("--dry-run", action="store_true", help="check and report, tag nothing")
+    a.add_argument(
+        "--force",
+        action="store_true",
+        help="adopt a port attached to a server that is not one of the cluster's nodes (or when the nodes "
+        "cannot be read): the reconcile moves it to the gateway's node",
+    )
+    a.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="the cluster, for its nodes and identity (unset: in-cluster or $KUBECONFIG)",
+    )
+    a.add_argument(
+        "--cluster-id",
+        default=os.environ.get("VPNGW_CLUSTER_ID", ""),
+        help="as the controller's (empty: the kube-system namespace's uid)",
+    )
     add_openstack_args(a)
 
 
@@ -252,10 +272,12 @@ def adopt_command(args: argparse.Namespace) -> int:
     from controller.openstack import AdoptionRefused
 
     key = gateway_key(args.gateway)
-    cloud = openstack_cloud(args, args.instance)
+    nodes, cluster = anyio.run(_cluster_facts, args)
+    cloud = openstack_cloud(args, args.instance, cluster=args.cluster_id or cluster)
     try:
-        got = cloud.adopt(key, args.port, dry_run=args.dry_run)
+        got = cloud.adopt(key, args.port, nodes=nodes, force=args.force, dry_run=args.dry_run)
     except AdoptionRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
         log.error("adopt.refused gateway=%s port=%s reason=%r", key, args.port, str(exc))
         return EXIT_USAGE
     except CloudError as exc:
@@ -264,8 +286,27 @@ def adopt_command(args: argparse.Namespace) -> int:
     verb = "would tag" if args.dry_run else "tagged"
     fips = ", ".join(got.floating_ips) or "-"
     what = ", ".join(got.tagged) or "nothing (already the gateway's)"
-    print(f"{key}: port {got.port_id} address {got.address} floating IP(s) {fips}; {verb}: {what}")
+    on = f" on server {got.server} (moved to the gateway's node by its reconcile)" if got.server else ""
+    print(f"{key}: port {got.port_id} address {got.address}{on} floating IP(s) {fips}; {verb}: {what}")
     return EXIT_OK
+
+
+async def _cluster_facts(args: argparse.Namespace) -> tuple[frozenset[str] | None, str | None]:
+    """The servers behind the cluster's Nodes and its identity, for ``adopt``; (None, None), warned, when
+    the cluster cannot be asked (a port attached to a server then needs --force)."""
+    from controller.openstack import server_of
+
+    try:
+        config = await anyio.to_thread.run_sync(load, args.kubeconfig)
+        async with KubeClient(config, user_agent="vpngw-adopt") as kube:
+            items, _ = await kube.list(NODES)
+            ns, _ = await kube.list(NAMESPACES, field_selector="metadata.name=kube-system", limit=1)
+    except (ConfigError, KubeError) as exc:
+        log.warning("adopt.no_cluster error=%r: the nodes and the cluster's identity are unknown", str(exc))
+        return None, None
+    servers = {s for n in items if (s := server_of((n.get("spec") or {}).get("providerID")))}
+    uid = str((ns[0].get("metadata") or {}).get("uid") or "") if ns else ""
+    return frozenset(servers), uid or None
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -321,20 +362,26 @@ def cloud_of(
     return openstack_cloud(args, s.instance, guard, cluster)
 
 
-async def cluster_identity(kube: KubeClient) -> str | None:
-    """The kube-system namespace's uid (the usual cluster identity), None (warned) when it cannot be read:
-    then no cluster tag and no cloud-wide sweep."""
-    try:
-        items, _ = await kube.list(NAMESPACES, field_selector="metadata.name=kube-system", limit=1)
-    except KubeError as exc:
-        log.warning(
-            "controller.no_cluster_id error=%r: no sweep of gateways gone without finalizer", str(exc)
-        )
-        return None
-    uid = str((items[0].get("metadata") or {}).get("uid") or "") if items else ""
-    if not uid:
-        log.warning("controller.no_cluster_id error='no kube-system namespace': no sweep")
-    return uid or None
+async def cluster_identity(kube: KubeClient, *, attempts: int = 8) -> str:
+    """The kube-system namespace's uid (the usual cluster identity, in every cloud resource's tags: what the
+    sweep may touch). Retried with backoff (about a minute); RunFailed when it cannot be read: running
+    without it would create resources another cluster's sweep could take for its own."""
+    delay, error = 0.5, ""
+    for attempt in range(attempts):
+        try:
+            items, _ = await kube.list(NAMESPACES, field_selector="metadata.name=kube-system", limit=1)
+        except KubeError as exc:
+            error = str(exc)
+            log.warning("controller.cluster_id_unreadable attempt=%d error=%r", attempt + 1, error)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 15.0)
+            continue
+        uid = str((items[0].get("metadata") or {}).get("uid") or "") if items else ""
+        if uid:
+            return uid
+        error = "the cluster has no kube-system namespace"
+        break
+    raise RunFailed(f"the cluster's identity (kube-system's uid) cannot be read: {error}; set --cluster-id")
 
 
 def openstack_cloud(
@@ -402,6 +449,10 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
         cluster = None
         if settings.cloud == "openstack":
             cluster = args.cluster_id or await cluster_identity(kube)
+            if not CLUSTER_ID.match(cluster):
+                raise SettingsError(
+                    f"--cluster-id {cluster!r}: letters, digits, '-', '_' and '.' only, at most 64"
+                )
         op = Operator(kube, settings, cloud_of(settings, args, elector.leads, cluster), elector,
                       workers=args.workers, resync_seconds=args.resync_seconds,
                       sweep_grace_seconds=args.sweep_grace_seconds)  # fmt: skip

@@ -26,7 +26,7 @@ import anyio
 import pytest
 
 from controller.cloud import CloudError, CloudState, CloudWant
-from controller.cloudplan import tags
+from controller.cloudplan import cluster_tag, tags
 from controller.names import GatewayKey
 from controller.openstack import OpenStackCloud, OpenStackSettings, server_of
 from controller.reconcile import Snapshot, peers_of, render_gateway
@@ -244,57 +244,88 @@ def test_a_port_left_untagged_by_a_crash_is_adopted_not_duplicated(lab: OpenStac
 def test_a_port_and_floating_ip_the_earlier_release_made_are_adopted_by_the_command_and_kept(
     lab: OpenStackLab, tmp_path: Any
 ) -> None:
-    """Moving from the seed: its gateway's port (its own name and tags) and the floating IP remote peers
-    know are tagged as the gateway's by ``python -m controller adopt``; the reconcile then uses them (same
-    port, same address, same floating IP), creating no other. A port another gateway owns, or one on
-    another network, or a router's or DHCP's, is refused with exit 2 and nothing tagged."""
-    from lab.cluster import clouds_yaml, openstack_args
+    """Moving from the seed: its gateway's port (its own name and tags, attached to the node its pod ran
+    on) and the floating IP remote peers know are tagged as the gateway's by ``python -m controller
+    adopt``; the reconcile then uses them (same port, same address, same floating IP, moved to the
+    gateway's node), creating no other. Refused with exit 2 and nothing tagged: a port another gateway
+    owns, one on another network, a DHCP port, one without port security, one attached to a server that
+    is not a node of the cluster (unless --force), and any port once the gateway has been reconciled."""
+    from lab.cluster import Cluster, clouds_yaml, openstack_args
 
     net = lab.cloud
     conn = lab.connect(direct=True)
     seed_port = conn.network.create_port(network_id=net.gateway.network_id, name="bnerd-vpn-acme")
     conn.network.set_tags(seed_port, ["bnerd-vpn-operator"])
     seed_fip = conn.network.create_ip(floating_network_id=net.external.network_id, port_id=seed_port.id)
+    nodes, stranger = net.nodes[:2], net.nodes[2]
+    lab.connect().compute.create_server_interface(nodes[1].server_id, port_id=seed_port.id)
     other = conn.network.create_port(network_id=net.gateway.network_id, name="someone-elses")
     conn.network.set_tags(other, list(tags(GatewayKey("VPNGateway", "tenant-b", "b"), "test")))
     off_net = conn.network.create_port(network_id=net.external.network_id, name="off-net")
     dhcp = conn.network.create_port(network_id=net.gateway.network_id, name="d", device_owner="network:dhcp")
+    open_port = conn.network.create_port(
+        network_id=net.gateway.network_id, name="o", port_security_enabled=False
+    )
+    vm_port = conn.network.create_port(network_id=net.gateway.network_id, name="a-vm")
+    lab.connect().compute.create_server_interface(stranger.server_id, port_id=vm_port.id)
     cfg = clouds_yaml(tmp_path / "clouds.yaml", lab.network_url, lab.compute_url)
     flags = [
         *openstack_args(net.gateway.network_id, net.gateway.subnet_id, net.external.network_id)[2:],
         "--instance",
         "test",
+        "--cluster-id",
+        "c1",
     ]
+    with Cluster(tmp_path / "k8s") as c:
+        for n in nodes:
+            c.add_node(n.name, provider_id=n.provider_id)
 
-    def adopt(port: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "controller", "adopt", "tenant-acme/acme", port, *flags, *extra]
-        env = {**os.environ, "OS_CLIENT_CONFIG_FILE": str(cfg)}
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        def adopt(port: str, *extra: str) -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-m", "controller", "adopt", "tenant-acme/acme", port, *flags, *extra]
+            env = {**os.environ, "OS_CLIENT_CONFIG_FILE": str(cfg), "KUBECONFIG": str(c.kubeconfig)}
+            return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
-    for refused, why in (
-        (other, "vpngw-gateway:VPNGateway.tenant-b.b"),
-        (off_net, "not the gateway network"),
-        (dhcp, "is a network:dhcp port"),
-    ):
-        r = adopt(refused.id)
-        assert r.returncode == 2 and why in r.stderr, r.stderr
-    assert set(conn.network.get_port(other.id).tags) == set(
-        tags(GatewayKey("VPNGateway", "tenant-b", "b"), "test")
-    )
-    dry = adopt(seed_port.id, "--dry-run")
-    assert dry.returncode == 0 and f"would tag: port/{seed_port.id}, floatingip/{seed_fip.id}" in dry.stdout
-    assert tagged(lab, "ports") == [] and tagged(lab, "ips") == [], "a dry run tags nothing"
-    r = adopt(seed_port.id)
-    assert r.returncode == 0 and seed_fip.floating_ip_address in r.stdout, r.stderr
-    assert set(conn.network.get_port(seed_port.id).tags) == {"bnerd-vpn-operator", *tags(KEY, "test")}
-    state = ensure(backend(lab), want(lab))
-    assert [p.id for p in tagged(lab, "ports")] == [seed_port.id]
-    assert [f.id for f in tagged(lab, "ips")] == [seed_fip.id]
-    assert state.public_ip == seed_fip.floating_ip_address
-    assert state.nic is not None and state.nic.address.split("/")[0] == seed_port.fixed_ips[0]["ip_address"]
-    again = adopt(seed_port.id)
-    assert again.returncode == 0 and "nothing (already the gateway's)" in again.stdout
-    anyio.run(backend(lab).release, KEY)
+        wait_for(lambda: conn.network.get_port(seed_port.id).device_id, 30, "the seed port attached")
+        wait_for(lambda: conn.network.get_port(vm_port.id).device_id, 30, "the VM's port attached")
+        for refused, why in (
+            (other, "vpngw-gateway:VPNGateway.tenant-b.b"),
+            (off_net, "not the gateway network"),
+            (dhcp, "is a network:dhcp port"),
+            (open_port, "port security off"),
+            (vm_port, f"attached to server {stranger.server_id}, not one of this cluster's nodes"),
+        ):
+            r = adopt(refused.id)
+            assert r.returncode == 2 and why in r.stderr, r.stderr
+        assert set(conn.network.get_port(other.id).tags) == set(
+            tags(GatewayKey("VPNGateway", "tenant-b", "b"), "test")
+        )
+        assert not conn.network.get_port(vm_port.id).tags, "refused: nothing tagged"
+        assert adopt(vm_port.id, "--dry-run", "--force").returncode == 0, "--force takes any server's"
+        dry = adopt(seed_port.id, "--dry-run")
+        assert (
+            dry.returncode == 0 and f"would tag: port/{seed_port.id}, floatingip/{seed_fip.id}" in dry.stdout
+        )
+        assert f"on server {nodes[1].server_id}" in dry.stdout
+        assert tagged(lab, "ports") == [] and tagged(lab, "ips") == [], "a dry run tags nothing"
+        r = adopt(seed_port.id)
+        assert r.returncode == 0 and seed_fip.floating_ip_address in r.stdout, r.stderr
+        assert set(conn.network.get_port(seed_port.id).tags) == {
+            "bnerd-vpn-operator",
+            *tags(KEY, "test"),
+            cluster_tag("c1"),
+        }
+        state = ensure(backend(lab, cluster="c1"), want(lab, node=0))
+        assert [p.id for p in tagged(lab, "ports")] == [seed_port.id]
+        assert [f.id for f in tagged(lab, "ips")] == [seed_fip.id]
+        assert state.public_ip == seed_fip.floating_ip_address
+        port = conn.network.get_port(seed_port.id)
+        assert state.nic is not None and state.nic.address.split("/")[0] == port.fixed_ips[0]["ip_address"]
+        assert port.device_id == nodes[0].server_id, "moved to the gateway's node"
+        again = adopt(seed_port.id)
+        assert again.returncode == 0 and "nothing (already the gateway's)" in again.stdout
+        late = adopt(vm_port.id, "--force")
+        assert late.returncode == 2 and "it was reconciled already" in late.stderr, late.stderr
+    anyio.run(backend(lab, cluster="c1").release, KEY)
     assert tagged(lab, "ports") == [] and tagged(lab, "ips") == []
 
 

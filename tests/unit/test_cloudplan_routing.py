@@ -6,6 +6,7 @@ from controller.cloudplan import (
     CloudPlan,
     adoption_refusal,
     cluster_tag,
+    foreign_cluster,
     gateway_of,
     routing_condition,
     sweepable,
@@ -37,9 +38,9 @@ def test_adoption_refuses_what_another_gateway_or_installation_tagged_and_takes_
     assert adoption_refusal("port p", ["bnerd-vpn-operator"], key, "vpngw") is None
     assert adoption_refusal("port p", list(tags(key, "vpngw")), key, "vpngw") is None, "ours already"
     other = adoption_refusal("port p", list(tags(GatewayKey("VPNGateway", "t", "b"), "vpngw")), key, "vpngw")
-    assert (
-        other
-        == "port p is tagged vpngw-gateway:VPNGateway.t.b: it belongs to another gateway or installation"
+    assert other == (
+        "port p is tagged vpngw-gateway:VPNGateway.t.b: "
+        "it belongs to another gateway, installation or cluster"
     )
     elsewhere = adoption_refusal("port p", list(tags(key, "prod")), key, "vpngw")
     assert elsewhere is not None and "vpngw-instance:prod" in elsewhere
@@ -64,3 +65,13 @@ def test_the_gateway_a_resource_is_tagged_for_and_what_may_be_swept() -> None:
     )
     assert sweepable(held, answers.get, "2026-12-03T07:00:00Z") == (legacy, key)
     assert sweepable(held, {key: True, legacy: True}.get, "2026-12-03T07:00:00Z") == (), "they exist"
+
+
+def test_another_clusters_resources_are_foreign_even_with_our_instance_and_gateway_tags() -> None:
+    key = GatewayKey("VPNGateway", "tenant-acme", "acme")
+    theirs = [*tags(key, "vpngw"), cluster_tag("b")]
+    assert foreign_cluster(theirs, "a") and foreign_cluster(theirs, None)
+    assert not foreign_cluster([*tags(key, "vpngw"), cluster_tag("a")], "a")
+    assert not foreign_cluster(tags(key, "vpngw"), "a"), "made before the cluster tag: ours to tag"
+    refused = adoption_refusal("port p", theirs, key, "vpngw", "a")
+    assert refused is not None and "vpngw-cluster:b" in refused
