@@ -29,6 +29,8 @@ from gwkit.kube import ApiError, KubeClient, KubeError, Resource
 from gwplan import GatewayRef
 
 log = logging.getLogger(__name__)
+PERSISTENT = 10
+"""Consecutive failed status writes (about 3 minutes of backoff) after which each one is an ERROR."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -224,7 +226,15 @@ class KubeStatusSink:
                     self.failures += 1
                     self.last_error = str(exc)
                     delay = backoff(self.failures) if exc.retry else max(backoff(self.failures), 10.0)
-                    level = logging.INFO if exc.conflict else logging.WARNING
+                    # A conflict is routine; a write still failing after PERSISTENT tries (minutes: a 403
+                    # that never clears is a Role that does not grant it) is an error an SRE must see.
+                    level = (
+                        logging.INFO
+                        if exc.conflict
+                        else logging.ERROR
+                        if self.failures >= PERSISTENT
+                        else logging.WARNING
+                    )
                     log.log(
                         level,
                         "status.write_failed gateway=%s/%s error=%r retry_in=%.1f failures=%d",

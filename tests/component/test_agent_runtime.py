@@ -19,7 +19,14 @@ import pytest
 
 from agent.health import HealthState, serve
 from agent.runtime import SecretError
-from agent.sink import FakeStatusApi, FileStatusSink, KubeStatusApi, KubeStatusSink, StatusWriteError
+from agent.sink import (
+    PERSISTENT,
+    FakeStatusApi,
+    FileStatusSink,
+    KubeStatusApi,
+    KubeStatusSink,
+    StatusWriteError,
+)
 from agent.sources import COPY_GZIP_ABOVE, CopiedPlans, FilePlanSource, FileSecrets, plan_copy
 from controller.api.crds import crds
 from gwkit.kube import KubeClient, load
@@ -322,6 +329,29 @@ async def test_kube_sink_retries_conflicts_and_writes_only_the_latest() -> None:
     assert api.attempts == 4 and len(slept) == 3
     assert api.writes == [{"n": 99}], "only the newest status is written, once"
     assert slept == sorted(slept), "backoff grows"
+
+
+async def test_kube_sink_says_error_once_a_403_never_clears(caplog: pytest.LogCaptureFixture) -> None:
+    """A 403 is retried with the normal backoff (a fresh Role reaches the authorizer late); one still
+    there after PERSISTENT tries is a Role that does not grant it: each further failure is an ERROR."""
+    forbidden = StatusWriteError("HTTP 403 Forbidden", retry=True)
+    api = FakeStatusApi(failures=[forbidden] * (PERSISTENT + 1))
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+        await anyio.lowlevel.checkpoint()
+
+    sink = KubeStatusSink(GW, api, sleep=sleep, min_interval=0)
+    with caplog.at_level(logging.INFO, logger="agent.sink"):
+        await sink.publish({"n": 1})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sink.run)
+            await wait_for_async(lambda: bool(api.writes), 10, "the status written at last", 0.01)
+            tg.cancel_scope.cancel()
+    levels = [r.levelno for r in caplog.records if "status.write_failed" in r.getMessage()]
+    assert levels == [logging.WARNING] * (PERSISTENT - 1) + [logging.ERROR] * 2
+    assert slept[0] < 1, "retried with the backoff, not the 10 s floor of a write that cannot succeed"
 
 
 async def test_kube_sink_writes_at_most_once_per_min_interval_latest_wins() -> None:

@@ -26,7 +26,7 @@ import anyio
 import pytest
 
 from controller.cloud import CloudWant
-from controller.cloudplan import instance_tag, tags
+from controller.cloudplan import cluster_tag, instance_tag, tags
 from controller.names import GatewayKey
 from controller.openstack import OpenStackCloud, OpenStackSettings
 from controller.reconcile import Snapshot, peers_of, render_gateway
@@ -242,6 +242,51 @@ def test_what_this_cluster_tagged_for_a_gateway_it_does_not_hold_is_swept_and_an
     finally:
         anyio.run(backend("theirs").release, theirs)
         anyio.run(backend("ours").release, ours)
+
+
+def test_two_clusters_with_one_instance_name_never_share_or_release_each_others_gateway(
+    openstack_lab: OpenStackLab,
+) -> None:
+    """The same gateway (namespace and name) in two clusters of one project, both installed as "vpngw":
+    each gets its own port and floating IP (found by the cluster tag too), and releasing one leaves the
+    other's. Without the cluster tag in ``_find``, the second cluster took the first's port from its node
+    and released it on delete."""
+    lab = openstack_lab
+    net = lab.cloud
+    conn = lab.connect(direct=True)
+
+    def backend(cluster: str) -> OpenStackCloud:
+        return OpenStackCloud(
+            lab.connect(connect_retries=0, status_code_retries=0),
+            OpenStackSettings(
+                net.gateway.network_id,
+                net.external.network_id,
+                net.gateway.subnet_id,
+                "vpngw",
+                cluster=cluster,
+            ),
+        )
+
+    key = GatewayKey("VPNGateway", NS, "gw9")
+    gw, peer = gateway_docs(9)
+    peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
+    snap = Snapshot(key, {**gw, "metadata": {**gw["metadata"], "uid": "u", "generation": 1}}, peers)
+    rendered = render_gateway(snap, Settings())
+    assert rendered.plan is not None, rendered.problems
+    try:
+        a = anyio.run(backend("a").ensure, CloudWant(key, None, None, rendered.plan, ()))
+        b = anyio.run(backend("b").ensure, CloudWant(key, None, None, rendered.plan, ()))
+        assert a.public_ip != b.public_ip and a.nic is not None and b.nic is not None
+        assert a.nic.mac != b.nic.mac, "b made its own port"
+        ours_a = tagged(conn, ",".join([*tags(key, "vpngw"), cluster_tag("a")]))
+        assert all(len(ids) == 1 for ids in ours_a.values()), ours_a
+        anyio.run(backend("b").release, key)
+        assert tagged(conn, ",".join([*tags(key, "vpngw"), cluster_tag("a")])) == ours_a, "a's stay"
+        assert nothing(tagged(conn, ",".join([*tags(key, "vpngw"), cluster_tag("b")])))
+    finally:
+        anyio.run(backend("b").release, key)
+        anyio.run(backend("a").release, key)
+    assert nothing(tagged(conn, ",".join(tags(key, "vpngw"))))
 
 
 def test_a_wider_route_someone_points_at_the_gateway_stays_until_its_port_goes(
