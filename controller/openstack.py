@@ -554,14 +554,14 @@ class OpenStackCloud:
                 raise AdoptionRefused(
                     f"port {port.id} must have exactly one IPv4 address, on the gateway subnet {sub_id}"
                 )
+            owner, server = str(port.device_owner or ""), str(port.device_id or "")
+            if owner and not owner.startswith("compute:"):
+                raise AdoptionRefused(f"port {port.id} is a {owner} port, not a gateway's")
             if port.is_port_security_enabled is False:
                 raise AdoptionRefused(
                     f"port {port.id} has port security off: security groups and address pairs need it "
                     f"(openstack port set --enable-port-security {port.id})"
                 )
-            owner, server = str(port.device_owner or ""), str(port.device_id or "")
-            if owner and not owner.startswith("compute:"):
-                raise AdoptionRefused(f"port {port.id} is a {owner} port, not a gateway's")
             if server and not force and (nodes is None or server.lower() not in nodes):
                 raise AdoptionRefused(
                     f"port {port.id} is attached to server {server}, "
@@ -578,29 +578,28 @@ class OpenStackCloud:
                 why = adoption_refusal(what, list(r.tags or []), key, self.settings.instance, cluster)
                 if why:
                     raise AdoptionRefused(why)
+            want = [*self._tags(key), *self._cluster_tags()]
+            todo = [
+                (kind, r)
+                for kind, r in [("port", port), *(("floatingip", f) for f in fips)]
+                if not set(want) <= set(r.tags or [])
+            ]
             mine = {port.id, *(f.id for f in fips)}
-            listings = (
-                ("port", net.ports),
-                ("floating IP", net.ips),
-                ("security group", net.security_groups),
-            )
+            listings = (("port", net.ports), ("floating IP", net.ips), ("group", net.security_groups))
             held = [
                 f"{kind} {r.id}"
                 for kind, listing in listings
                 for r in listing(tags=",".join(self._tags(key)))
                 if r.id not in mine and not foreign_cluster(r.tags or [], cluster)
             ]
-            if held:
+            if todo and held:  # (all of it ours already: adopted before, nothing to do)
                 raise AdoptionRefused(
                     f"gateway {key} already has {', '.join(held)}: it was reconciled already; adopt before "
                     "its CR reaches the controller"
                 )
             tagged: list[str] = []
-            want = [*self._tags(key), *self._cluster_tags()]
-            for kind, r in [("port", port), *(("floatingip", f) for f in fips)]:
+            for kind, r in todo:
                 have = list(r.tags or [])
-                if set(want) <= set(have):
-                    continue
                 tagged.append(f"{kind}/{r.id}")
                 if not dry_run:
                     net.set_tags(r, [*have, *(t for t in want if t not in have)])
