@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_real_node_loss_e2e import GATEWAY, force_deleter, podgc_tried
+from tests.integration.test_real_kubelet import GATEWAY
+from tests.integration.test_real_node_loss_e2e import force_deleter, podgc_tried
 
 PODGC = (
     'I1203 07:02:38.862031   26149 gc_controller.go:348] "PodGC is force deleting Pod" '
