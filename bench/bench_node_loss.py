@@ -9,7 +9,10 @@ Each round is a fresh world on one control plane for the whole run; prints per r
 detection (silence -> NotReady), re-pin (-> the controller re-pinned the gateway), rollout (-> the Recreate
 rollout deleted the old pod; the operator's fence and taint follow at once), fence (taint -> old pod
 force-deleted), pod start (-> the new pod Running on node-b), IKE (-> both tunnels Established on the CR),
-traffic (-> both sites reach the exposure), total (silence -> traffic).
+traffic (-> both sites reach the exposure), total (silence -> traffic). Each round also says who
+force-deleted the old pod (``deleter=``): the controller (its ``PodForceDeleted`` Event) or
+kube-controller-manager's pod GC, which force-deletes terminating pods on a NotReady out-of-service node
+on its own 20 s period (whichever is first; the fence phase is then pod GC's, not the controller's).
 
 Usage: ``.venv/bin/python bench/bench_node_loss.py [--rounds N] [--grace SECONDS]``; prints
 ``bench.node_loss ...`` lines and a table (docs/e2e.md). Exit 0, 1 when a round fails, 2 bad usage.
@@ -59,6 +62,7 @@ def main() -> int:
     setup_logging("WARNING")
     cleanup_stale()
     results: dict[str, list[float]] = {k: [] for k in PHASES}
+    deleters: dict[str, int] = {"controller": 0, "podgc": 0}
     with ControlPlane(nodes=NodeTimings(monitor_grace=args.grace)) as cp:
         for i in range(args.rounds):
             try:
@@ -72,17 +76,24 @@ def main() -> int:
                 return 1
             b = tl.breakdown()
             print(
-                f"bench.node_loss round={i} " + " ".join(f"{k}={v:.2f}" for k, v in b.items()),
+                f"bench.node_loss round={i} "
+                + " ".join(f"{k}={v:.2f}" for k, v in b.items())
+                + f" deleter={tl.deleter}",
                 flush=True,
             )
             for k, v in b.items():
                 results[k].append(v)
+            deleters[tl.deleter] += 1
     print(
         f"\nkernel {os.uname().release}, {os.cpu_count()} cpus, rounds={args.rounds}, grace={args.grace:g} s"
     )
     for key, label in PHASES.items():
         xs = results[key]
         print(f"  {label:40s} median {statistics.median(xs):6.2f} s  min {min(xs):6.2f}  max {max(xs):6.2f}")
+    print(
+        f"  old pod force-deleted by: controller {deleters['controller']}, "
+        f"kube-controller-manager's pod GC {deleters['podgc']}"
+    )
     return 0
 
 

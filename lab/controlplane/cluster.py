@@ -149,6 +149,10 @@ class ControlPlane:
     def kubectl_path(self) -> Path:
         return self.bin_dir / "kubectl"
 
+    def log_path(self, component: str) -> Path:
+        """Where ``component`` (one of ``BINARIES``) writes its output while the control plane runs."""
+        return self._layout().log(component)
+
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in self.procs.items() if p.poll() is None}
 

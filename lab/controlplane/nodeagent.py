@@ -32,16 +32,30 @@ class NodeAgent:
             "kind": "Node",
             "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name}},
         }
-        self.cp.kubectl("create", "-f", "-", kubeconfig=self.kubeconfig, input=json.dumps(node))
+        created = self.cp.kubectl(
+            "create", "-f", "-", "-o", "json", kubeconfig=self.kubeconfig, input=json.dumps(node)
+        )
+        uid = str(json.loads(created.stdout)["metadata"]["uid"])
+        # Owned by the Node, as a kubelet's lease controller sets it (pkg/kubelet/util/nodelease.go
+        # SetNodeOwnerFunc): the garbage collector deletes the Lease once the Node is gone.
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": "kube-node-lease"},
+            "metadata": {
+                "name": self.name,
+                "namespace": "kube-node-lease",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": uid}],
+            },
             "spec": {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": _now()},
         }
-        # apply, not create: a Lease of an earlier node of this name outlives it until the garbage
-        # collector follows its ownerReference to the deleted Node.
-        self.cp.kubectl("apply", "-f", "-", kubeconfig=self.kubeconfig, input=json.dumps(lease))
+        # The Lease of an earlier node of this name may not be collected yet (it names the old Node's
+        # uid): deleted first, where a kubelet would renew it until the collector deletes it and then
+        # create its own.
+        self.cp.kubectl(
+            "delete", "lease", self.name, "-n", "kube-node-lease", "--ignore-not-found", "--wait=false",
+            kubeconfig=self.kubeconfig,
+        )  # fmt: skip
+        self.cp.kubectl("create", "-f", "-", kubeconfig=self.kubeconfig, input=json.dumps(lease))
         if ready:
             self.start()
 
@@ -58,7 +72,7 @@ class NodeAgent:
             "reason": "KubeletReady",
             "message": "lab node agent",
             "lastHeartbeatTime": now,
-            "lastTransitionTime": now,
+            "lastTransitionTime": self._ready_since(c) or now,
         }
         r = c.patch(
             f"/api/v1/nodes/{self.name}/status",
@@ -74,6 +88,19 @@ class NodeAgent:
         )
         if r.status_code != 200:
             self.errors.append(f"lease {r.status_code} {r.text[:200]}")
+
+    def _ready_since(self, c: httpx.Client) -> str | None:
+        """When the Node's Ready condition became True, while it still is: a kubelet keeps
+        lastTransitionTime until the status changes (pkg/kubelet/nodestatus ReadyCondition compares with
+        the Node it read; the node lifecycle controller's Unknown is such a change)."""
+        r = c.get(f"/api/v1/nodes/{self.name}")
+        if r.status_code != 200:
+            return None
+        conds = (r.json().get("status") or {}).get("conditions") or []
+        cur = next((x for x in conds if x.get("type") == "Ready"), None)
+        if cur is None or cur.get("status") != "True":
+            return None
+        return str(cur.get("lastTransitionTime") or "") or None
 
     def _run(self) -> None:
         with self.cp.client(self.kubeconfig) as c:

@@ -12,19 +12,30 @@ of containers (``isSignificantPodUpdate``), is refused when the ``enforce`` leve
 admitted pod, and every create or update of a workload with a pod template (``ValidatePodController``),
 gets a warning when the ``warn`` level fails (``would violate PodSecurity ...``). Labels resolve as
 ``api/helpers.go`` ``PolicyToEvaluate`` does: unset is ``privileged:latest`` (the apiserver's default
-configuration, no exemptions), ``warn`` follows a stricter ``enforce`` unless set itself.
+configuration, no exemptions), ``warn`` follows a stricter ``enforce`` unless set itself; a version that
+does not parse (``ParseVersion``: ``latest`` or ``v1.x``) is ``latest``, and printed so. A version from
+v1.35 on is checked as ``latest`` (the registry evaluates a newer version with its newest checks).
 
-Not modelled: versions before 1.35 (``enforce-version: v1.30`` is printed as given and checked with
-1.35's rules), audit annotations, the warnings a namespace label change gives about existing pods,
-refusing an invalid label on the namespace, exemptions."""
+Not modelled, and refused loudly rather than answered wrongly: a ``baseline`` or ``restricted`` level at
+a version before v1.35 (older versions have other checks): ``modelled`` raises the emulator's 500
+``Internal error occurred: not modelled: PodSecurity version v1.30 ...``. Nor modelled: audit
+annotations, the warnings a namespace label change gives about existing pods, refusing an invalid label
+on the namespace, exemptions."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lab.kubeapi.errors import internal
+
 PREFIX = "pod-security.kubernetes.io/"
+NEWEST_MINOR = 35
+"""The version the checks are modelled at (v1.35, pod-security-admission v0.35.4)."""
+VERSION = re.compile(r"^v1\.([0-9]|[1-9][0-9]*)$")
+"""api/helpers.go versionRegexp."""
 LEVELS = ("privileged", "baseline", "restricted")
 POD_CONTROLLERS: Mapping[tuple[str, str], tuple[str, ...]] = {
     # admission/admission.go: the resources ValidatePodController reads a template from (those served).
@@ -75,7 +86,8 @@ def policy(labels: Mapping[str, str] | None) -> Policy:
         return v if v in LEVELS else fallback
 
     def version(mode: str) -> str:
-        return labels.get(f"{PREFIX}{mode}-version", "latest")
+        v = labels.get(f"{PREFIX}{mode}-version", "latest")
+        return v if VERSION.match(v) else "latest"  # ParseVersion: latest (and an error) when invalid
 
     enforce = LevelVersion(level("enforce", "restricted") or "privileged", version("enforce"))
     audit = LevelVersion(level("audit", "privileged") or "privileged", version("audit"))
@@ -624,16 +636,26 @@ def violation(results: Sequence[Result]) -> str:
     return ", ".join(f"{reason} ({detail})" if detail else reason for reason, detail in results)
 
 
+def modelled(lv: LevelVersion) -> LevelVersion:
+    """``lv`` when its checks are the ones modelled here: privileged (no check at any version), or a
+    version from v1.35 on (``latest`` included); else an ``ApiError`` 500 (``errors.internal``): a verdict
+    the emulator would give wrongly, which a test then sees instead."""
+    m = VERSION.match(lv.version)
+    if lv.level != "privileged" and m is not None and int(m.group(1)) < NEWEST_MINOR:
+        raise internal(f"not modelled: PodSecurity version {lv.version} (only v1.{NEWEST_MINOR}+ and latest)")
+    return lv
+
+
 def refusal(labels: Mapping[str, str] | None, meta: Obj, spec: Obj) -> str | None:
     """The message after ``pods "x" is forbidden: `` when the namespace's enforce level refuses the pod."""
-    lv = policy(labels).enforce
+    lv = modelled(policy(labels).enforce)
     failed = evaluate(lv.level, meta, spec)
     return f'violates PodSecurity "{lv}": {violation(failed)}' if failed else None
 
 
 def warning(labels: Mapping[str, str] | None, meta: Obj, spec: Obj) -> str | None:
     """The warning an admitted pod or a workload's template gets when the warn level fails."""
-    lv = policy(labels).warn
+    lv = modelled(policy(labels).warn)
     failed = evaluate(lv.level, meta, spec)
     return f'would violate PodSecurity "{lv}": {violation(failed)}' if failed else None
 

@@ -962,14 +962,19 @@ class ApiServer:
         return not user.privileged and rtype.group == "rbac.authorization.k8s.io"
 
     def _check_escalation(self, user: UserInfo, rtype: ResourceType, ns: str, obj: Mapping[str, Any]) -> None:
+        """pkg/registry/rbac: the ``escalate`` (RoleEscalationAuthorized) and ``bind``
+        (BindingAuthorized) verbs are asked of the authorizer, so with ``rbac_delay`` they lag as every
+        authorization does; the rule check (ConfirmNoEscalation, the referenced role's rules) resolves
+        from storage, so it sees every RBAC object written."""
         if not self._needs_escalation_check(user, rtype):
             return
         snap = self.rbac_snapshot()
+        authorizer = self.authorizer_snapshot()
         name = (obj.get("metadata") or {}).get("name", "")
         plural = rtype.plural
         if plural in ("roles", "clusterroles"):
             esc = Attributes(user, "escalate", True, rtype.group, plural, "", ns, name)
-            if rbac.authorize(esc, snap)[0]:
+            if rbac.authorize(esc, authorizer)[0]:
                 return
             owner, errors = rbac.rules_for(user, ns if plural == "roles" else "", snap)
             missing = rbac.missing_rights(owner, list(obj.get("rules") or []))
@@ -986,7 +991,7 @@ class ApiServer:
                 ns if plural == "rolebindings" else "",
                 ref.get("name", ""),
             )
-            if rbac.authorize(bind, snap)[0]:
+            if rbac.authorize(bind, authorizer)[0]:
                 return
             wanted, ref_errors = rbac.role_rules(snap, ref, ns)
             owner, errors = rbac.rules_for(user, ns if plural == "rolebindings" else "", snap)

@@ -16,7 +16,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 Obj = dict[str, Any]
 
@@ -641,6 +641,135 @@ def pod_status(view: PodView, now: str) -> tuple[Obj, dict[str, str]]:
         status["containerStatuses"] = [container_status(c) for c in view.containers]
     status["qosClass"] = "Burstable"
     return status, transitions
+
+
+KUBELET_CONDITIONS = frozenset(
+    {
+        "PodScheduled",
+        "Ready",
+        "Initialized",
+        "ContainersReady",
+        "PodReadyToStartContainers",
+        "PodResizeInProgress",
+        "PodResizePending",
+    }
+)
+"""The pod conditions a kubelet owns (pkg/kubelet/types/pod_status.go PodConditionsByKubelet, with the
+PodReadyToStartContainers gate on): it writes these and keeps every other one (DisruptionTarget of the
+taint eviction controller or pod GC, a readiness gate's condition)."""
+
+STRATEGIC_MERGE: Final = "application/strategic-merge-patch+json"
+
+KUBELET_FIELDS = frozenset(
+    {
+        "phase",
+        "reason",
+        "message",
+        "hostIP",
+        "hostIPs",
+        "podIP",
+        "podIPs",
+        "startTime",
+        "initContainerStatuses",
+        "containerStatuses",
+        "ephemeralContainerStatuses",
+    }
+)
+"""The fields of a pod's status the kubelet writes whole: one it no longer has is removed. Others
+(``conditions`` merge by type, ``qosClass``, ``resourceClaimStatuses``, ``nominatedNodeName``) are not."""
+
+STATUS_MERGE_KEYS: Mapping[str, str] = {"conditions": "type"}
+"""The pod status' lists a strategic merge patch merges by key (k8s.io/api core/v1 PodStatus: also
+``hostIPs`` and ``podIPs`` by ``ip``, which the kubelet sets once, so a whole list is the same patch)."""
+
+ATOMIC_STATUSES = frozenset({"initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"})
+"""Lists a strategic merge patch replaces whole on the real server (no patchStrategy in PodStatus), which
+the emulator's strategic merge (lab.kubeapi.patch MERGE_KEYS) merges by ``name``: written whole, with a
+null for each field an element no longer has, the same on both."""
+
+
+def merged_status(current: Obj, mine: Obj) -> Obj:
+    """``mine`` (``pod_status``'s) with the conditions of ``current`` (the status on the API server) that
+    the kubelet does not own kept, before its own: pkg/kubelet/status/status_manager.go mergePodStatus
+    (DisruptionTarget of the taint eviction controller or pod GC, a readiness gate's condition)."""
+    foreign = [c for c in current.get("conditions") or [] if c.get("type") not in KUBELET_CONDITIONS]
+    return {**mine, "conditions": [*foreign, *(mine.get("conditions") or [])]}
+
+
+def status_patch(current: Obj, new: Obj) -> Obj:
+    """The strategic merge patch from ``current`` to ``new`` (``merged_status``'s), as a real kubelet's
+    PatchPodStatus makes it (a two-way merge patch, pkg/util/pod): only what changed; a field the kubelet
+    owns and no longer has is null (removed); lists merge by their key, an element changed is patched
+    field by field, an element gone is ``$patch: delete``; the container statuses are written whole
+    when one changed (``ATOMIC_STATUSES``: a container's ``state.running`` is null beside the new
+    ``state.terminated``); the other lists are replaced whole. Empty when nothing changed."""
+    out = _diff(current, new)
+    for k in current.keys() - new.keys():
+        if k in KUBELET_FIELDS:
+            out[k] = None
+    return out
+
+
+def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:
+    out: Obj = {}
+    for k, v in new.items():
+        o = old.get(k)
+        if o == v:
+            continue
+        if isinstance(v, Mapping) and isinstance(o, Mapping):
+            d = _diff(o, v)
+            d.update(_gone(o, v))
+            if d:
+                out[k] = d
+        elif isinstance(v, list) and isinstance(o, list) and k in STATUS_MERGE_KEYS:
+            changed = _list_diff(o, v, STATUS_MERGE_KEYS[k])
+            if changed:  # the same elements in another order: nothing to write
+                out[k] = changed
+        elif isinstance(v, list) and isinstance(o, list) and k in ATOMIC_STATUSES:
+            before = {x.get("name"): x for x in o if isinstance(x, Mapping)}
+            out[k] = [_with_nulls(before.get(x.get("name")), x) for x in v]
+        else:
+            out[k] = v
+    return out
+
+
+def _with_nulls(old: Any, new: Any) -> Any:
+    """``new`` whole, with a null for every key of ``old`` (at any depth of maps) it no longer has."""
+    if not (isinstance(old, Mapping) and isinstance(new, Mapping)):
+        return new
+    out = {k: _with_nulls(old.get(k), v) for k, v in new.items()}
+    out.update(_gone(old, new))
+    return out
+
+
+def _gone(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:
+    """A null for each key ``old`` has a value for and ``new`` does not."""
+    return {k: None for k in old.keys() - new.keys() if old[k] is not None}
+
+
+def _list_diff(old: list[Any], new: list[Any], key: str) -> list[Any]:
+    before = {o.get(key): o for o in old if isinstance(o, Mapping)}
+    out: list[Any] = []
+    for n in new:
+        o = before.get(n.get(key))
+        if o is None:
+            out.append(n)
+        elif o != n:
+            d = _diff(o, n)
+            d.update(_gone(o, n))
+            if d:
+                out.append({key: n[key], **d})
+    names = {n.get(key) for n in new}
+    out += [{"$patch": "delete", key: k} for k in before if k not in names]
+    return out
+
+
+def terminal_phase(view: PodView) -> Literal["Succeeded", "Failed"]:
+    """The phase a kubelet writes once a deleted pod's containers stopped (pkg/kubelet/kubelet_pods.go
+    getPhase with podIsTerminal): Succeeded when every container exited 0, else Failed (one exited
+    otherwise or never ran)."""
+    ok = bool(view.containers) and all(c.state == "terminated" and c.exit_code == 0 for c in view.containers)
+    return "Succeeded" if ok else "Failed"
 
 
 def with_state(c: ContainerState, **kw: Any) -> ContainerState:

@@ -16,11 +16,14 @@ Sequence (the kubelet's, simplified where docs/e2e.md says so):
    readiness, liveness and startup probes (httpGet and tcpSocket from the node, as the kubelet probes
    the pod's IP); a failed liveness probe restarts the container;
 5. status: phase, conditions, container statuses, pod IP, patched on the status subresource when it
-   changes;
+   changes, by a strategic merge patch of the difference to the pod as read, which replaces the kubelet's own
+   conditions and keeps the others (``model.merged_status``, ``model.status_patch``);
 6. teardown (the pod deleted, or the kubelet stopping): every container stopped (SIGTERM, then SIGKILL
    after terminationGracePeriodSeconds), host-device interfaces moved back to the node, the namespace,
-   the veth and the volumes (tmpfs unmounted) removed, then the deletion confirmed: the pod's finalizer
-   released (the emulator) or the pod deleted with grace 0 (a real API server; ``settings.deletion``).
+   the veth and the volumes (tmpfs unmounted) removed, then the terminal phase written (Succeeded when
+   every container exited 0, else Failed, with the containers' terminated states) and the deletion
+   confirmed: the pod's finalizer released (the emulator) or the pod deleted with grace 0 (a real API
+   server; ``settings.deletion``).
 """
 
 from __future__ import annotations
@@ -144,6 +147,8 @@ class PodWorker:
         self.started_at = time.monotonic()
         self.errors: list[str] = []
         self.token_expiration = model.TOKEN_EXPIRATION
+        self._written: Obj | None = None
+        """The status last written (the API server's, as far as this kubelet knows)."""
 
     # --- accessors -------------------------------------------------------------------------------------
 
@@ -791,31 +796,64 @@ class PodWorker:
     # --- status ----------------------------------------------------------------------------------------
 
     async def _status_writer(self) -> None:
-        last: Obj | None = None
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
             await anyio.sleep(0.05)  # coalesce a burst of changes into one write
             if self.k.partitioned:
                 continue  # nothing reaches the API server; the next change after healing writes it all
-            status, transitions = model.pod_status(self.view, now())
-            # The API server sets the QoS class at creation and refuses a change (a real one validates
-            # it immutable): keep the one the pod has.
-            status["qosClass"] = (self.pod.get("status") or {}).get("qosClass") or status["qosClass"]
-            self.view = replace(self.view, transitions=transitions)
-            if status == last:
-                continue
             try:
-                await self.k.kube.patch(
-                    PODS, self.name, {"status": status}, self.namespace, subresource="status"
-                )
-                last = status
+                await self._write_status()
             except NotFound:
                 return
             except KubeError as exc:
                 log.warning("kubelet.status_failed pod=%s/%s error=%r", self.namespace, self.name, str(exc))
                 self._dirty.set()
                 await anyio.sleep(0.5)
+
+    async def _write_status(self) -> None:
+        """Patch the view on the status subresource when it changed since the last write (one writer at a
+        time: the writer task while the pod runs, teardown after it ended), as a real kubelet's status
+        manager does: the pod read fresh, the kubelet's status merged with it (the conditions it does not
+        own kept), a strategic merge patch of the difference with the pod's uid as precondition.
+        NotFound when the pod is gone (or its name is another pod's)."""
+        status, transitions = model.pod_status(self.view, now())
+        self.view = replace(self.view, transitions=transitions)
+        if status == self._written:
+            return
+        pod = await self.k.kube.get(PODS, self.name, self.namespace)
+        if pod["metadata"].get("uid") != self.uid:
+            raise NotFound(404, "NotFound", f"pod {self.namespace}/{self.name} is another pod now")
+        current: Obj = pod.get("status") or {}
+        # The API server sets the QoS class at creation and refuses a change (a real one validates it
+        # immutable): keep the one the pod has.
+        mine = {**status, "qosClass": current.get("qosClass") or status["qosClass"]}
+        patch = model.status_patch(current, model.merged_status(current, mine))
+        if patch:
+            await self.k.kube.request(
+                "PATCH",
+                PODS.path(self.namespace, self.name, "status"),
+                params={"fieldManager": self.k.kube.field_manager or "lab-kubelet"},
+                body={"metadata": {"uid": self.uid}, "status": patch},
+                content_type=model.STRATEGIC_MERGE,
+            )
+        self._written = status
+
+    async def _write_terminal(self) -> None:
+        """A deleted pod's containers stopped: its terminal phase, before the deletion is confirmed (a real
+        kubelet's status manager writes it, then deletes with grace 0; a pod deleted without ever
+        reaching the API server as terminal stays Running to every watcher until it is gone)."""
+        if self.view.phase not in ("Succeeded", "Failed"):
+            self.view = replace(self.view, phase=model.terminal_phase(self.view))
+        for _ in range(20):
+            try:
+                await self._write_status()
+                return
+            except (NotFound, Conflict):
+                return  # gone already, or the name is another pod's now
+            except KubeError as exc:
+                log.warning("kubelet.status_failed pod=%s/%s error=%r", self.namespace, self.name, str(exc))
+                await anyio.sleep(0.2)
 
     # --- teardown --------------------------------------------------------------------------------------
 
@@ -855,6 +893,7 @@ class PodWorker:
             )
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.dir, ignore_errors=True))
         if self.deleting and not self.k.partitioned:
+            await self._write_terminal()
             await self.confirm_deletion()
         log.info(
             "kubelet.pod.stopped pod=%s/%s deleting=%s errors=%d",

@@ -10,10 +10,13 @@ lab.controlplane; the kubelet: lab/kubelet/realnode.py), running the gateway the
   real TokenRequest API and the control plane's CA, and writes ``status.tunnels``;
 * a remote site with its own charon (configured by hand, as a tenant's firewall): the tunnel Established,
   a TCP round trip through it to the exposure;
+* a condition the kubelet does not own (``DisruptionTarget``, as the taint eviction controller or pod GC
+  write it) survives the kubelet's status writes (a strategic merge by condition type, as a real
+  kubelet's mergePodStatus keeps it);
 * deleting the VPNGateway: the controller deletes the Deployment, the garbage collector the ReplicaSet and
   the pod (a graceful deletion: the real server keeps the pod until its kubelet confirms), the kubelet
-  stops the containers, tears the pod down, then deletes it with grace 0: the pod leaves the API only
-  after its processes and namespace are gone.
+  stops the containers, tears the pod down, writes the terminal phase (seen by a watch), then deletes it
+  with grace 0: the pod leaves the API only after its processes and namespace are gone.
 
 ``RealWorld`` is shared with test_real_node_loss_e2e.py and bench/bench_node_loss.py.
 """
@@ -437,6 +440,37 @@ def world_a(controlplane: ControlPlane) -> Iterator[RealWorld]:
     assert left == [], f"namespaces left behind: {left}"
 
 
+FOREIGN = {
+    "type": "DisruptionTarget",
+    "status": "True",
+    "reason": "LabNotTheKubelets",
+    "message": "written by the test, as the taint eviction controller does",
+}
+"""A pod condition the kubelet does not own (pkg/kubelet/types PodConditionsByKubelet). Written with its
+``lastTransitionTime``: without one, the disruption controller takes it for stale at once (older than
+its 2 minutes) and resets it to False."""
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def watch_events(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``kubectl get --watch --output-watch-events -o json``'s stream: (type, object) in order."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    dec, i = json.JSONDecoder(), 0
+    while (i := _skip_space(text, i)) < len(text):
+        doc, i = dec.raw_decode(text, i)
+        out.append((str(doc["type"]), doc["object"]))
+    return out
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
+
+
 def running_status(pod: Mapping[str, Any], worker: PodWorker) -> bool:
     """What only the kubelet writes: phase Running, the pod IP of its sandbox, every container running."""
     st = pod.get("status") or {}
@@ -477,20 +511,50 @@ def test_the_lab_kubelet_runs_the_gateway_as_a_node_of_the_real_control_plane(wo
     vip = w.vip()
     w.wait(lambda: w.reaches(s1, vip, 80), 30, "s1 reaching web through its tunnel")
 
-    # Deleting the gateway: a graceful deletion of the pod, confirmed by the kubelet after teardown.
+    # A condition the kubelet does not own, as the taint eviction controller writes it: kept.
+    name = pod["metadata"]["name"]
+    w.cp.kubectl(
+        "patch", "pod", name, "-n", HOME_NS, "--subresource=status", "--type=strategic", "-p",
+        json.dumps({"status": {"conditions": [{**FOREIGN, "lastTransitionTime": now_rfc3339()}]}}),
+    )  # fmt: skip
+
+    # Deleting the gateway: a graceful deletion of the pod, confirmed by the kubelet after teardown. A
+    # watch sees the last status the pod had: the kubelet's terminal one, before its grace-0 DELETE.
     netns_name = worker.netns
-    w.cp.kubectl("delete", "vpngateway", GATEWAY, "-n", TENANT, "--wait=false")
-    w.wait(lambda: worker.deleting, 60, "the pod's deletion reaching the kubelet")
-    gone: list[bool] = []
+    events = w.workdir / "pod-watch.json"
+    with events.open("wb") as out:
+        watch = subprocess.Popen(
+            [str(w.cp.kubectl_path), f"--kubeconfig={w.cp.kubeconfig}", "get", "pod", name, "-n", HOME_NS,
+             "--watch", "--output-watch-events", "-o", "json"],
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        w.wait(lambda: events.exists() and '"ADDED"' in events.read_text(), 30, "the pod watch started")
+        w.cp.kubectl("delete", "vpngateway", GATEWAY, "-n", TENANT, "--wait=false")
+        w.wait(lambda: worker.deleting, 60, "the pod's deletion reaching the kubelet")
+        gone: list[bool] = []
 
-    def pod_gone() -> bool:
-        if w.get("pod", pod["metadata"]["name"], "-n", HOME_NS) is not None:
-            return False
-        # Confirmed only after teardown: at the moment the pod left the API its namespace was gone.
-        gone.append(netns_name not in netns.list_namespaces())
-        return True
+        def pod_gone() -> bool:
+            if w.get("pod", pod["metadata"]["name"], "-n", HOME_NS) is not None:
+                return False
+            # Confirmed only after teardown: at the moment the pod left the API its namespace was gone.
+            gone.append(netns_name not in netns.list_namespaces())
+            return True
 
-    w.wait(pod_gone, 90, "the pod deleted (the kubelet's grace-0 confirmation)")
+        w.wait(pod_gone, 90, "the pod deleted (the kubelet's grace-0 confirmation)")
+        w.wait(lambda: '"DELETED"' in events.read_text(), 30, "the pod's deletion seen by the watch")
+    finally:
+        watch.terminate()
+        watch.wait(10)
+    seen = watch_events(events.read_text())
+    assert seen[-1][0] == "DELETED", [t for t, _ in seen]
+    final = seen[-1][1]["status"]
+    assert final["phase"] in ("Succeeded", "Failed"), final
+    conds = {c["type"]: c for c in final["conditions"]}
+    assert conds["Ready"]["status"] == "False", conds
+    assert conds["DisruptionTarget"]["reason"] == FOREIGN["reason"], "the kubelet dropped a foreign condition"
+    assert all("terminated" in c["state"] for c in final["containerStatuses"]), final["containerStatuses"]
     assert gone == [True], "the pod left the API while its namespace still existed"
     assert worker.errors == [], worker.errors
     assert netns_name not in netns.list_namespaces()

@@ -14,7 +14,11 @@ out-of-service taint. The lab plays what "down" means for the data plane at that
 node-a's old pod (the interface is moved out of its network namespace, as a port detached from a dead
 server no longer reaches it) and appears on node-b's server (its namespace), as the port re-attached
 there. The old pod's charon and agents keep running but have no NIC2: they cannot keep the tunnels. The
-controller then deletes the old pod with grace 0 (``placement.stranded``), the ReplicaSet controller makes
+controller then deletes the old pod with grace 0 (``placement.stranded``), unless kube-controller-manager's
+pod GC does it first (``gcTerminating``: a terminating pod on a NotReady node tainted out-of-service, on
+its 20 s period): whichever deletes first wins, the other finds nothing; ``Timeline.deleter`` says which
+(the controller's ``PodForceDeleted`` Event, or pod GC's line in kube-controller-manager's log). The
+ReplicaSet controller makes
 the new pod on node-b, node-b's kubelet runs it (host-device takes NIC2 by MAC), its agent initiates both
 site tunnels, and traffic flows again.
 
@@ -59,6 +63,8 @@ class Timeline:
     marks: dict[str, float] = field(default_factory=dict)
     old_pod: str = ""
     new_pod: str = ""
+    deleter: str = ""
+    """Who force-deleted the old pod: ``controller`` (ours) or ``podgc`` (kube-controller-manager's)."""
 
     def breakdown(self) -> dict[str, float]:
         """Each phase's own seconds (they add up to the total): detection (silence -> NotReady), re-pin
@@ -83,6 +89,33 @@ def node_ready(w: RealWorld, name: str) -> str:
     node = w.get("node", name) or {}
     conds = (node.get("status") or {}).get("conditions") or []
     return next((str(c.get("status")) for c in conds if c.get("type") == "Ready"), "")
+
+
+PODGC_LINE = '"PodGC is force deleting Pod"'
+"""What kube-controller-manager's pod GC logs (at level 0) before it marks a pod Failed and deletes it with
+grace 0 (pkg/controller/podgc/gc_controller.go markFailedAndDeletePodWithCondition)."""
+
+
+def podgc_tried(log_text: str, namespace: str, name: str) -> bool:
+    """Whether pod GC's force delete of ``namespace/name`` is in ``log_text`` (kube-controller-manager's)."""
+    pod = f'pod="{namespace}/{name}"'
+    return any(PODGC_LINE in line and pod in line for line in log_text.splitlines())
+
+
+def force_deleter(events: list[dict[str, Any]], log_text: str, namespace: str, name: str) -> str:
+    """Who deleted the old pod with grace 0, from the gateway's ``PodForceDeleted`` Events and the part of
+    kube-controller-manager's log written since the taint. Both try: the controller writes its Event only
+    when its own DELETE (uid precondition) found the pod, so one Event means it won; none means pod GC did,
+    which its log must then show (its status patch and DELETE follow that line)."""
+    assert len(events) <= 1, f"more than one PodForceDeleted Event: {events}"
+    if events:
+        assert [e["involvedObject"]["name"] for e in events] == [GATEWAY], events
+        assert "node node-a is gone or out of service" in events[0]["message"], events
+        return "controller"
+    assert podgc_tried(log_text, namespace, name), (
+        f"no PodForceDeleted Event and no {PODGC_LINE} for {namespace}/{name} in the controller manager log"
+    )
+    return "podgc"
 
 
 def up(w: RealWorld) -> tuple[dict[str, Any], Any]:
@@ -138,6 +171,8 @@ def node_loss(w: RealWorld) -> Timeline:
     # attached to node-b's server), then the taint docs/install.md gives.
     taken = w.nodes["node-a"].kubelet.take_host_device(w.lab.nic2_mac, w.node_ns["node-b"])
     assert taken == [f"{HOME_NS}/{tl.old_pod}"], taken
+    kcm_log = w.cp.log_path("kube-controller-manager")
+    kcm_from = kcm_log.stat().st_size  # one control plane may serve many rounds (the bench)
     w.cp.kubectl("taint", "node", "node-a", OUT_OF_SERVICE)
     mark("tainted")
     w.wait(lambda: w.get("pod", tl.old_pod, "-n", HOME_NS) is None, 60, "the old pod force-deleted")
@@ -182,9 +217,10 @@ def node_loss(w: RealWorld) -> Timeline:
     events = w.cp.kubectl(
         "get", "events", "-n", TENANT, "--field-selector", "reason=PodForceDeleted", "-o", "json"
     )
-    items = json.loads(events.stdout)["items"]
-    assert [e["involvedObject"]["name"] for e in items] == [GATEWAY], items
-    assert "node node-a is gone or out of service" in items[0]["message"]
+    with kcm_log.open("rb") as f:
+        f.seek(kcm_from)
+        since_taint = f.read().decode(errors="replace")
+    tl.deleter = force_deleter(json.loads(events.stdout)["items"], since_taint, HOME_NS, tl.old_pod)
     return tl
 
 
@@ -207,5 +243,5 @@ def test_a_partitioned_nodes_gateway_comes_back_on_another_node_with_its_tunnels
     print(
         "node_loss.measured "
         + " ".join(f"{k}={v:.2f}" for k, v in tl.breakdown().items())
-        + f" old_pod={tl.old_pod} new_pod={tl.new_pod}"
+        + f" old_pod={tl.old_pod} new_pod={tl.new_pod} deleter={tl.deleter}"
     )
