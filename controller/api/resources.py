@@ -498,6 +498,154 @@ CLUSTER_LINK_SPEC = Obj(
 )
 
 
+# --- status ---------------------------------------------------------------------------------------------
+#
+# Structural: the API server PRUNES every status field not declared here, so every key a writer puts in
+# status is listed with its type: the controller (controller.status: conditions, observedGeneration,
+# nodeName, publicIP), the status-agent (agent.ipsec.status: tunnels, tunnelsSummary, agent;
+# agent.wireguard.status: peers, tunnelsSummary, agent) and init-nat's report (agent.sink.init_nat_report:
+# initNat). Types only, no enums, patterns or bounds: a status write the API refused would hide the
+# gateway's state; the writers own the values. The agent writes a tunnel's unknown times and error as
+# JSON null: a merge patch drops nulls inside the list items it writes (the API server's json-patch merge),
+# so they are stored absent, with or without this schema. tests/status_schema.py writes each writer's full status and
+# reads it back unchanged from the emulator and from the real kube-apiserver.
+
+_RFC3339 = "RFC 3339 time in UTC, e.g. 2026-12-01T10:00:00Z"
+
+condition = Obj(
+    {
+        "type": Str(
+            "Condition type: Ready (the gateway serves its plan), ConfigRendered, CloudReady, PodReady, "
+            "DeployedPlan, OwnedObjects, and with OpenStack RoutingReady and SecurityGroupScoped."
+        ),
+        "status": Str("True, False or Unknown."),
+        "reason": Str("One CamelCase word for the condition's last transition, e.g. NoPod or Invalid."),
+        "message": Str("Human-readable details (at most 32768 characters)."),
+        "lastTransitionTime": Str(f"When status last changed ({_RFC3339})."),
+        "observedGeneration": Int("The metadata.generation the condition was computed from."),
+    },
+    required=("type",),
+    description="One aspect of the gateway's state, in Kubernetes' condition convention.",
+)
+_counters = {
+    "bytesIn": Int("Bytes received from the peer through the tunnel (decrypted), since it came up."),
+    "bytesOut": Int("Bytes sent to the peer through the tunnel (before encryption), since it came up."),
+}
+ipsec_child = Obj(
+    {
+        "name": Str("CHILD_SA name (charon's child config): one per remote subnet."),
+        "remoteSubnet": Str("The remote subnet (IPv4 CIDR) this CHILD_SA carries."),
+        "state": Str("Established, Connecting or Down."),
+        "rekeyAt": Str(f"When the newest CHILD_SA is next rekeyed ({_RFC3339}); absent when not up."),
+    },
+    description="One CHILD_SA of the tunnel.",
+)
+ipsec_tunnel = Obj(
+    {
+        "name": Str("The tunnel: the VPNPeer's name (IPsecGateway: the tunnel's name)."),
+        "state": Str(
+            "Established (IKE_SA up and every CHILD_SA installed), Connecting, Down or Failed (see lastError)."
+        ),
+        "establishedAt": Str(f"When the IKE_SA was established ({_RFC3339}); absent while down."),
+        "rekeyAt": Str(
+            f"When the IKE_SA is next rekeyed or reauthenticated ({_RFC3339}); absent while down."
+        ),
+        **_counters,
+        "packetsIn": Int("Packets received through the tunnel since it came up."),
+        "packetsOut": Int("Packets sent through the tunnel since it came up."),
+        "children": Arr(ipsec_child, "The tunnel's CHILD_SAs, one per remote subnet, in plan order."),
+        "lastError": Str(
+            "Why the tunnel is not up (charon's reason, e.g. AUTHENTICATION_FAILED); absent when Established "
+            "or when there is nothing to say."
+        ),
+    },
+    description="An IPsec tunnel as charon (strongSwan) reports it.",
+)
+wireguard_peer = Obj(
+    {
+        "name": Str("The VPNPeer's name."),
+        "publicKey": Str("The peer's WireGuard public key (base64)."),
+        "allowedIPs": Arr(Str("IPv4 CIDR."), "The peer's allowed IPs (routed into its tunnel)."),
+        **_counters,
+        "state": Str(
+            "Connected (handshake within 180 s), Stale (older), NeverConnected, or Failed (left off the "
+            "device: see lastError)."
+        ),
+        "lastError": Str("Why the peer is Failed, e.g. its preshared key Secret is missing."),
+        "endpoint": Str("Where the device last saw the peer (address:port), else the planned endpoint."),
+        "latestHandshake": Str(f"The latest handshake ({_RFC3339}); absent if never."),
+    },
+    description="A WireGuard peer as the device reports it.",
+)
+agent_status = Obj(
+    {
+        "connected": Bool("IPsec: whether the agent can talk to charon (VICI)."),
+        "daemon": Str("IPsec: charon's name and version, e.g. charon 5.9.8."),
+        "planHash": Str("Hash of the plan the data plane runs (the last good one)."),
+        "lastError": Str("What keeps the data plane from following the newest plan, if anything."),
+    },
+    description="The status-agent: the plan in force and what stands in its way.",
+)
+init_nat = Obj(
+    {
+        "leftOut": Arr(
+            Obj(
+                {
+                    "exposure": Str("The exposure's name."),
+                    "kind": Str("reverse for a reverse exposure; absent for an exposure."),
+                    "reason": Str("Why init-nat left it out, e.g. its host does not resolve."),
+                },
+                description="An exposure init-nat left out of the data plane.",
+            ),
+            "Exposures init-nat left out of the data plane, and why.",
+        ),
+        "lastError": Str("init-nat's last error."),
+        "ipv6": Obj(
+            {
+                "state": Str("unguarded: init-nat could not install its IPv6 guard."),
+                "reason": Str("Why IPv6 is unguarded."),
+            },
+            description="IPv6 that init-nat could not guard; absent when all is well.",
+        ),
+    },
+    description="What init-nat (the NAT rules of the gateway pod) reports; absent when it has nothing to say.",
+)
+GATEWAY_STATUS = Obj(
+    {
+        "conditions": Arr(
+            condition,
+            "The gateway's conditions, Ready first (kubectl describe shows them).",
+            list_type="map",
+            map_keys=("type",),
+        ),
+        "observedGeneration": Int("The metadata.generation the controller last reconciled."),
+        "nodeName": Str("The node the gateway pod is pinned to."),
+        "publicIP": Str("The gateway's public (floating) IPv4 address that peers connect to."),
+        "tunnels": Arr(ipsec_tunnel, "IPsec: one entry per tunnel (VPNPeer), written by the status-agent."),
+        "peers": Arr(wireguard_peer, "WireGuard: one entry per VPNPeer, written by the status-agent."),
+        "tunnelsSummary": Str(
+            'How many tunnels (IPsec) or peers (WireGuard) are up, e.g. "3/4 up" (the Tunnels column); '
+            "written by the status-agent."
+        ),
+        "agent": agent_status,
+        "initNat": init_nat,
+    },
+    description="The observed state, written by the controller (conditions, observedGeneration, nodeName, "
+    "publicIP) and by the gateway pod's status-agent (tunnels or peers, tunnelsSummary, agent, initNat).",
+)
+PEER_STATUS = Obj(
+    {
+        "state": Str(
+            "The peer's tunnel state as its gateway's status-agent sees it (IPsec: Established, "
+            "Connecting, Down, Failed; WireGuard: Connected, Stale, NeverConnected, Failed). Not written "
+            "yet: the gateway's status.tunnels or status.peers has it."
+        ),
+    },
+    description="The observed state of the peer.",
+)
+CLUSTER_LINK_STATUS = Obj(description="Unused: nothing writes a ClusterLink's status.")
+
+
 # --- resources --------------------------------------------------------------------------------------
 
 
@@ -509,6 +657,7 @@ class Resource:
     short_names: tuple[str, ...]
     spec: Obj
     description: str
+    status: Obj
 
     @property
     def api_version(self) -> str:
@@ -523,7 +672,7 @@ class Resource:
                 "kind": Str(),
                 "metadata": Obj(preserve_unknown=True),
                 "spec": self.spec,
-                "status": Obj(preserve_unknown=True),
+                "status": self.status,
             },
             required=("metadata", "spec"),
             rules=(_name_rule(self.kind),),
@@ -533,7 +682,13 @@ class Resource:
 
 RESOURCES = (
     Resource(
-        VPN_GROUP, "VPNGateway", "vpngateways", ("vpngw",), GATEWAY_SPEC, "An IPsec or WireGuard VPN gateway."
+        VPN_GROUP,
+        "VPNGateway",
+        "vpngateways",
+        ("vpngw",),
+        GATEWAY_SPEC,
+        "An IPsec or WireGuard VPN gateway.",
+        GATEWAY_STATUS,
     ),
     Resource(
         VPN_GROUP,
@@ -542,6 +697,7 @@ RESOURCES = (
         ("vpnpeer",),
         PEER_SPEC,
         "A remote site or road warrior of a gateway.",
+        PEER_STATUS,
     ),
     Resource(
         LEGACY_GROUP,
@@ -550,6 +706,7 @@ RESOURCES = (
         ("ipsecgw",),
         LEGACY_GATEWAY_SPEC,
         "Legacy (frozen) IPsec gateway with tunnels[].",
+        GATEWAY_STATUS,
     ),
     Resource(
         LEGACY_GROUP,
@@ -558,6 +715,7 @@ RESOURCES = (
         ("clink",),
         CLUSTER_LINK_SPEC,
         "Legacy (frozen): a service cluster's router that carries reverse routes.",
+        CLUSTER_LINK_STATUS,
     ),
 )
 BY_KIND = {r.kind: r for r in RESOURCES}
