@@ -14,8 +14,8 @@ from controller.api.resources import RESOURCES, VERSION, Resource
 from controller.api.schema import openapi
 
 _READY = '.status.conditions[?(@.type=="Ready")]'
-_AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-_GATEWAY_HEALTH = [
+_AGE: dict[str, Any] = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+_GATEWAY_HEALTH: list[dict[str, Any]] = [
     {
         "name": "Ready",
         "type": "string",
@@ -37,8 +37,8 @@ _GATEWAY_HEALTH = [
         "description": "Why Ready is what it is (kubectl describe has the message).",
     },
 ]
-_NODE = {"name": "Node", "type": "string", "jsonPath": ".status.nodeName"}
-_PUBLIC_IP = {"name": "Public IP", "type": "string", "jsonPath": ".status.publicIP"}
+_NODE: dict[str, Any] = {"name": "Node", "type": "string", "jsonPath": ".status.nodeName"}
+_PUBLIC_IP: dict[str, Any] = {"name": "Public IP", "type": "string", "jsonPath": ".status.publicIP"}
 _PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "VPNGateway": [
         {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
