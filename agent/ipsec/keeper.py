@@ -55,7 +55,14 @@ from agent.ipsec.plan import (
     stale_children,
     with_cacerts,
 )
-from agent.ipsec.status import Carry, TunnelStatus, publish_due, reason_from_log, tunnels_status
+from agent.ipsec.status import (
+    Carry,
+    TunnelStatus,
+    publish_due,
+    reason_from_log,
+    tunnels_status,
+    tunnels_summary,
+)
 from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
 from gwkit.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
 from gwkit.vici.queries import (
@@ -787,7 +794,11 @@ class Keeper:
             agent["planHash"] = plan_hash(self.plan)
         problems = self._problems()
         agent["lastError"] = "; ".join(problems) if problems else None
-        return {"tunnels": [s.to_dict() for s in self.statuses], "agent": agent}
+        return {
+            "tunnels": [s.to_dict() for s in self.statuses],
+            "tunnelsSummary": tunnels_summary(self.statuses),
+            "agent": agent,
+        }
 
     def _problems(self) -> list[str]:
         plan_file = self.plans.last_error

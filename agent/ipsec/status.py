@@ -272,6 +272,13 @@ def tunnels_status(
     return out, new_carry
 
 
+def tunnels_summary(statuses: list[TunnelStatus] | tuple[TunnelStatus, ...]) -> str:
+    """``status.tunnelsSummary``: how many of the plan's tunnels are Established, e.g. ``3/4 up`` (the
+    VPNGateway's Tunnels column: a printer column cannot count, so the agent that knows says it)."""
+    up = sum(1 for s in statuses if s.state == "Established")
+    return f"{up}/{len(statuses)} up"
+
+
 # --- charon's reasons, from control-log / log lines ----------------------------------------------------
 
 _REASONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(

@@ -45,7 +45,7 @@ from agent.runtime import Backend, Health, PlanSource, SecretError, Secrets, Set
 from agent.wireguard import readonly
 from agent.wireguard.config import ConfigError, Desired, desired, hostnames, secret_key
 from agent.wireguard.diff import diff
-from agent.wireguard.status import peers_status, without_counters
+from agent.wireguard.status import peers_status, peers_summary, without_counters
 from gwkit.wireguard.backend import (
     ApplyRejected,
     BackendUnavailable,
@@ -465,7 +465,7 @@ class WireGuardAgent:
             peers == self._published or now - self._published_at < self.settings.resync_seconds
         ):
             return
-        await self.sink.publish({"peers": peers, "agent": agent})
+        await self.sink.publish({"peers": peers, "tunnelsSummary": peers_summary(peers), "agent": agent})
         self._published, self._published_sig, self._published_at = peers, sig, now
 
 

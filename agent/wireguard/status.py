@@ -89,3 +89,10 @@ def without_counters(peers: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     """The part of status.peers worth an immediate write; byte counters move with every packet and are
     written with the next significant change or the periodic resync."""
     return [{k: v for k, v in p.items() if k not in ("bytesIn", "bytesOut")} for p in peers]
+
+
+def peers_summary(peers: Sequence[Mapping[str, Any]]) -> str:
+    """``status.tunnelsSummary``: how many planned peers are Connected, e.g. ``3/4 up`` (the VPNGateway's
+    Tunnels column, as the IPsec agent says it of its tunnels)."""
+    up = sum(1 for p in peers if p.get("state") == CONNECTED)
+    return f"{up}/{len(peers)} up"

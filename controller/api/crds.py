@@ -13,24 +13,57 @@ import yaml
 from controller.api.resources import RESOURCES, VERSION, Resource
 from controller.api.schema import openapi
 
+_READY = '.status.conditions[?(@.type=="Ready")]'
+_AGE: dict[str, Any] = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+_GATEWAY_HEALTH: list[dict[str, Any]] = [
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": f"{_READY}.status",
+        "description": "The Ready condition.",
+    },
+    {
+        "name": "Tunnels",
+        "type": "string",
+        "jsonPath": ".status.tunnelsSummary",
+        "description": "Tunnels (IPsec) or peers (WireGuard) up, of those planned (the status-agent).",
+    },
+    _AGE,
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": f"{_READY}.reason",
+        "priority": 1,
+        "description": "Why Ready is what it is (kubectl describe has the message).",
+    },
+]
+_NODE: dict[str, Any] = {"name": "Node", "type": "string", "jsonPath": ".status.nodeName"}
+_PUBLIC_IP: dict[str, Any] = {"name": "Public IP", "type": "string", "jsonPath": ".status.publicIP"}
 _PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "VPNGateway": [
         {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
-        {"name": "Node", "type": "string", "jsonPath": ".status.nodeName"},
-        {"name": "Public IP", "type": "string", "jsonPath": ".status.publicIP"},
-        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        _NODE,
+        _PUBLIC_IP,
+        *_GATEWAY_HEALTH,
     ],
     "VPNPeer": [
         {"name": "Gateway", "type": "string", "jsonPath": ".spec.gatewayRef.name"},
         {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
-        {"name": "Endpoint", "type": "string", "jsonPath": ".spec.endpoint"},
+        {
+            "name": "State",
+            "type": "string",
+            "jsonPath": ".status.state",
+            "description": "The peer's tunnel state (empty until the status-agent writes it).",
+        },
+        _AGE,
+        {"name": "Endpoint", "type": "string", "jsonPath": ".spec.endpoint", "priority": 1},
     ],
-    "IPsecGateway": [
-        {"name": "Node", "type": "string", "jsonPath": ".status.nodeName"},
-        {"name": "Public IP", "type": "string", "jsonPath": ".status.publicIP"},
-    ],
-    "ClusterLink": [{"name": "Router", "type": "string", "jsonPath": ".spec.routerID"}],
+    "IPsecGateway": [_NODE, _PUBLIC_IP, *_GATEWAY_HEALTH],
+    "ClusterLink": [{"name": "Router", "type": "string", "jsonPath": ".spec.routerID"}, _AGE],
 }
+"""``kubectl get`` columns, Age included where it stands; ``priority: 1`` ones only with ``-o wide``."""
+CATEGORIES = ["vpn"]
+"""``kubectl get vpn`` lists all four kinds."""
 
 
 def schema_of(resource: Resource) -> dict[str, Any]:
@@ -44,10 +77,7 @@ def schema_of(resource: Resource) -> dict[str, Any]:
 
 def crd(resource: Resource) -> dict[str, Any]:
     singular = resource.kind.lower()
-    columns = [
-        *_PRINTER_COLUMNS.get(resource.kind, []),
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
+    columns = [dict(c) for c in _PRINTER_COLUMNS[resource.kind]]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -60,6 +90,7 @@ def crd(resource: Resource) -> dict[str, Any]:
                 "plural": resource.plural,
                 "singular": singular,
                 "shortNames": list(resource.short_names),
+                "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
             "versions": [

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from controller.api.schema import Arr, Bool, Int, Obj, Rule, Str
+from controller.api.schema import Arr, Bool, Int, Node, Obj, Rule, Str
 
 VPN_GROUP = "vpn.bnerd.net"
 LEGACY_GROUP = "ipsec.bnerd.net"
@@ -77,6 +77,12 @@ MAX_TUNNELS = 256
 
 # --- building blocks --------------------------------------------------------------------------------
 
+
+def said(node: Node, description: str) -> Node:
+    """A shared node with what it means WHERE it is used (``kubectl explain`` shows this text)."""
+    return replace(node, description=description)
+
+
 ipv4 = Str(
     "IPv4 address, dotted quad.", pattern=IPV4, format="ipv4", max_length=15, rule="is not an IPv4 address"
 )
@@ -136,8 +142,20 @@ ike_id = Str(
 )
 secret_ref = Obj(
     {
-        "name": Str("Secret name.", pattern=SECRET_NAME, max_length=253, rule="is not a Secret name"),
-        "key": Str("Key in the Secret.", pattern=SECRET_KEY, max_length=253, rule="is not a Secret key"),
+        "name": Str(
+            "Name of the Secret, in the same namespace as this resource (a DNS subdomain, at most 253 "
+            "characters).",
+            pattern=SECRET_NAME,
+            max_length=253,
+            rule="is not a Secret name",
+        ),
+        "key": Str(
+            "Key within the Secret's data whose value is used (letters, digits, '-', '_', '.'; never '.', "
+            "'..' or a path).",
+            pattern=SECRET_KEY,
+            max_length=253,
+            rule="is not a Secret key",
+        ),
     },
     required=("name", "key"),
     description="A key of a Secret in the resource's namespace (mounted into the gateway pod).",
@@ -147,14 +165,26 @@ secret_ref = Obj(
 def _ports() -> Arr:
     port = Obj(
         {
-            "port": Int("Port number.", minimum=1, maximum=65535),
-            "protocol": Str("Protocol.", enum=("TCP", "UDP"), default="TCP"),
+            "port": Int(
+                "Port number (1-65535), the same on the virtual IP and on the target (no port mapping).",
+                minimum=1,
+                maximum=65535,
+            ),
+            "protocol": Str(
+                "Transport protocol: TCP or UDP. Default TCP.", enum=("TCP", "UDP"), default="TCP"
+            ),
         },
         required=("port",),
+        description="One port forwarded from the virtual IP to the target.",
     )
     # A port twice (80/TCP and 80 with TCP defaulted) is one DNAT rule twice: refused by the API server.
     return Arr(
-        port, "Ports exposed.", min_items=1, max_items=64, list_type="map", map_keys=("port", "protocol")
+        port,
+        "The ports forwarded (1 to 64), unique by port and protocol.",
+        min_items=1,
+        max_items=64,
+        list_type="map",
+        map_keys=("port", "protocol"),
     )
 
 
@@ -164,9 +194,24 @@ def _has(obj: Mapping[str, Any], key: str) -> bool:
 
 exposure = Obj(
     {
-        "name": dns_label,
+        "name": said(
+            dns_label,
+            "The exposure's name (a DNS label): what VPNPeer spec.authorization.exposures grants; unique "
+            "across exposures and reverseExposures.",
+        ),
         "target": Obj(
-            {"address": unicast_ipv4, "host": hostname},
+            {
+                "address": said(
+                    unicast_ipv4,
+                    "The target's IPv4 address on the fabric (reached through the gateway's second NIC); "
+                    "exclusive with host.",
+                ),
+                "host": said(
+                    hostname,
+                    "The target's fully qualified host name, resolved by init-nat as an absolute name (no "
+                    "search domain); exclusive with address.",
+                ),
+            },
             rules=(
                 Rule(
                     "has(self.address) != has(self.host)",
@@ -186,8 +231,21 @@ exposure = Obj(
 )
 reverse_exposure = Obj(
     {
-        "name": dns_label,
-        "target": Obj({"address": unicast_ipv4}, required=("address",), description="The peer-side target."),
+        "name": said(
+            dns_label,
+            "The reverse exposure's name (a DNS label): what VPNPeer spec.authorization.reverseExposures "
+            "grants; unique across exposures and reverseExposures.",
+        ),
+        "target": Obj(
+            {
+                "address": said(
+                    unicast_ipv4,
+                    "The target's IPv4 address behind the peer (inside one of its remote subnets).",
+                )
+            },
+            required=("address",),
+            description="The peer-side target, reached through the tunnel.",
+        ),
         "ports": _ports(),
     },
     required=("name", "target", "ports"),
@@ -197,9 +255,22 @@ reverse_exposure = Obj(
 
 def _exposure_lists() -> dict[str, Arr]:
     return {
-        "exposures": Arr(exposure, max_items=MAX_EXPOSURES, list_type="map", map_keys=("name",)),
+        "exposures": Arr(
+            exposure,
+            f"Fabric-side services offered to the peers (at most {MAX_EXPOSURES}), each at a virtual IP "
+            "allocated from serviceCIDR; a peer reaches only those its authorization grants. Default none.",
+            max_items=MAX_EXPOSURES,
+            list_type="map",
+            map_keys=("name",),
+        ),
         "reverseExposures": Arr(
-            reverse_exposure, max_items=MAX_REVERSE_EXPOSURES, list_type="map", map_keys=("name",)
+            reverse_exposure,
+            f"Peer-side services offered to the fabric (at most {MAX_REVERSE_EXPOSURES}), each at a virtual "
+            "IP allocated from serviceCIDR, reachable from the operator's internal source CIDRs. Default "
+            "none.",
+            max_items=MAX_REVERSE_EXPOSURES,
+            list_type="map",
+            map_keys=("name",),
         ),
     }
 
@@ -224,22 +295,46 @@ UNIQUE_EXPOSURE_NAMES = Rule(
 ike = Obj(
     {
         "version": Int(
-            "IKE version: 2 only.", minimum=2, maximum=2, rule="is not supported: IKE version 2 only"
+            "IKE protocol version: only 2 (IKEv2) is supported. Default 2.",
+            minimum=2,
+            maximum=2,
+            rule="is not supported: IKE version 2 only",
         ),
         "proposals": Arr(
-            Str(enum=IKE_PROPOSALS), "IKE proposals (allowlist).", min_items=1, max_items=8, list_type="set"
+            Str(
+                "An IKE proposal, encryption-integrity/PRF-DH group in strongSwan's syntax, from the "
+                "allowlist.",
+                enum=IKE_PROPOSALS,
+            ),
+            "The IKE_SA proposals offered and accepted, in order of preference (1 to 8, from an allowlist). "
+            f"Default [{', '.join(DEFAULT_IKE_PROPOSALS)}].",
+            min_items=1,
+            max_items=8,
+            list_type="set",
         ),
-    }
+    },
+    description="IKE (phase 1) settings: the version and the IKE_SA proposals.",
 )
 esp = Obj(
     {
         "proposals": Arr(
-            Str(enum=ESP_PROPOSALS), "ESP proposals (allowlist).", min_items=1, max_items=8, list_type="set"
+            Str(
+                "An ESP proposal, encryption[-integrity][-DH group for PFS] in strongSwan's syntax, from "
+                "the allowlist.",
+                enum=ESP_PROPOSALS,
+            ),
+            "The CHILD_SA (ESP) proposals offered and accepted, in order of preference (1 to 8, from an "
+            f"allowlist). Default [{', '.join(DEFAULT_ESP_PROPOSALS)}].",
+            min_items=1,
+            max_items=8,
+            list_type="set",
         )
-    }
+    },
+    description="ESP (phase 2, CHILD_SA) settings: the proposals.",
 )
 ha = Obj(
-    {"enabled": Bool("Reserved: warm-standby HA is not built; only false is accepted.")},
+    {"enabled": Bool("Reserved: warm-standby HA is not built; only false is accepted. Default false.")},
+    description="High availability (reserved: a warm-standby gateway pod is not built yet).",
     rules=(
         Rule(
             "!has(self.enabled) || !self.enabled",
@@ -271,9 +366,14 @@ def _dns_label_name(o: Mapping[str, Any]) -> bool:
 
 GATEWAY_SPEC = Obj(
     {
-        "type": Str("Gateway type.", enum=("ipsec", "wireguard")),
+        "type": Str(
+            "The VPN protocol: ipsec (strongSwan, IKEv2) or wireguard; the matching section (ipsec or "
+            "wireguard) is required and the other forbidden.",
+            enum=("ipsec", "wireguard"),
+        ),
         "serviceCIDR": Str(
-            "Virtual IPs for exposures are allocated from here; its first host is the gateway's own address.",
+            "IPv4 CIDR (prefix /8 to /30) the virtual IPs of exposures and reverse exposures are allocated "
+            "from; its first host is the gateway's own address (the source of reverse exposures' SNAT).",
             pattern=SERVICE_CIDR,
             format="cidr",
             max_length=18,
@@ -282,14 +382,24 @@ GATEWAY_SPEC = Obj(
         **_exposure_lists(),
         "ipsec": Obj(
             {
-                "localID": ike_id,
+                "localID": said(
+                    ike_id,
+                    "The gateway's own IKE identity, presented to every peer (FQDN, IPv4 address or "
+                    "email-style; with certificates, the certificate's subjectAltName must carry it).",
+                ),
                 "ike": ike,
                 "esp": esp,
-                "pskSecretRef": secret_ref,
+                "pskSecretRef": said(
+                    secret_ref,
+                    "The default pre-shared key for psk peers (a peer's own pskSecretRef overrides it).",
+                ),
                 "certificateSecretRef": Obj(
                     {
                         "name": Str(
-                            "Secret name.", pattern=SECRET_NAME, max_length=253, rule="is not a Secret name"
+                            "Name of the kubernetes.io/tls Secret, in the same namespace as the gateway.",
+                            pattern=SECRET_NAME,
+                            max_length=253,
+                            rule="is not a Secret name",
                         )
                     },
                     required=("name",),
@@ -297,23 +407,33 @@ GATEWAY_SPEC = Obj(
                 ),
             },
             required=("localID",),
+            description="IPsec settings; required when type is ipsec, forbidden otherwise.",
         ),
         "wireguard": Obj(
             {
-                "listenPort": Int("UDP listen port.", minimum=1, maximum=65535),
+                "listenPort": Int(
+                    "UDP port the gateway's WireGuard device listens on (1-65535), e.g. 51820.",
+                    minimum=1,
+                    maximum=65535,
+                ),
                 "address": Str(
                     "The gateway's tunnel address with prefix, e.g. 10.99.0.1/24.",
                     pattern=CIDR,
                     max_length=18,
                     rule="is not an IPv4 address with prefix",
                 ),
-                "privateKeySecretRef": secret_ref,
+                "privateKeySecretRef": said(
+                    secret_ref,
+                    "The gateway's WireGuard private key (base64 of 32 bytes, as wg genkey prints it).",
+                ),
             },
             required=("listenPort", "address", "privateKeySecretRef"),
+            description="WireGuard settings; required when type is wireguard, forbidden otherwise.",
         ),
         "ha": ha,
     },
     required=("type", "serviceCIDR"),
+    description="The gateway's desired state: protocol, virtual-IP range, exposures and protocol settings.",
     rules=(
         Rule(
             "self.type != 'ipsec' || has(self.ipsec)",
@@ -351,13 +471,19 @@ GATEWAY_SPEC = Obj(
 
 PEER_SPEC = Obj(
     {
-        "gatewayRef": Obj({"name": dns_label}, required=("name",)),
+        "gatewayRef": Obj(
+            {"name": said(dns_label, "Name of the VPNGateway, in the same namespace as this peer.")},
+            required=("name",),
+            description="The VPNGateway this peer connects to.",
+        ),
         "type": Str(
-            "site: a fixed remote endpoint we initiate to; roadWarrior: dynamic.",
+            "site: a fixed remote endpoint the gateway initiates to (endpoint required); roadWarrior: a "
+            "client at a dynamic address that initiates itself (endpoint forbidden).",
             enum=("site", "roadWarrior"),
         ),
         "endpoint": Str(
-            "The peer's public address: an IPv4 literal or an RFC 1123 host name.",
+            "The site peer's public address: an IPv4 literal or an RFC 1123 host name (no port; "
+            "WireGuard: see wireguard.endpointPort). Required for site, forbidden for roadWarrior.",
             pattern=ENDPOINT,
             max_length=253,
             rule="is not an IPv4 address or an RFC 1123 host name",
@@ -365,12 +491,29 @@ PEER_SPEC = Obj(
         ),
         "ipsec": Obj(
             {
-                "id": ike_id,
-                "remoteSubnets": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
-                "auth": Str("psk (default) or pubkey (certificates).", enum=("psk", "pubkey")),
-                "pskSecretRef": secret_ref,
+                "id": said(
+                    ike_id, "The peer's IKE identity, as it presents itself (FQDN, IPv4 or email-style)."
+                ),
+                "remoteSubnets": Arr(
+                    said(cidr, "A remote subnet (IPv4 CIDR): one CHILD_SA (traffic selector) each."),
+                    f"The peer's subnets routed through the tunnel (1 to {MAX_SUBNETS} IPv4 CIDRs, unique).",
+                    min_items=1,
+                    max_items=MAX_SUBNETS,
+                    list_type="set",
+                ),
+                "auth": Str(
+                    "How the peer authenticates: psk (pre-shared key, the default) or pubkey (X.509 "
+                    "certificates: the gateway's certificateSecretRef).",
+                    enum=("psk", "pubkey"),
+                ),
+                "pskSecretRef": said(
+                    secret_ref,
+                    "This peer's pre-shared key, overriding the gateway's pskSecretRef; not allowed with "
+                    "auth pubkey.",
+                ),
             },
             required=("id", "remoteSubnets"),
+            description="IPsec settings of the peer (exactly one of ipsec or wireguard).",
             rules=(
                 Rule(
                     "!has(self.auth) || self.auth != 'pubkey' || !has(self.pskSecretRef)",
@@ -389,26 +532,55 @@ PEER_SPEC = Obj(
                     max_length=44,
                     rule="is not a WireGuard key (base64 of 32 bytes)",
                 ),
-                "allowedIPs": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
-                "presharedKeySecretRef": secret_ref,
+                "allowedIPs": Arr(
+                    said(cidr, "An IPv4 CIDR routed to this peer and accepted from it."),
+                    f"The peer's tunnel address(es) and subnets (1 to {MAX_SUBNETS} IPv4 CIDRs, unique), "
+                    "as WireGuard's AllowedIPs.",
+                    min_items=1,
+                    max_items=MAX_SUBNETS,
+                    list_type="set",
+                ),
+                "presharedKeySecretRef": said(
+                    secret_ref,
+                    "An optional WireGuard preshared key for this peer (base64 of 32 bytes), an extra "
+                    "symmetric layer.",
+                ),
                 "endpointPort": Int(
                     "UDP port of a site peer's endpoint (default 51820); not allowed for road warriors.",
                     minimum=1,
                     maximum=65535,
                 ),
-                "persistentKeepalive": Int("Seconds; 0 disables.", minimum=0, maximum=65535),
+                "persistentKeepalive": Int(
+                    "Seconds between keepalive packets sent to the peer (0-65535; 0 disables). Default 25 "
+                    "for site peers.",
+                    minimum=0,
+                    maximum=65535,
+                ),
             },
             required=("publicKey", "allowedIPs"),
+            description="WireGuard settings of the peer (exactly one of ipsec or wireguard).",
         ),
         "authorization": Obj(
             {
-                "exposures": Arr(dns_label, max_items=MAX_EXPOSURES, list_type="set"),
-                "reverseExposures": Arr(dns_label, max_items=MAX_REVERSE_EXPOSURES, list_type="set"),
+                "exposures": Arr(
+                    said(dns_label, "The name of one of the gateway's exposures."),
+                    "The gateway's exposures this peer may reach, by name (unique). Default none.",
+                    max_items=MAX_EXPOSURES,
+                    list_type="set",
+                ),
+                "reverseExposures": Arr(
+                    said(dns_label, "The name of one of the gateway's reverse exposures."),
+                    "The gateway's reverse exposures this peer provides the target of, by name (unique). "
+                    "Default none.",
+                    max_items=MAX_REVERSE_EXPOSURES,
+                    list_type="set",
+                ),
             },
-            description="Grants by exposure name.",
+            description="What the peer is granted, by exposure name; nothing when absent.",
         ),
     },
     required=("gatewayRef", "type"),
+    description="The peer's desired state: its gateway, kind, address, protocol settings and grants.",
     rules=(
         Rule(
             "self.type != 'site' || has(self.endpoint)",
@@ -450,12 +622,32 @@ ROUTED_MISSING = (
 
 tunnel = Obj(
     {
-        "name": dns_label,
-        "peer": Obj({"address": unicast_ipv4, "id": ike_id}, required=("address", "id")),
-        "remoteSubnets": Arr(cidr, min_items=1, max_items=MAX_SUBNETS, list_type="set"),
-        "mode": Str("snat (default); routed is reserved.", enum=("snat", "routed")),
+        "name": said(dns_label, "The tunnel's name (a DNS label, unique): names its charon connection."),
+        "peer": Obj(
+            {
+                "address": said(
+                    unicast_ipv4, "The peer's public IPv4 address (the gateway initiates to it)."
+                ),
+                "id": said(ike_id, "The peer's IKE identity (FQDN, IPv4 or email-style)."),
+            },
+            required=("address", "id"),
+            description="The remote site.",
+        ),
+        "remoteSubnets": Arr(
+            said(cidr, "A remote subnet (IPv4 CIDR): one CHILD_SA (traffic selector) each."),
+            f"The peer's subnets routed through the tunnel (1 to {MAX_SUBNETS} IPv4 CIDRs, unique).",
+            min_items=1,
+            max_items=MAX_SUBNETS,
+            list_type="set",
+        ),
+        "mode": Str(
+            "snat (the default: fabric traffic leaves with the gateway's address); routed is reserved and "
+            "refused (not built).",
+            enum=("snat", "routed"),
+        ),
     },
     required=("name", "peer", "remoteSubnets"),
+    description="One site-to-site tunnel.",
     rules=(
         Rule(
             "!has(self.mode) || self.mode != 'routed'",
@@ -469,14 +661,28 @@ tunnel = Obj(
 LEGACY_GATEWAY_SPEC = Obj(
     {
         "serviceCIDR": GATEWAY_SPEC.fields["serviceCIDR"],
-        "localID": ike_id,
+        "localID": said(
+            ike_id, "The gateway's own IKE identity, presented to every peer (FQDN, IPv4 or email-style)."
+        ),
         "ike": ike,
         "esp": esp,
-        "auth": Obj({"pskSecretRef": secret_ref}, required=("pskSecretRef",)),
-        "tunnels": Arr(tunnel, min_items=1, max_items=MAX_TUNNELS, list_type="map", map_keys=("name",)),
+        "auth": Obj(
+            {"pskSecretRef": said(secret_ref, "The pre-shared key of every tunnel.")},
+            required=("pskSecretRef",),
+            description="Authentication: one pre-shared key for all tunnels.",
+        ),
+        "tunnels": Arr(
+            tunnel,
+            f"The site-to-site tunnels (1 to {MAX_TUNNELS}, unique by name); each is granted every exposure.",
+            min_items=1,
+            max_items=MAX_TUNNELS,
+            list_type="map",
+            map_keys=("name",),
+        ),
         **_exposure_lists(),
     },
     required=("serviceCIDR", "localID", "auth", "tunnels"),
+    description="The legacy gateway's desired state (frozen: new gateways use VPNGateway and VPNPeer).",
     rules=(UNIQUE_EXPOSURE_NAMES,),
 )
 
@@ -485,17 +691,169 @@ LEGACY_GATEWAY_SPEC = Obj(
 CLUSTER_LINK_SPEC = Obj(
     {
         "routerID": Str(
-            "The OpenStack router of the linked service cluster.", pattern=UUID, rule="is not a UUID"
+            "The OpenStack router (UUID, lower case) of the linked service cluster.",
+            pattern=UUID,
+            rule="is not a UUID",
         ),
         "gateways": Arr(
-            dns_label,
+            said(dns_label, "The name of a gateway in this namespace."),
             "Gateways (in this namespace) whose reverse routes this link carries (per-customer scoping).",
             max_items=MAX_TUNNELS,
             list_type="set",
         ),
     },
     required=("routerID",),
+    description="The linked service cluster's router and the gateways it carries routes for.",
 )
+
+
+# --- status ---------------------------------------------------------------------------------------------
+#
+# Structural: the API server PRUNES every status field not declared here, so every key a writer puts in
+# status is listed with its type: the controller (controller.status: conditions, observedGeneration,
+# nodeName, publicIP), the status-agent (agent.ipsec.status: tunnels, tunnelsSummary, agent;
+# agent.wireguard.status: peers, tunnelsSummary, agent) and init-nat's report (agent.sink.init_nat_report:
+# initNat). Types only, no enums, patterns or bounds: a status write the API refused would hide the
+# gateway's state; the writers own the values. The agent writes a tunnel's unknown times and error as
+# JSON null: a merge patch drops nulls inside the list items it writes (the API server's json-patch merge),
+# so they are stored absent, with or without this schema. tests/status_schema.py writes each writer's full
+# status and reads it back unchanged from the emulator and from the real kube-apiserver.
+
+_RFC3339 = "RFC 3339 time in UTC, e.g. 2026-12-01T10:00:00Z"
+
+condition = Obj(
+    {
+        "type": Str(
+            "Condition type: Ready (the gateway serves its plan), ConfigRendered, CloudReady, PodReady, "
+            "DeployedPlan, OwnedObjects, and with OpenStack RoutingReady and SecurityGroupScoped."
+        ),
+        "status": Str("True, False or Unknown."),
+        "reason": Str("One CamelCase word for the condition's last transition, e.g. NoPod or Invalid."),
+        "message": Str("Human-readable details (at most 32768 characters)."),
+        "lastTransitionTime": Str(f"When status last changed ({_RFC3339})."),
+        "observedGeneration": Int("The metadata.generation the condition was computed from."),
+    },
+    required=("type",),
+    description="One aspect of the gateway's state, in Kubernetes' condition convention.",
+)
+_counters = {
+    "bytesIn": Int("Bytes received from the peer through the tunnel (decrypted), since it came up."),
+    "bytesOut": Int("Bytes sent to the peer through the tunnel (before encryption), since it came up."),
+}
+ipsec_child = Obj(
+    {
+        "name": Str("CHILD_SA name (charon's child config): one per remote subnet."),
+        "remoteSubnet": Str("The remote subnet (IPv4 CIDR) this CHILD_SA carries."),
+        "state": Str("Established, Connecting or Down."),
+        "rekeyAt": Str(f"When the newest CHILD_SA is next rekeyed ({_RFC3339}); absent when not up."),
+    },
+    description="One CHILD_SA of the tunnel.",
+)
+ipsec_tunnel = Obj(
+    {
+        "name": Str("The tunnel: the VPNPeer's name (IPsecGateway: the tunnel's name)."),
+        "state": Str(
+            "Established (IKE_SA up and every CHILD_SA installed), Connecting, Down, or Failed (see "
+            "lastError)."
+        ),
+        "establishedAt": Str(f"When the IKE_SA was established ({_RFC3339}); absent while down."),
+        "rekeyAt": Str(
+            f"When the IKE_SA is next rekeyed or reauthenticated ({_RFC3339}); absent while down."
+        ),
+        **_counters,
+        "packetsIn": Int("Packets received through the tunnel since it came up."),
+        "packetsOut": Int("Packets sent through the tunnel since it came up."),
+        "children": Arr(ipsec_child, "The tunnel's CHILD_SAs, one per remote subnet, in plan order."),
+        "lastError": Str(
+            "Why the tunnel is not up (charon's reason, e.g. AUTHENTICATION_FAILED); absent when Established "
+            "or when there is nothing to say."
+        ),
+    },
+    description="An IPsec tunnel as charon (strongSwan) reports it.",
+)
+wireguard_peer = Obj(
+    {
+        "name": Str("The VPNPeer's name."),
+        "publicKey": Str("The peer's WireGuard public key (base64)."),
+        "allowedIPs": Arr(Str("IPv4 CIDR."), "The peer's allowed IPs (routed into its tunnel)."),
+        **_counters,
+        "state": Str(
+            "Connected (handshake within 180 s), Stale (older), NeverConnected, or Failed (left off the "
+            "device: see lastError)."
+        ),
+        "lastError": Str("Why the peer is Failed, e.g. its preshared key Secret is missing."),
+        "endpoint": Str("Where the device last saw the peer (address:port), else the planned endpoint."),
+        "latestHandshake": Str(f"The latest handshake ({_RFC3339}); absent if never."),
+    },
+    description="A WireGuard peer as the device reports it.",
+)
+agent_status = Obj(
+    {
+        "connected": Bool("IPsec: whether the agent can talk to charon (VICI)."),
+        "daemon": Str("IPsec: charon's name and version, e.g. charon 5.9.8."),
+        "planHash": Str("Hash of the plan the data plane runs (the last good one)."),
+        "lastError": Str("What keeps the data plane from following the newest plan, if anything."),
+    },
+    description="The status-agent: the plan in force and what stands in its way.",
+)
+init_nat = Obj(
+    {
+        "leftOut": Arr(
+            Obj(
+                {
+                    "exposure": Str("The exposure's name."),
+                    "kind": Str("reverse for a reverse exposure; absent for an exposure."),
+                    "reason": Str("Why init-nat left it out, e.g. its host does not resolve."),
+                },
+                description="An exposure init-nat left out of the data plane.",
+            ),
+            "Exposures init-nat left out of the data plane, and why.",
+        ),
+        "lastError": Str("init-nat's last error."),
+        "ipv6": Obj(
+            {
+                "state": Str("unguarded: init-nat could not install its IPv6 guard."),
+                "reason": Str("Why IPv6 is unguarded."),
+            },
+            description="IPv6 that init-nat could not guard; absent when all is well.",
+        ),
+    },
+    description="What init-nat (the gateway pod's NAT rules) reports; absent when it has nothing to say.",
+)
+GATEWAY_STATUS = Obj(
+    {
+        "conditions": Arr(
+            condition,
+            "The gateway's conditions, Ready first (kubectl describe shows them).",
+            list_type="map",
+            map_keys=("type",),
+        ),
+        "observedGeneration": Int("The metadata.generation the controller last reconciled."),
+        "nodeName": Str("The node the gateway pod is pinned to."),
+        "publicIP": Str("The gateway's public (floating) IPv4 address that peers connect to."),
+        "tunnels": Arr(ipsec_tunnel, "IPsec: one entry per tunnel (VPNPeer), written by the status-agent."),
+        "peers": Arr(wireguard_peer, "WireGuard: one entry per VPNPeer, written by the status-agent."),
+        "tunnelsSummary": Str(
+            'How many tunnels (IPsec) or peers (WireGuard) are up, e.g. "3/4 up" (the Tunnels column); '
+            "written by the status-agent."
+        ),
+        "agent": agent_status,
+        "initNat": init_nat,
+    },
+    description="The observed state, written by the controller (conditions, observedGeneration, nodeName, "
+    "publicIP) and by the gateway pod's status-agent (tunnels or peers, tunnelsSummary, agent, initNat).",
+)
+PEER_STATUS = Obj(
+    {
+        "state": Str(
+            "The peer's tunnel state as its gateway's status-agent sees it (IPsec: Established, "
+            "Connecting, Down, Failed; WireGuard: Connected, Stale, NeverConnected, Failed). Not written "
+            "yet: the gateway's status.tunnels or status.peers has it."
+        ),
+    },
+    description="The observed state of the peer.",
+)
+CLUSTER_LINK_STATUS = Obj(description="Unused: nothing writes a ClusterLink's status.")
 
 
 # --- resources --------------------------------------------------------------------------------------
@@ -509,6 +867,7 @@ class Resource:
     short_names: tuple[str, ...]
     spec: Obj
     description: str
+    status: Obj
 
     @property
     def api_version(self) -> str:
@@ -519,11 +878,14 @@ class Resource:
         """The whole object's schema: metadata.name constrained by a root CEL rule (as CRDs allow)."""
         return Obj(
             {
-                "apiVersion": Str(),
-                "kind": Str(),
+                "apiVersion": Str(
+                    "The versioned schema of this representation of an object (group/version, e.g. "
+                    f"{self.api_version})."
+                ),
+                "kind": Str(f"The REST resource this object represents: {self.kind}."),
                 "metadata": Obj(preserve_unknown=True),
                 "spec": self.spec,
-                "status": Obj(preserve_unknown=True),
+                "status": self.status,
             },
             required=("metadata", "spec"),
             rules=(_name_rule(self.kind),),
@@ -533,7 +895,13 @@ class Resource:
 
 RESOURCES = (
     Resource(
-        VPN_GROUP, "VPNGateway", "vpngateways", ("vpngw",), GATEWAY_SPEC, "An IPsec or WireGuard VPN gateway."
+        VPN_GROUP,
+        "VPNGateway",
+        "vpngateways",
+        ("vpngw",),
+        GATEWAY_SPEC,
+        "An IPsec or WireGuard VPN gateway.",
+        GATEWAY_STATUS,
     ),
     Resource(
         VPN_GROUP,
@@ -542,6 +910,7 @@ RESOURCES = (
         ("vpnpeer",),
         PEER_SPEC,
         "A remote site or road warrior of a gateway.",
+        PEER_STATUS,
     ),
     Resource(
         LEGACY_GROUP,
@@ -550,6 +919,7 @@ RESOURCES = (
         ("ipsecgw",),
         LEGACY_GATEWAY_SPEC,
         "Legacy (frozen) IPsec gateway with tunnels[].",
+        GATEWAY_STATUS,
     ),
     Resource(
         LEGACY_GROUP,
@@ -558,6 +928,7 @@ RESOURCES = (
         ("clink",),
         CLUSTER_LINK_SPEC,
         "Legacy (frozen): a service cluster's router that carries reverse routes.",
+        CLUSTER_LINK_STATUS,
     ),
 )
 BY_KIND = {r.kind: r for r in RESOURCES}

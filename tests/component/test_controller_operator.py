@@ -510,7 +510,8 @@ def test_kubectl_apply_of_the_example_then_get_vpngateways_shows_the_columns(clu
         [*kc, "get", "vpngateways", "-n", NS], capture_output=True, text=True, check=True
     ).stdout
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "TYPE", "NODE", "PUBLIC", "IP", "READY", "AGE"]
+    # TUNNELS is empty: no gateway pod runs here, so no status-agent writes status.tunnelsSummary.
+    assert header.split() == ["NAME", "TYPE", "NODE", "PUBLIC", "IP", "READY", "TUNNELS", "AGE"]
     name, kind, node, public, ready = row.split()[:5]
     assert (name, kind, public, ready) == ("acme", "ipsec", "203.0.113.10", "False")
     assert node in ("node-a", "node-b")

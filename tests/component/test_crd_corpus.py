@@ -92,7 +92,21 @@ VALID: list[Case] = [
     _c("legacy-mode-snat", LEGACY_GW, ["spec", "tunnels", 0, "mode"], "snat", None),
     _c("legacy-no-mode", LEGACY_GW, ["spec", "tunnels", 0, "mode"], DELETE, None),
     _c("link-no-gateways", CLUSTER_LINK, ["spec", "gateways"], DELETE, None),
-    _c("status-ignored", GATEWAY, ["status"], {"anything": [1, 2]}, None),
+    # The status schema is structural (its fields: tests/status_schema.py). A create discards the status,
+    # so the real server does not refuse a status field of the wrong type there (Validate() would: no case),
+    # but strict field validation refuses an unknown status field as it does an unknown spec field.
+    _c(
+        "status-known-fields",
+        GATEWAY,
+        ["status"],
+        {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "observedGeneration": 1}],
+            "tunnels": [{"name": "hq", "state": "Established", "bytesIn": 1, "children": []}],
+            "tunnelsSummary": "1/1 up",
+            "agent": {"connected": True, "planHash": "sha256:ab"},
+        },
+        None,
+    ),
     # JSON null (YAML `field: ~`) for a known field: the API server drops it (none of our fields is
     # nullable) or, where the field has a default, applies the default; Validate() does the same.
     _c("null-rw-endpoint", mutate(PEER, ["spec", "type"], "roadWarrior"), ["spec", "endpoint"], None, None),
@@ -106,6 +120,13 @@ VALID: list[Case] = [
 ]
 
 INVALID: list[Case] = [
+    _c(
+        "status-unknown-field",
+        GATEWAY,
+        ["status"],
+        {"anything": [1, 2]},
+        "status.anything: is not a known field",
+    ),
     # --- VPNGateway
     _c("gw-type", GATEWAY, ["spec", "type"], "l2tp", 'spec.type: "l2tp" is not one of: ipsec, wireguard'),
     _c("gw-cidr-31", GATEWAY, ["spec", "serviceCIDR"], "198.18.0.0/31", "prefix from /8 to /30"),

@@ -929,6 +929,7 @@ async def test_server_side_tables_with_crd_printer_columns(kube: Kube) -> None:
                 "nodeName": "n1",
                 "publicIP": "203.0.113.7",
                 "conditions": [{"type": "Ready", "status": "True"}],
+                "tunnelsSummary": "2/2 up",
             }
         },
         MERGE,
@@ -941,11 +942,14 @@ async def test_server_side_tables_with_crd_printer_columns(kube: Kube) -> None:
         "Node",
         "Public IP",
         "Ready",
+        "Tunnels",
         "Age",
+        "Reason",
     ]
+    assert [c["priority"] for c in table["columnDefinitions"]] == [0] * 7 + [1]
     (row,) = table["rows"]
-    assert row["cells"][:5] == ["gw", "wireguard", "n1", "203.0.113.7", "True"]
-    assert row["cells"][5].endswith("s") and row["object"]["kind"] == "PartialObjectMetadata"
+    assert row["cells"][:6] == ["gw", "wireguard", "n1", "203.0.113.7", "True", "2/2 up"]
+    assert row["cells"][6].endswith("s") and row["object"]["kind"] == "PartialObjectMetadata"
     cms = await kube.ok("GET", "/api/v1/namespaces/kube-system/configmaps", None, accept)
     assert [c["name"] for c in cms["columnDefinitions"]] == ["Name", "Data", "Age"]
 

@@ -149,7 +149,16 @@ def test_get_shows_printer_columns_with_values_from_status(kubectl: Kubectl) -> 
         "reason": "Up",
         "message": "up",
     }
-    status = json.dumps({"status": {"nodeName": "node-1", "publicIP": "203.0.113.9", "conditions": [ready]}})
+    status = json.dumps(
+        {
+            "status": {
+                "nodeName": "node-1",
+                "publicIP": "203.0.113.9",
+                "conditions": [ready],
+                "tunnelsSummary": "1/2 up",
+            }
+        }
+    )
     assert (
         kubectl.out(
             "patch", "vpngateway", "gw", "-n", ns, "--subresource=status", "--type", "merge", "-p", status
@@ -157,8 +166,10 @@ def test_get_shows_printer_columns_with_values_from_status(kubectl: Kubectl) -> 
         == "vpngateway.vpn.bnerd.net/gw patched"
     )
     header, row = kubectl.out("get", "vpngateways", "-n", ns).splitlines()
-    assert header.split() == ["NAME", "TYPE", "NODE", "PUBLIC", "IP", "READY", "AGE"]
-    assert row.split()[:5] == ["gw", "wireguard", "node-1", "203.0.113.9", "True"]
+    assert header.split() == ["NAME", "TYPE", "NODE", "PUBLIC", "IP", "READY", "TUNNELS", "AGE"]
+    assert row.split()[:7] == ["gw", "wireguard", "node-1", "203.0.113.9", "True", "1/2", "up"]
+    header, row = kubectl.out("get", "vpngateways", "-n", ns, "-o", "wide").splitlines()
+    assert header.split()[-2:] == ["AGE", "REASON"] and row.split()[-1] == "Up"
 
 
 def test_get_all_namespaces_with_a_label_selector(kubectl: Kubectl) -> None:

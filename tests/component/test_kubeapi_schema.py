@@ -148,3 +148,29 @@ async def test_updates_are_validated_too(http: httpx.AsyncClient) -> None:
         headers={"Content-Type": "application/merge-patch+json"},
     )
     assert r.status_code == 200 and r.json()["status"]["nodeName"] == "n1"
+
+
+async def test_a_status_write_is_pruned_to_the_structural_status_schema(http: httpx.AsyncClient) -> None:
+    """As apiextensions-apiserver prunes (pkg/apiserver/schema/pruning): an undeclared status field, at the
+    top or inside a list item, is dropped with a warning; a null of a non-nullable field is dropped; the
+    rest is kept. So a status field missing from the CRD fails tests/component/test_status_schema.py."""
+    assert (await http.post(PATH, json=BASE)).status_code == 201
+    status = {
+        "nodeName": "n1",
+        "bogus": 1,
+        "tunnels": [{"name": "hq", "state": "Down", "establishedAt": None, "extra": {"x": 1}}],
+        "conditions": [{"type": "Ready", "status": "True", "extra": "x"}],
+    }
+    r = await http.patch(
+        f"{PATH}/gw/status",
+        content=json.dumps({"status": status}),
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert r.status_code == 200, r.json()
+    assert r.json()["status"] == {
+        "nodeName": "n1",
+        "tunnels": [{"name": "hq", "state": "Down"}],
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    assert 'unknown field \\"status.bogus\\"' in r.headers["Warning"]
+    assert 'unknown field \\"status.tunnels[0].extra\\"' in r.headers["Warning"]

@@ -22,7 +22,7 @@ from agent.ipsec.link import (
     watchdog,
 )
 from agent.ipsec.plan import Loaded, PlanRejected, SecretState, conn_digest, desired, diff, stale_children
-from agent.ipsec.status import Carry, Counters, reason_from_log, tunnels_status
+from agent.ipsec.status import Carry, Counters, reason_from_log, tunnels_status, tunnels_summary
 from agent.sink import backoff as sink_backoff
 from gwkit.httpd import parse_request_line
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel
@@ -348,3 +348,14 @@ def test_request_line_and_listen_parsing() -> None:
     assert split_listen("[::1]:9") == ("::1", 9)
     with pytest.raises(ValueError, match="HOST:PORT"):
         split_listen("8081x")
+
+
+def test_the_summary_counts_established_tunnels() -> None:
+    """status.tunnelsSummary (the VPNGateway's Tunnels column): Established tunnels of the plan's."""
+    up, offline = tunnel("up"), tunnel("offline")
+    statuses, _ = tunnels_status(
+        (up, offline), sas(ike("up", 1, "ESTABLISHED", child("up-0", 2))), now=NOW, errors={}
+    )
+    assert [s.state for s in statuses] == ["Established", "Down"]
+    assert tunnels_summary(statuses) == "1/2 up"
+    assert tunnels_summary([]) == "0/0 up"

@@ -6,7 +6,14 @@ import base64
 
 import pytest
 
-from agent.wireguard.status import CONNECTED_WITHIN, peer_state, peers_status, rfc3339, without_counters
+from agent.wireguard.status import (
+    CONNECTED_WITHIN,
+    peer_state,
+    peers_status,
+    peers_summary,
+    rfc3339,
+    without_counters,
+)
 from gwkit.wireguard.model import DeviceState, PeerState
 from gwplan import WgPeer
 
@@ -114,3 +121,9 @@ def test_a_peer_left_out_is_failed_with_its_reason_and_the_others_as_usual() -> 
         "lastError": "left out: preshared key: secret a key psk: not mounted",
     }
     assert out[1]["state"] == "NeverConnected" and "lastError" not in out[1]
+
+
+def test_the_summary_counts_connected_peers() -> None:
+    peers = [{"state": "Connected"}, {"state": "Stale"}, {"state": "Connected"}, {"state": "Failed"}]
+    assert peers_summary(peers) == "2/4 up"
+    assert peers_summary([]) == "0/0 up"
