@@ -82,6 +82,7 @@ NOT_DEBIAN = frozenset(
         "etcd",
         "kube-apiserver",
         "kube-controller-manager",
+        "celcost",
     }
 )
 """Brought by setup.sh from other registries (.tools/bin from npm, .venv and .venv-neutron from PyPI), not by
