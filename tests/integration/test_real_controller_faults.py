@@ -1,0 +1,206 @@
+"""The controller against the REAL control plane through the fault-injecting proxy (lab.controlplane.proxy),
+installed as tests/integration/test_real_install.py installs it (the chart, static cloud, the chart's
+ServiceAccount token): injected 409s on its writes and 500s on its lists, and it converges without an
+error loop; a no-op resync writes nothing, read from the proxy's request log (the emulator's version:
+tests/component/test_controller_operator.py ``test_a_no_op_resync_writes_nothing``)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lab.cluster import Controller, secrets_for
+from lab.controlplane import ControlPlane
+from lab.controlplane.proxy import KubeProxy, status
+from lab.openstack.proxy import Record
+from tests.component.test_controller_operator import metric
+from tests.component.test_helm_chart import NAMESPACE
+from tests.component.test_helm_install import GATEWAYS, spawn_controller
+from tests.helpers import condition
+from tests.integration.test_real_install import EXAMPLE, TENANT, get, helm, installed, node, owned, waiting
+
+__all__ = ["helm", "installed", "node"]  # the fixtures
+
+pytestmark = pytest.mark.lab
+
+AGENT = "vpngw-controller"  # the controller's User-Agent
+NOT_WATCH = r"^(?!.*watch=)"
+GATEWAY_LISTS = r"^/apis/vpn\.bnerd\.net/v1alpha1/(namespaces/[^/]+/)?vpngateways$"
+DEPLOYMENT_LISTS = r"^/apis/apps/v1/(namespaces/[^/]+/)?deployments$"
+
+
+@pytest.fixture
+def proxy(controlplane: ControlPlane) -> Iterator[KubeProxy]:
+    with KubeProxy(controlplane) as p:
+        yield p
+
+
+def start_through(cp: ControlPlane, proxy: KubeProxy, sa: Path, root: Path, resync: int) -> Controller:
+    """The chart's controller (its Deployment's args and env), its API traffic through ``proxy`` with the
+    ServiceAccount's token, resyncing every ``resync`` seconds."""
+    deployment = get(cp, "deployment", "vpngw-controller", "-n", NAMESPACE)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    at = next(i for i, a in enumerate(args) if a.startswith("--resync-seconds="))
+    args[at] = f"--resync-seconds={resync}"
+
+    def source(kind: str, name: str) -> Mapping[str, Any] | None:
+        return get(cp, kind.lower(), name, "-n", NAMESPACE)  # type: ignore[no-any-return]
+
+    kubeconfig = proxy.kubeconfig(sa, root / "controller-proxy.kubeconfig")
+    ctl = spawn_controller(deployment, source, kubeconfig, root, "controller")
+    waiting(ctl, cp, lambda: ctl.ready() or ctl.proc.poll() is not None, 60, "the controller to be ready")
+    assert ctl.proc.poll() is None, ctl.log()
+    return ctl
+
+
+def apply_example(cp: ControlPlane) -> None:
+    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(secrets_for(docs)))
+    cp.kubectl("apply", "-f", str(EXAMPLE))
+
+
+def reconciled(cp: ControlPlane) -> bool:
+    gw = get(cp, "vpngateway", "acme", "-n", TENANT) or {}
+    ok = all(condition(gw, t).get("status") == "True" for t in ("ConfigRendered", "CloudReady"))
+    return ok and bool(owned(cp, "deployments", GATEWAYS)) and bool(gw.get("metadata", {}).get("finalizers"))
+
+
+def controller_writes(proxy: KubeProxy, since: int = 0) -> list[Record]:
+    """The controller's writes the proxy saw after ``since`` (its Lease renewals aside)."""
+    return [
+        r
+        for r in proxy.writes()
+        if r.seq > since
+        and r.user_agent == AGENT
+        and "/leases/" not in r.path
+        and not r.path.endswith("/leases")
+    ]
+
+
+def last_seq(proxy: KubeProxy) -> int:
+    recs = proxy.records()
+    return recs[-1].seq if recs else 0
+
+
+def settled(ctl: Controller, proxy: KubeProxy) -> bool:
+    """Every write the API accepted is one the controller counted (the reconcile that made it returned),
+    and nothing waits in its queue."""
+    accepted = sum(1 for r in controller_writes(proxy) if r.status is not None and r.status < 400)
+    counted = metric(ctl, "vpngw_controller_api_writes_total")
+    return counted == accepted and metric(ctl, "vpngw_controller_queue_depth") == 0
+
+
+def settle(ctl: Controller, cp: ControlPlane, proxy: KubeProxy) -> None:
+    try:
+        waiting(ctl, cp, lambda: settled(ctl, proxy), 30, "the controller to settle")
+    except AssertionError as exc:
+        seen = [(r.method, r.path, r.status) for r in controller_writes(proxy)]
+        counted = metric(ctl, "vpngw_controller_api_writes_total")
+        depth = metric(ctl, "vpngw_controller_queue_depth")
+        raise AssertionError(f"counted {counted}, queue {depth}, the proxy saw {seen}\n{exc}") from None
+
+
+def stop(ctl: Controller, cp: ControlPlane) -> None:
+    """Stop the controller; a gateway it left behind (a failed test) loses its finalizer, so that the
+    fixture's namespace deletion does not wait for it."""
+    code = ctl.stop(signal.SIGTERM)
+    if get(cp, "vpngateway", "acme", "-n", TENANT) is not None:
+        patch = '{"metadata":{"finalizers":null}}'
+        cp.kubectl("patch", "vpngateway", "acme", "-n", TENANT, "--type=merge", "-p", patch, check=False)
+    assert code == 0, f"the controller exited {code} on SIGTERM:\n{ctl.log()[-4000:]}"
+
+
+def test_injected_conflicts_and_list_errors_are_retried_until_it_converges_without_an_error_loop(
+    controlplane: ControlPlane, installed: Path, proxy: KubeProxy, tmp_path: Path
+) -> None:
+    cp = controlplane
+    # Its informers' first lists fail (500), twice each; its first writes in both namespaces are refused
+    # as conflicting (409): the status patch, the finalizer patch, the creates.
+    lists = [
+        proxy.add("GET", GATEWAY_LISTS, status(500, "injected: etcd timeout"), times=2, query=NOT_WATCH),
+        proxy.add("GET", DEPLOYMENT_LISTS, status(500, "injected: etcd timeout"), times=2, query=NOT_WATCH),
+    ]
+    writes = [
+        proxy.add(
+            "PATCH",
+            rf"^/apis/vpn\.bnerd\.net/v1alpha1/namespaces/{TENANT}/vpngateways/",
+            status(409),
+            times=2,
+        ),
+        proxy.add("POST", rf"^/apis?/.*namespaces/{GATEWAYS}/", status(409), times=2),
+    ]
+    ctl = start_through(cp, proxy, installed, tmp_path, resync=10)
+    try:
+        apply_example(cp)
+        waiting(ctl, cp, lambda: reconciled(cp), 90, "the gateway reconciled through the faults")
+        assert [r.hits for r in lists + writes] == [2, 2, 2, 2], "every injected fault was met"
+        refused = [r for r in proxy.records() if r.user_agent == AGENT and r.outcome == "injected"]
+        assert len(refused) == 8 and not any(r.forwarded for r in refused)
+
+        # No error loop: once two more reconciles have finished (the set-up's writes done; the write count
+        # is no measure here, as a reconcile failed by a 409 does not count the writes it made before it)
+        # and nothing waits, another reconcile (a resync comes every 10 s) brings no failed
+        # request and no write.
+        done = metric(ctl, "vpngw_controller_reconcile_total")
+
+        def quiet() -> bool:
+            finished = metric(ctl, "vpngw_controller_reconcile_total") >= done + 2
+            return finished and metric(ctl, "vpngw_controller_queue_depth") == 0
+
+        waiting(ctl, cp, quiet, 40, "two reconciles after the faults")
+        mark = last_seq(proxy)
+        before = metric(ctl, "vpngw_controller_reconcile_total")
+        waiting(
+            ctl,
+            cp,
+            lambda: metric(ctl, "vpngw_controller_reconcile_total") >= before + 1,
+            30,
+            "another reconcile",
+        )
+        after = [r for r in proxy.records() if r.seq > mark and r.user_agent == AGENT]
+        assert [r for r in after if r.status is None or r.status >= 400] == []
+        assert controller_writes(proxy, mark) == []
+        assert ctl.proc.poll() is None, ctl.log()
+        cp.kubectl("delete", "vpngateway", "acme", "-n", TENANT, "--wait=false")
+        waiting(ctl, cp, lambda: get(cp, "vpngateway", "acme", "-n", TENANT) is None, 60, "the CR deleted")
+    finally:
+        stop(ctl, cp)
+
+
+def test_a_no_op_resync_writes_nothing_on_the_real_server(
+    controlplane: ControlPlane, installed: Path, proxy: KubeProxy, tmp_path: Path
+) -> None:
+    cp = controlplane
+    ctl = start_through(cp, proxy, installed, tmp_path, resync=10)
+    try:
+        apply_example(cp)
+        waiting(ctl, cp, lambda: reconciled(cp), 60, "the gateway reconciled")
+        settle(ctl, cp, proxy)
+        assert controller_writes(proxy), "the set-up's writes went through the proxy"
+        mark = last_seq(proxy)
+        before = metric(ctl, "vpngw_controller_reconcile_total")
+        # The periodic resync (every 10 s) reconciles the gateway again in the window, and writes nothing.
+        waiting(
+            ctl, cp, lambda: metric(ctl, "vpngw_controller_reconcile_total") >= before + 2, 35, "two resyncs"
+        )
+        assert controller_writes(proxy, mark) == []
+        # The controller never gets a Secret: it lists and watches only those opted in for gateways, and
+        # asks for their metadata alone.
+        reads = [(r.method, r.query) for r in proxy.calls(path=r"/secrets$") if r.user_agent == AGENT]
+        assert reads and all(
+            method == "GET" and "labelSelector=vpn.bnerd.net%2Fgateway-secret%3Dtrue" in query
+            for method, query in reads
+        ), reads
+        assert not [r for r in proxy.calls(path=r"/secrets/") if r.user_agent == AGENT]
+        secret_reads = [r for r in proxy.calls(path=r"/secrets$") if r.user_agent == AGENT]
+        assert all("PartialObjectMetadata" in (r.header("accept") or "") for r in secret_reads)
+        cp.kubectl("delete", "vpngateway", "acme", "-n", TENANT, "--wait=false")
+        waiting(ctl, cp, lambda: get(cp, "vpngateway", "acme", "-n", TENANT) is None, 60, "the CR deleted")
+    finally:
+        stop(ctl, cp)
