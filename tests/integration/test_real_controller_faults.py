@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gwkit.kube.client import BOOKMARK_SILENCE
 from lab.cluster import Controller, secrets_for
 from lab.controlplane import ControlPlane
-from lab.controlplane.proxy import KubeProxy, status
+from lab.controlplane.proxy import Fault, KubeProxy, status
 from lab.openstack.proxy import Record
+from lab.wait import wait_for
 from tests.component.test_controller_operator import metric
 from tests.component.test_helm_chart import NAMESPACE
 from tests.component.test_helm_install import GATEWAYS, spawn_controller
@@ -200,6 +202,44 @@ def test_a_no_op_resync_writes_nothing_on_the_real_server(
         assert not [r for r in proxy.calls(path=r"/secrets/") if r.user_agent == AGENT]
         secret_reads = [r for r in proxy.calls(path=r"/secrets$") if r.user_agent == AGENT]
         assert all("PartialObjectMetadata" in (r.header("accept") or "") for r in secret_reads)
+        cp.kubectl("delete", "vpngateway", "acme", "-n", TENANT, "--wait=false")
+        waiting(ctl, cp, lambda: get(cp, "vpngateway", "acme", "-n", TENANT) is None, 60, "the CR deleted")
+    finally:
+        stop(ctl, cp)
+
+
+def test_a_stalled_gateway_watch_is_given_up_within_the_bookmark_silence(
+    controlplane: ControlPlane, installed: Path, proxy: KubeProxy, tmp_path: Path
+) -> None:
+    """A watch that goes half-open (the headers came, then nothing: a dead NAT entry, a hung apiserver)
+    is given up after ``BOOKMARK_SILENCE`` and made again; without that the controller would never see a
+    gateway change again."""
+    cp = controlplane
+    ctl = start_through(cp, proxy, installed, tmp_path, resync=600)
+    try:
+        apply_example(cp)
+        waiting(ctl, cp, lambda: reconciled(cp), 60, "the gateway reconciled")
+        stall = proxy.add("GET", GATEWAY_LISTS, Fault.stall(300), times=1, query="watch=")
+        proxy.unreachable(0.5, mode="reset")  # every open watch cut: the controller makes them again
+        wait_for(lambda: stall.hits == 1, 30, "the controller's next VPNGateway watch, stalled")
+
+        def watches() -> list[Record]:
+            return [
+                r for r in proxy.calls("GET", GATEWAY_LISTS) if "watch=" in r.query and r.user_agent == AGENT
+            ]
+
+        (stalled,) = [r for r in watches() if r.outcome == "stalled"]
+        after = waiting(
+            ctl,
+            cp,
+            lambda: [r for r in watches() if r.seq > stalled.seq],
+            BOOKMARK_SILENCE + 40,
+            "a new VPNGateway watch after the stalled one",
+        )
+        given_up = after[0].started - stalled.started
+        assert BOOKMARK_SILENCE - 1 <= given_up <= BOOKMARK_SILENCE + 30, given_up
+        # The new watch works: the deletion reaches the controller through it (the resync is 600 s away),
+        # and it releases its finalizer.
         cp.kubectl("delete", "vpngateway", "acme", "-n", TENANT, "--wait=false")
         waiting(ctl, cp, lambda: get(cp, "vpngateway", "acme", "-n", TENANT) is None, 60, "the CR deleted")
     finally:
