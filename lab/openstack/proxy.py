@@ -12,8 +12,9 @@ call log::
     assert proxy.writes() == []                                        # "zero writes on a no-op"
 
 Rules match the method (None: any) and a regular expression searched in the request PATH (the query
-string is not part of it; ``Record.query`` has it). The first live rule that matches decides; a rule
-with ``times=N`` applies to N requests and then retires, ``times=None`` until ``remove()``/``clear()``.
+string is not part of it; ``Record.query`` has it), and optionally one searched in the query string
+(``add(..., query=...)``). The first live rule that matches decides; a rule with ``times=N`` applies to
+N requests and then retires, ``times=None`` until ``remove()``/``clear()``.
 Requests no rule matches pass through. The log is in arrival order; a request enters it when the proxy
 is done with it (a held request: when it is released or its hang ends). Faults:
 
@@ -30,6 +31,10 @@ is done with it (a held request: when it is released or its hang ends). Faults:
 When the upstream is down (connection refused: ``Neutron.stop()``) the proxy answers ``upstream_down``:
 by default 503 with HAProxy's body, as a load balancer in front of a dead Neutron does; ``"reset"`` for an
 RST. ``stop()``/``start()`` of the proxy itself (same port) gives clients "connection refused".
+
+The rule table, the faults and the log are shared with the Kubernetes API proxy (lab.controlplane.proxy:
+TLS, identities, streamed watches), which subclasses ``FaultProxy`` and makes two faults only a streaming
+proxy can: ``stall`` and ``expire`` (``FaultProxy.kinds`` says which a proxy makes; ``add`` refuses others).
 
 Hop-by-hop headers are not forwarded; the client's Host header is, so Neutron's links point at the proxy.
 Client connections are kept alive (HTTP/1.1) independently of the upstream's ``Connection: close``.
@@ -54,8 +59,8 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-FaultKind = Literal["status", "hang", "reset", "delay", "pass"]
-Outcome = Literal["passed", "injected", "hang", "reset", "delayed", "upstream-down"]
+FaultKind = Literal["status", "hang", "reset", "delay", "pass", "stall", "expire"]
+Outcome = Literal["passed", "injected", "hang", "reset", "delayed", "upstream-down", "stalled", "expired"]
 ErrorStyle = Literal["neutron", "nova", "plain"]
 
 HOP_BY_HOP = frozenset(
@@ -118,10 +123,21 @@ class Fault:
     message: str = ""
     seconds: float = 0.0
     forward: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra response headers of an injected status (e.g. ``Retry-After``)."""
 
     @staticmethod
-    def status(code: int, body: bytes | None = None, *, message: str = "", content_type: str = "") -> Fault:
-        return Fault("status", code=code, body=body, message=message, content_type=content_type)
+    def status(
+        code: int,
+        body: bytes | None = None,
+        *,
+        message: str = "",
+        content_type: str = "",
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> Fault:
+        return Fault(
+            "status", code=code, body=body, message=message, content_type=content_type, headers=headers
+        )
 
     @staticmethod
     def hang(seconds: float, *, forward: bool = False) -> Fault:
@@ -139,6 +155,18 @@ class Fault:
     def passthrough() -> Fault:
         return Fault("pass")
 
+    @staticmethod
+    def stall(seconds: float) -> Fault:
+        """Streaming proxies only: forward, send the upstream's status line and headers, then nothing for
+        ``seconds`` (a half-open stream), then close."""
+        return Fault("stall", seconds=seconds)
+
+    @staticmethod
+    def expire(message: str = "") -> Fault:
+        """Streaming proxies only: answer a watch with its ERROR event 410 Gone (Expired), as a server
+        that no longer has the requested resourceVersion does, without asking the upstream."""
+        return Fault("expire", code=410, message=message)
+
 
 @dataclass
 class Rule:
@@ -150,10 +178,16 @@ class Rule:
     fault: Fault
     times: int | None
     hits: int = 0
+    query: re.Pattern[str] | None = None
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, query: str = "") -> bool:
         live = self.times is None or self.hits < self.times
-        return live and (self.method is None or self.method == method) and bool(self.path.search(path))
+        return (
+            live
+            and (self.method is None or self.method == method)
+            and bool(self.path.search(path))
+            and (self.query is None or bool(self.query.search(query)))
+        )
 
 
 @dataclass(frozen=True)
@@ -181,6 +215,10 @@ class Record:
 
     def header(self, name: str) -> str | None:
         return next((v for k, v in self.headers if k == name.lower()), None)
+
+    @property
+    def user_agent(self) -> str:
+        return self.header("user-agent") or ""
 
     def json(self) -> object:
         return json.loads(self.body) if self.body else None
@@ -238,6 +276,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class FaultProxy:
     """A fault-injecting HTTP proxy on 127.0.0.1 in front of ``upstream`` (``http://127.0.0.1:<port>``)."""
 
+    kinds: frozenset[FaultKind] = frozenset({"status", "hang", "reset", "delay", "pass"})
+    """The faults this proxy makes (``add`` refuses the others)."""
+    scheme = "http"
+
     def __init__(
         self,
         upstream: str,
@@ -248,7 +290,7 @@ class FaultProxy:
         port: int = 0,
         name: str = "proxy",
     ) -> None:
-        host, _, port_s = upstream.removeprefix("http://").rstrip("/").partition(":")
+        host, _, port_s = upstream.removeprefix(f"{self.scheme}://").rstrip("/").partition(":")
         self.upstream = (host, int(port_s or 80))
         self.error_style: ErrorStyle = error_style
         self.upstream_down = upstream_down
@@ -274,15 +316,14 @@ class FaultProxy:
     @property
     def url(self) -> str:
         """``http://127.0.0.1:<port>``: give it to clients instead of the upstream's URL."""
-        return f"http://127.0.0.1:{self._port}"
+        return f"{self.scheme}://127.0.0.1:{self._port}"
 
     def start(self) -> FaultProxy:
         """Listen (again: the same port after ``stop()``) and serve in a background thread."""
         if self._server is not None:
             return self
         self._release.clear()
-        server = _Server(("127.0.0.1", self._port), _Handler)
-        server.proxy = self
+        server = self._listen()
         self._port = int(server.server_address[1])
         self._server = server
         self._thread = threading.Thread(
@@ -299,6 +340,12 @@ class FaultProxy:
             *self.upstream,
         )
         return self
+
+    def _listen(self) -> _Server:
+        """The listening server (bound; ``start`` serves it)."""
+        server = _Server(("127.0.0.1", self._port), _Handler)
+        server.proxy = self
+        return server
 
     def stop(self) -> None:
         """Stop listening and cut every open client connection (clients then get connection refused)."""
@@ -328,10 +375,28 @@ class FaultProxy:
 
     # -- rules --------------------------------------------------------------------------------------------
 
-    def add(self, method: str | None, path: str, fault: Fault, *, times: int | None = None) -> Rule:
-        """Add a rule (after the existing ones); ``times=None``: until removed."""
+    def add(
+        self,
+        method: str | None,
+        path: str,
+        fault: Fault,
+        *,
+        times: int | None = None,
+        query: str | None = None,
+    ) -> Rule:
+        """Add a rule (after the existing ones); ``times=None``: until removed. ``query``: a regular
+        expression the query string must also match (searched)."""
+        if fault.kind not in self.kinds:
+            raise ValueError(f"{type(self).__name__} does not make {fault.kind!r} faults")
         with self._lock:
-            rule = Rule(self._next_rule, method.upper() if method else None, re.compile(path), fault, times)
+            rule = Rule(
+                self._next_rule,
+                method.upper() if method else None,
+                re.compile(path),
+                fault,
+                times,
+                query=re.compile(query) if query is not None else None,
+            )
             self._next_rule += 1
             self._rules.append(rule)
         return rule
@@ -388,12 +453,12 @@ class FaultProxy:
             else:
                 self._conns.discard(conn)
 
-    def _decide(self, h: _Handler, method: str, path: str) -> Rule | None:
+    def _decide(self, h: _Handler, method: str, path: str, query: str = "") -> Rule | None:
         with self._lock:
             self._seq += 1
             h.lab_seq = self._seq  # the log is in arrival order, whenever a request completes
             for rule in self._rules:
-                if rule.matches(method, path):
+                if rule.matches(method, path, query):
                     rule.hits += 1
                     return rule
         return None
@@ -435,17 +500,27 @@ class FaultProxy:
             outcome,
         )
 
+    def _connection(self, h: _Handler) -> http.client.HTTPConnection:
+        """A new connection to the upstream for ``h``'s request (not yet connected)."""
+        return http.client.HTTPConnection(*self.upstream, timeout=self.upstream_timeout)
+
+    def _upstream_headers(self, h: _Handler) -> list[tuple[str, str]]:
+        """The request headers the upstream gets: the client's, less hop-by-hop ones."""
+        return [(k, v) for k, v in h.headers.items() if k.lower() not in HOP_BY_HOP]
+
+    def _send(self, conn: http.client.HTTPConnection, h: _Handler, body: bytes) -> None:
+        conn.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
+        for k, v in self._upstream_headers(h):
+            conn.putheader(k, v)
+        if body or h.command in WRITE_METHODS:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body if body else None)
+
     def _forward(self, h: _Handler, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes] | None:
         """Send the request upstream; None when the upstream does not answer (refused, reset, timed out)."""
-        conn = http.client.HTTPConnection(*self.upstream, timeout=self.upstream_timeout)
+        conn = self._connection(h)
         try:
-            conn.putrequest(h.command, h.path, skip_host=True, skip_accept_encoding=True)
-            for k, v in h.headers.items():
-                if k.lower() not in HOP_BY_HOP:
-                    conn.putheader(k, v)
-            if body or h.command in WRITE_METHODS:
-                conn.putheader("Content-Length", str(len(body)))
-            conn.endheaders(body if body else None)
+            self._send(conn, h, body)
             resp = conn.getresponse()
             data = resp.read()
             headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP]
@@ -484,18 +559,18 @@ class FaultProxy:
 
     def _error_answer(self, code: int, fault: Fault | None) -> tuple[list[tuple[str, str]], bytes]:
         if fault is not None and fault.body is not None:
-            return [("Content-Type", fault.content_type or "application/json")], fault.body
+            return [("Content-Type", fault.content_type or "application/json"), *fault.headers], fault.body
         if fault is None and code == 503:
             return [("Content-Type", "text/html"), ("Cache-Control", "no-cache")], HAPROXY_503
         message = (fault.message if fault else "") or f"lab proxy: injected {code}"
         data, ctype = error_body(self.error_style, code, message)
-        return [("Content-Type", ctype)], data
+        return [("Content-Type", ctype), *(fault.headers if fault else ())], data
 
     def _serve(self, h: _Handler) -> None:
         t0 = time.monotonic()
         body = h._read_body()
-        path = h.path.partition("?")[0]
-        rule = self._decide(h, h.command, path)
+        path, _, query = h.path.partition("?")
+        rule = self._decide(h, h.command, path, query)
         fault = rule.fault if rule else Fault.passthrough()
         release = self._release
         if fault.kind == "status":
@@ -515,15 +590,25 @@ class FaultProxy:
             return
         if fault.kind == "delay":
             release.wait(fault.seconds)
+        self._pass(h, body, t0, rule, fault, release)
+
+    def _upstream_failed(self, h: _Handler, body: bytes, t0: float, rule: Rule | None) -> None:
+        """Answer a request the upstream did not answer, as ``upstream_down`` says."""
+        if self.upstream_down == "reset":
+            self._record(h, body, t0, None, "upstream-down", rule, False)
+            self._reset(h)
+        else:
+            code = int(self.upstream_down)
+            self._record(h, body, t0, code, "upstream-down", rule, False)
+            self._reply(h, code, *self._error_answer(code, None))
+
+    def _pass(
+        self, h: _Handler, body: bytes, t0: float, rule: Rule | None, fault: Fault, release: threading.Event
+    ) -> None:
+        """Forward and answer (buffered: the upstream's whole answer, then the client's)."""
         answer = self._forward(h, body)
         if answer is None:
-            if self.upstream_down == "reset":
-                self._record(h, body, t0, None, "upstream-down", rule, False)
-                self._reset(h)
-            else:
-                code = int(self.upstream_down)
-                self._record(h, body, t0, code, "upstream-down", rule, False)
-                self._reply(h, code, *self._error_answer(code, None))
+            self._upstream_failed(h, body, t0, rule)
             return
         status, reason, headers, data = answer
         self._record(h, body, t0, status, "delayed" if fault.kind == "delay" else "passed", rule, True)
