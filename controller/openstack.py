@@ -288,10 +288,10 @@ class OpenStackCloud:
         cluster (``sweepable``); nothing without a cluster identity."""
         if not self.settings.cluster:
             return {}
-        net = self.conn.network
         wanted = ",".join([instance_tag(self.settings.instance), *self._cluster_tags()])
         held: dict[GatewayKey, str] = {}
-        with _Step("Sweep"):
+        with _Step("Sweep"):  # the proxy's lookup too: it authenticates and discovers endpoints on first use
+            net = self.conn.network
             for listing in (net.ports, net.ips, net.security_groups):
                 for r in listing(tags=wanted):
                     key = gateway_of(r.tags or [])
