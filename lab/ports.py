@@ -40,7 +40,7 @@ _IN_USE = re.compile(
 )
 
 
-class PortTaken(Exception):  # noqa: N818 - a condition a start function reports, not an error to show
+class PortTaken(Exception):
     """Raised by a ``start`` function given to ``start_on_free_port``: the child could not bind its port."""
 
 
@@ -124,5 +124,7 @@ def wait_announced_port(
                 return port
             raise RuntimeError(f"{what} exited before it announced its port ({event}):\n{text[-2000:]}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not announce its port ({event}) in {timeout:g} s:\n{text[-2000:]}")
+            raise RuntimeError(
+                f"{what} did not announce its port ({event}) in {timeout:g} s:\n{text[-2000:]}"
+            )
         time.sleep(0.02)
