@@ -71,15 +71,15 @@ def start_on_free_port(
     *,
     what: str,
     attempts: int = ATTEMPTS,
-    pick: Callable[[], int] = free_port,
+    pick: Callable[[], int] | None = None,
 ) -> T:
-    """``start(port)`` on a fresh ``pick()``-ed port, again on another one each time it raises
-    ``PortTaken``; after ``attempts`` lost races, ``PortsExhausted`` naming ``what`` and the last
-    failure. ``start`` must clean up after a failed start (the child gone) before it raises."""
+    """``start(port)`` on a fresh ``pick()``-ed port (default ``free_port``), again on another one each
+    time it raises ``PortTaken``; after ``attempts`` lost races, ``PortsExhausted`` naming ``what`` and
+    the last failure. ``start`` must clean up after a failed start (the child gone) before it raises."""
     last: PortTaken | None = None
     tried: list[int] = []
     for _ in range(attempts):
-        port = pick()
+        port = (pick or free_port)()  # looked up now: a test may replace ``free_port``
         tried.append(port)
         try:
             return start(port)
