@@ -224,10 +224,13 @@ def test_readonly_dir_holds_the_plan_copy_and_a_relay_that_closes_while_charon_i
     ro.mkdir()
     argv = [*AGENT, "--plan", str(tmp_path / "plan.json"), "--secrets-dir", str(tmp_path), "--poll-interval"]
     argv += ["0.05", "--vici-socket", str(tmp_path / "no-charon.vici"), "--readonly-dir", str(ro)]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stderr=out)
     try:
         deadline = time.monotonic() + 20
-        while not (ro / "charon.vici").exists() or not (ro / "plan.json").exists():
+        # Listening, not only there: the socket file exists from its bind, before listen() (refused).
+        while "vici_relay.listening" not in log.read_text() or not (ro / "plan.json").exists():
             assert time.monotonic() < deadline and proc.poll() is None, "the agent serves both"
             time.sleep(0.05)
         assert (ro / "plan.json").read_bytes() == dumps(plan)
@@ -240,10 +243,11 @@ def test_readonly_dir_holds_the_plan_copy_and_a_relay_that_closes_while_charon_i
             assert s.recv(100) == b"", "charon is down: closed, not left hanging"
             assert time.monotonic() - t0 < 2
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
+        proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0
+    err = log.read_text()
+    assert proc.returncode == 0, err
     assert "vici_relay.listening" in err and "vici_relay.charon_unreachable" in err
