@@ -7,6 +7,7 @@ A Neutron of its own per test (not the session's: these tests take its ports awa
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -52,6 +53,26 @@ def test_mariadb_and_uwsgi_that_lost_their_port_start_again_on_a_new_one(
         n.close()
 
 
+def squat(port: int) -> socket.socket | None:
+    """A listener of ours on ``port``, or None when another process holds it (a listener that stays)."""
+    deadline = time.monotonic() + 5
+    while True:
+        s = socket.socket()
+        # SO_REUSEADDR: the old server's TIME_WAIT connections on the port do not stop a new listener
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            return s
+        except OSError as exc:
+            s.close()
+            if not ports.is_address_in_use(exc) or time.monotonic() > deadline:
+                if ports.is_address_in_use(exc):
+                    return None
+                raise
+        time.sleep(0.05)  # another process's momentary bind (a free-port probe) goes away
+
+
 def test_a_restart_whose_port_was_taken_meanwhile_fails_saying_so_and_succeeds_once_it_is_free(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -60,16 +81,19 @@ def test_a_restart_whose_port_was_taken_meanwhile_fails_saying_so_and_succeeds_o
     try:
         port = n.port
         n.stop()
-        with socket.socket() as squatter:
-            # SO_REUSEADDR: the old server's TIME_WAIT connections on the port do not stop a new listener
-            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            squatter.bind(("127.0.0.1", port))
-            squatter.listen()
+        # The port is anyone's now: a random-order run saw another process listen on it before our
+        # squatter could (the very race this lab guards against). Then that process is the squatter.
+        squatter = squat(port)
+        try:
             with pytest.raises(LabOpenStackError, match=rf"its port {port} was taken by another process"):
                 n.start()
             assert not n.running
-        n.start()
-        assert n.port == port and n.running
-        assert isinstance(n.api("GET", "/v2.0/networks")["networks"], list)  # it answers
+        finally:
+            if squatter is not None:
+                squatter.close()
+        if squatter is not None:  # freed by us: the restart goes through on the same port
+            n.start()
+            assert n.port == port and n.running
+            assert isinstance(n.api("GET", "/v2.0/networks")["networks"], list)  # it answers
     finally:
         n.close()
