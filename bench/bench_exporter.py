@@ -34,17 +34,12 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gwkit.vici import ViciSession, wire
+from lab import ports
 from lab.peers import psk_conn
 from lab.world import SERVICE_CIDR, Lab
 
 REPO = Path(__file__).resolve().parents[1]
 PSK = "bench-psk-only"  # bench-only value
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _BUF = memoryview(bytearray(64 << 20))
@@ -162,16 +157,23 @@ def series(body: bytes) -> int:
 
 
 class ExporterProcess:
+    """``python -m exporter`` at log level WARNING (its port announcement is INFO, so the port is picked
+    here and the start retried on a new one when another process took it first: ``lab.ports``)."""
+
     def __init__(self, *args: str) -> None:
-        self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="bench-exporter-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc: subprocess.Popen[bytes]
+        self.port = ports.start_on_free_port(lambda port: self._start(port, args), what="the exporter")
+
+    def _start(self, port: int, args: tuple[str, ...]) -> int:
+        since = os.fstat(self.log.fileno()).st_size
         self.proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "exporter",
                 "--listen",
-                f"127.0.0.1:{self.port}",
+                f"127.0.0.1:{port}",
                 "--log-level",
                 "WARNING",
                 *args,
@@ -183,9 +185,13 @@ class ExporterProcess:
         deadline = time.monotonic() + 20
         while True:
             try:
-                http_get(self.port)
-                return
+                http_get(port)
+                return port
             except OSError:
+                if self.proc.poll() is not None:
+                    said = Path(self.log.name).read_bytes()[since:].decode(errors="replace")
+                    if ports.address_in_use(said):
+                        raise ports.PortTaken(said.strip()[-300:]) from None
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     raise RuntimeError(f"exporter did not start; see {self.log.name}") from None
                 time.sleep(0.1)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,6 +23,7 @@ import yaml
 from controller.names import LABEL_TENANT, TENANT_ENABLED, GatewayKey
 from controller.settings import Settings
 from gwplan import SECRET_OPT_IN_LABEL
+from lab import ports
 from lab.kubeapi import KubeAPIThread
 from lab.wait import wait_for as wait_for  # re-exported: lab.kubelet.world imports it from here
 
@@ -31,12 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 GATEWAY_NAMESPACE = Settings.gateway_namespace
 """The operator's gateway namespace, as the chart makes it (the controller's default)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def crd_documents() -> list[dict[str, Any]]:
@@ -60,13 +54,34 @@ def node(
     }
 
 
-class Controller:
-    """``python -m controller run`` as a child process (its log in ``log_path``)."""
+LISTENING = "operator.listening"
+"""The controller's log line with the port its ``--listen 127.0.0.1:0`` got."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+
+class Controller:
+    """``python -m controller run --listen 127.0.0.1:0`` as a child process (its log in ``log_path``):
+    it binds a port of its own and announces it in its log (``lab.ports``: no port is picked for it)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         self.proc = proc
-        self.port = port
         self.log_path = log_path
+        self._port: int | None = None
+
+    def announced_port(self) -> int | None:
+        """The port from the controller's ``operator.listening`` line; None before it is logged."""
+        if self._port is None:
+            self._port = ports.announced_port(self.log(), LISTENING)
+        return self._port
+
+    @property
+    def port(self) -> int:
+        """The controller's HTTP port, waiting (up to 30 s) for its announcement."""
+        if (port := self.announced_port()) is not None:
+            return port
+        self._port = ports.wait_announced_port(
+            self.log, LISTENING, alive=lambda: self.proc.poll() is None, timeout=30, what="the controller"
+        )
+        return self._port
 
     @property
     def url(self) -> str:
@@ -86,6 +101,8 @@ class Controller:
             return int(exc.code), exc.read().decode()
 
     def ready(self) -> bool:
+        if self.announced_port() is None:
+            return False  # not listening yet (or never: see ``proc``)
         try:
             return self.get("/readyz")[0] == 200
         except OSError:
@@ -209,7 +226,6 @@ class Cluster:
         env: Mapping[str, str] | None = None,
         kubeconfig: Path | None = None,
     ) -> Controller:
-        port = free_port()
         cfg = self.workdir / f"{name}-config.yaml"
         cfg.write_text(yaml.safe_dump(dict(config or {})))
         log_path = self.workdir / f"{name}.log"
@@ -223,13 +239,13 @@ class Cluster:
             "--config",
             str(cfg),
             "--listen",
-            f"127.0.0.1:{port}",
+            "127.0.0.1:0",
             *args,
         ]
         environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         with log_path.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=environ)
-        ctl = Controller(proc, port, log_path)
+        ctl = Controller(proc, log_path)
         self.controllers.append(ctl)
         return ctl
 

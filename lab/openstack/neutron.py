@@ -18,6 +18,11 @@ schema-relevant configuration; every start copies it (~30 ms). ``VPNGW_NEUTRON_C
 ``stop()``/``start()`` stop and restart the Neutron API process alone (same port, database kept): the
 "Neutron is down" fault. ``close()`` stops everything and removes the run directory; it also runs from
 ``atexit``; a SIGKILLed owner's leftovers are removed by ``process.cleanup_stale`` at the next start.
+
+Ports: mariadbd and uWSGI must be told their port, so each first start picks a free one and is retried on
+a new one when the daemon exits saying "Address already in use" (another process took the port between
+the pick and the bind; ``lab.ports.start_on_free_port``). A restart keeps its port (clients know it): a
+port taken while the daemon was down is retried for a few seconds, then the start fails saying so.
 """
 
 from __future__ import annotations
@@ -42,10 +47,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from lab import ports
 from lab.openstack import process
 from lab.openstack.process import LabOpenStackError
 from lab.openstack.rest import call, http_status
-from lab.wait import WaitTimeout, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -221,13 +226,65 @@ def mysql_greets(port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+SAME_PORT_TRIES = 20
+SAME_PORT_PAUSE = 0.25
+"""A restart on its old port that finds it taken tries again this often, this far apart (~5 s): another
+process's momentary probe (a bind to pick a free port) goes away; a listener that stays is an error."""
+
+
+def _start_on_port(port: int, start: Callable[[int], None], what: str) -> None:
+    """``start(port)``: on a free port picked now when ``port`` is 0 (retried on a new one when taken),
+    else on ``port`` itself (a restart), retried a few times when taken; LabOpenStackError at the end."""
+    if port == 0:
+        try:
+            ports.start_on_free_port(start, what=what)
+        except ports.PortsExhausted as exc:
+            raise LabOpenStackError(str(exc)) from exc
+        return
+    for _ in range(SAME_PORT_TRIES):
+        try:
+            start(port)
+            return
+        except ports.PortTaken as exc:
+            last = exc
+            log.info("lab.openstack.port_taken what=%s port=%d", what, port)
+            time.sleep(SAME_PORT_PAUSE)  # a back-off between attempts to bind, not a wait before a check
+    raise LabOpenStackError(
+        f"{what}: its port {port} was taken by another process while it was down (restart tried "
+        f"{SAME_PORT_TRIES} times): {last}"
+    )
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """What a daemon wrote to ``path`` (a log it appends to) since it was ``offset`` bytes long."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if ports.address_in_use(line)]
+    return (lines or text.strip().splitlines() or [""])[-1].strip()
+
+
 @dataclass
 class MariaDB:
     """A private mariadbd on 127.0.0.1:``port`` with its datadir under ``dir``."""
 
     dir: Path
     run_dir: Path
-    port: int = field(default_factory=process.free_port)
+    port: int = 0
+    """0 until the first ``start`` picks a free port (then kept: Neutron's configuration names it)."""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -269,26 +326,32 @@ class MariaDB:
     def start(self, *, init_sql: str | None = None, timeout: float = 60.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             raise LabOpenStackError(f"mariadbd already running (pid {self.proc.pid})")
+        _start_on_port(self.port, lambda port: self._start_on(port, init_sql, timeout), "mariadbd")
+
+    def _start_on(self, port: int, init_sql: str | None, timeout: float) -> None:
+        self.port = port
         self.write_config()
         argv = [MARIADBD, f"--defaults-file={self.cnf}"]
         if init_sql is not None:
             init = self.dir / "init.sql"
             init.write_text(init_sql)
             argv.append(f"--init-file={init}")
-        self.proc = proc = process.spawn(argv, run_dir=self.run_dir, log_path=self.dir / "mysqld.out")
-
-        def greets() -> bool:
-            if proc.poll() is not None:
-                raise LabOpenStackError(
-                    f"mariadbd exited with {proc.returncode}:\n{_tail(self.dir / 'mysqld.err')}"
-                )
-            return mysql_greets(self.port)
-
-        try:
-            wait_for(greets, timeout, f"mariadbd on port {self.port}", interval=0.01)
-        except WaitTimeout as e:
-            raise LabOpenStackError(f"mariadbd did not answer on port {self.port} in {timeout:.0f} s") from e
-        log.debug("lab.openstack.mariadb.started port=%d pid=%d", self.port, proc.pid)
+        err_log = self.dir / "mysqld.err"
+        since = _size(err_log)
+        self.proc = process.spawn(argv, run_dir=self.run_dir, log_path=self.dir / "mysqld.out")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                said = _read_from(err_log, since)
+                if ports.address_in_use(said):
+                    process.stop_group(self.proc, grace=10.0, what="mariadbd")
+                    raise ports.PortTaken(f"mariadbd on port {port}: {_last_line(said)}")
+                raise LabOpenStackError(f"mariadbd exited with {self.proc.returncode}:\n{_tail(err_log)}")
+            if mysql_greets(self.port):
+                log.debug("lab.openstack.mariadb.started port=%d pid=%d", self.port, self.proc.pid)
+                return
+            time.sleep(0.01)
+        raise LabOpenStackError(f"mariadbd did not answer on port {self.port} in {timeout:.0f} s")
 
     def stop(self) -> None:
         process.stop_group(self.proc, grace=30.0, what="mariadbd")
@@ -309,7 +372,7 @@ def _cache_key(settings: NeutronSettings) -> str:
 
 def _migrate(settings: NeutronSettings, db: MariaDB, conf_dir: Path) -> None:
     """``neutron-db-manage upgrade heads`` against ``db`` (configs written into ``conf_dir``)."""
-    _write_neutron_config(conf_dir, settings, db_port=db.port, api_port=0)
+    _write_neutron_config(conf_dir, settings, db_port=db.port)
     t0 = time.monotonic()
     res = subprocess.run(
         [
@@ -417,7 +480,7 @@ def _safe(key: str) -> str:
     return re.sub(r"[^0-9A-Za-z_.-]", "_", key)[:80]
 
 
-def _write_neutron_config(conf_dir: Path, settings: NeutronSettings, *, db_port: int, api_port: int) -> None:
+def _write_neutron_config(conf_dir: Path, settings: NeutronSettings, *, db_port: int) -> None:
     conf_dir.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "lock"):
         (conf_dir / sub).mkdir(exist_ok=True)
@@ -435,8 +498,11 @@ def _write_neutron_config(conf_dir: Path, settings: NeutronSettings, *, db_port:
         )
     )
     (conf_dir / "ml2_conf.ini").write_text(ML2_CONF.format(physnet=PHYSNET))
+
+
+def _write_uwsgi_ini(conf_dir: Path, settings: NeutronSettings, port: int) -> None:
     (conf_dir / "uwsgi.ini").write_text(
-        UWSGI_INI.format(port=api_port, dir=conf_dir, processes=settings.processes, threads=settings.threads)
+        UWSGI_INI.format(port=port, dir=conf_dir, processes=settings.processes, threads=settings.threads)
     )
 
 
@@ -458,7 +524,8 @@ class Neutron:
     settings: NeutronSettings
     run_dir: Path
     db: MariaDB
-    port: int = field(default_factory=process.free_port)
+    port: int = 0
+    """0 until the first ``start`` picks a free port (then kept: a restart comes back on it)."""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent per start phase (``database``, ``api``, ``total``), for the bench and the docs."""
@@ -503,32 +570,38 @@ class Neutron:
         if self.running:
             raise LabOpenStackError(f"Neutron already running (pid {self.proc.pid if self.proc else '?'})")
         t0 = time.monotonic()
-        uwsgi = self.settings.venv / "bin" / "uwsgi"
-        self.proc = process.spawn(
-            [str(uwsgi), "--ini", str(self.conf_dir / "uwsgi.ini")],
-            run_dir=self.run_dir,
-            log_path=self.conf_dir / "uwsgi.log",
-            env={**_clean_env(), "HOME": str(self.conf_dir)},
-        )
+        _start_on_port(self.port, self._start_on, "Neutron (uWSGI)")
         self.starts += 1
-        proc = self.proc
-
-        def answers() -> bool:
-            if proc.poll() is not None:
-                logs = f"{_tail(self.conf_dir / 'uwsgi.log')}\n{_tail(self.log_path)}"
-                raise LabOpenStackError(f"Neutron (uWSGI) exited with {proc.returncode}:\n{logs}")
-            # /v2.0/extensions answers only once the plugins and extensions are loaded
-            return http_status(self.endpoint, "/v2.0/extensions") == 200
-
-        try:
-            wait_for(answers, self.settings.start_timeout, f"Neutron on port {self.port}")
-        except WaitTimeout as e:
-            raise LabOpenStackError(
-                f"Neutron did not answer on port {self.port}:\n{_tail(self.log_path)}"
-            ) from e
-        self._warm_up()
         self.timings["api"] = time.monotonic() - t0
         log.info("lab.openstack.neutron.started port=%d seconds=%.2f", self.port, self.timings["api"])
+
+    def _start_on(self, port: int) -> None:
+        self.port = port
+        _write_uwsgi_ini(self.conf_dir, self.settings, port)
+        uwsgi_log = self.conf_dir / "uwsgi.log"
+        since = _size(uwsgi_log)
+        self.proc = process.spawn(
+            [str(self.settings.venv / "bin" / "uwsgi"), "--ini", str(self.conf_dir / "uwsgi.ini")],
+            run_dir=self.run_dir,
+            log_path=uwsgi_log,
+            env={**_clean_env(), "HOME": str(self.conf_dir)},
+        )
+        deadline = time.monotonic() + self.settings.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                said = _read_from(uwsgi_log, since)
+                if ports.address_in_use(said):
+                    process.stop_group(self.proc, grace=10.0, what="neutron", sig=signal.SIGKILL)
+                    self.proc = None
+                    raise ports.PortTaken(f"uWSGI on port {port}: {_last_line(said)}")
+                logs = f"{_tail(uwsgi_log)}\n{_tail(self.log_path)}"
+                raise LabOpenStackError(f"Neutron (uWSGI) exited with {self.proc.returncode}:\n{logs}")
+            # /v2.0/extensions answers only once the plugins and extensions are loaded
+            if http_status(self.endpoint, "/v2.0/extensions") == 200:
+                self._warm_up()
+                return
+            time.sleep(0.05)
+        raise LabOpenStackError(f"Neutron did not answer on port {self.port}:\n{_tail(self.log_path)}")
 
     def _warm_up(self) -> None:
         """One request per collection, one at a time, before anyone else asks.
@@ -616,7 +689,7 @@ def _launch(settings: NeutronSettings, template: Path | None) -> Neutron:
         else:
             _build_database(settings, db, neutron.conf_dir)
         neutron.timings["database"] = time.monotonic() - t0
-        _write_neutron_config(neutron.conf_dir, settings, db_port=db.port, api_port=neutron.port)
+        _write_neutron_config(neutron.conf_dir, settings, db_port=db.port)
         neutron.start()
         neutron.timings["total"] = time.monotonic() - t0
     except BaseException:

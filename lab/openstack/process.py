@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -37,13 +36,6 @@ _PR_SET_PDEATHSIG = 1
 
 class LabOpenStackError(RuntimeError):
     """The OpenStack lab could not be set up, started or stopped; the message says what and where."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_run_dir(purpose: str, root: Path | None = None) -> Path:

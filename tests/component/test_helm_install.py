@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.cluster import ROOT, Cluster, Controller, free_port, home_of, secrets_for
+from lab.cluster import ROOT, Cluster, Controller, home_of, secrets_for
+from lab.ports import free_port
 from lab.wait import wait_for
 from tests.component.test_controller_operator import OWNED
 from tests.component.test_helm_chart import CHART, NAMESPACE, helm, one, run_helm
@@ -130,11 +131,11 @@ def start_pod_process(
 def spawn_controller(
     deployment: Mapping[str, Any], source: Source, kubeconfig: Path, workdir: Path, name: str = "pod"
 ) -> Controller:
-    """The controller process of ``deployment``'s pod (``pod_process``), on a free loopback port, with
-    ``kubeconfig`` for cluster access; its log in ``workdir/<name>.log``. The caller stops it."""
+    """The controller process of ``deployment``'s pod (``pod_process``), on a loopback port of its own
+    choosing (``--listen=127.0.0.1:0``), with ``kubeconfig`` for cluster access; its log in
+    ``workdir/<name>.log``. The caller stops it."""
     args, env = pod_process(deployment, source, workdir / name)
-    port = free_port()
-    args = [a if not a.startswith("--listen=") else f"--listen=127.0.0.1:{port}" for a in args]
+    args = [a if not a.startswith("--listen=") else "--listen=127.0.0.1:0" for a in args]
     run = args.index("run")
     args[run + 1 : run + 1] = ["--kubeconfig", str(kubeconfig)]
     log_path = workdir / f"{name}.log"
@@ -146,7 +147,7 @@ def spawn_controller(
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         )
-    return Controller(proc, port, log_path)
+    return Controller(proc, log_path)
 
 
 def token_kubeconfig(c: Cluster, sa: str = "vpngw-controller") -> Path:

@@ -23,6 +23,7 @@ import pytest
 
 from gwkit.vici import ViciSession
 from gwplan import Child, GatewayRef, IkeSecret, Ipsec, Plan, SecretRef, Tunnel, dumps
+from lab import ports
 from lab.peers import configure_site, psk_conn, site_conn
 from lab.wait import WaitTimeout, wait_for, wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
@@ -257,14 +258,6 @@ def ike_ids(sas: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {name: str(sa["uniqueid"]) for name, sa in sas.items()}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def http_get(port: int, path: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
@@ -295,13 +288,16 @@ async def test_kill_9_charon_is_survived_and_every_tunnel_comes_back(lab: Lab, a
 
 
 async def test_sigstopped_charon_times_out_agent_stays_live_and_recovers(lab: Lab, agent: Agent) -> None:
-    port = free_port()
     sites = start_sites(lab, 2)
     for s in sites:
         await setup_site(lab, s)
     agent.write_psk(PSK)
     agent.write_plan(make_plan(lab, sites))
-    agent.start("--health-listen", f"127.0.0.1:{port}")
+    agent.start("--health-listen", "127.0.0.1:0")  # the agent binds a port and announces it
+    port = ports.wait_announced_port(
+        agent.log, "health.listening", alive=lambda: agent.proc is not None and agent.proc.poll() is None,
+        timeout=30, what="the agent",
+    )  # fmt: skip
     names = [s.role for s in sites]
     agent.wait_for(all_established(names), 30, "up")
     assert http_get(port, "/readyz")[0] == 200

@@ -344,7 +344,9 @@ def test_another_clients_address_pairs_survive_also_when_it_races_us(lab: OpenSt
     )
     d[1]["spec"]["authorization"]["reverseExposures"].append("scanner")
     lab.neutron_proxy.clear_log()
-    rule = lab.neutron_proxy.add("PUT", rf"^/v2\.0/ports/{port.id}$", Fault.delay(2.0), times=1)
+    # Held until the other client's edit is in (``clear()`` releases it), not for a fixed time: a loaded
+    # machine took longer than 2 s for that edit, and our update went first.
+    rule = lab.neutron_proxy.add("PUT", rf"^/v2\.0/ports/{port.id}$", Fault.delay(60.0), times=1)
     result: list[Any] = []
     t = threading.Thread(target=lambda: result.append(ensure(cloud, want(lab, d))))
     t.start()
@@ -352,6 +354,7 @@ def test_another_clients_address_pairs_survive_also_when_it_races_us(lab: OpenSt
     current = other.network.get_port(port.id)
     late = {"ip_address": "192.0.2.51/32"}
     other.network.update_port(current, allowed_address_pairs=[*current.allowed_address_pairs, late])
+    lab.neutron_proxy.clear()  # releases our held update, whose If-Match revision is now stale
     t.join(30)
     assert rule.hits == 1 and result, "ensure finished"
     puts = [r for r in lab.neutron_proxy.calls("PUT", rf"^/v2\.0/ports/{port.id}$")]

@@ -181,8 +181,12 @@ def test_a_gateway_gone_without_its_finalizer_has_its_cloud_resources_released_a
             strip_and_delete(c, "gw5")  # while no controller runs
             again = start(c, lab, tmp_path, instance)
             wait_for(lambda: nothing(held("gw5")), 60, "gw5's resources released at start")
-            _, metrics = again.get("/metrics")
-            assert "vpngw_controller_cloud_swept_total 3.0" in metrics, metrics
+            # The counter goes up once the deletes returned, a moment after Neutron shows them: wait for it.
+            wait_for(
+                lambda: "vpngw_controller_cloud_swept_total 3.0" in again.get("/metrics")[1],
+                10,
+                "vpngw_controller_cloud_swept_total 3.0",
+            )
             kept = tagged(conn, ",".join(tags(theirs, "someone-else")))
             assert all(len(ids) == 1 for ids in kept.values()), kept
             assert foreign in list(conn.network.get_router(router).routes or [])

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from controller.names import LABEL_TENANT, TENANT_ENABLED
-from lab.cluster import ROOT, Controller, crd_documents, free_port, secrets_for
+from lab.cluster import ROOT, Controller, crd_documents, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
 from lab.wait import wait_for
@@ -91,12 +91,11 @@ def start_controller(cp: ControlPlane, workdir: Path) -> Controller:
     config = {**CONFIG, "gatewayPod": GATEWAY_POD, "staticNICs": {f"{TENANT}/acme": NIC}}
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    port = free_port()
     argv = [
         sys.executable, "-m", "controller", "run",
         "--kubeconfig", str(cp.kubeconfig),
         "--config", str(cfg),
-        "--listen", f"127.0.0.1:{port}",
+        "--listen", "127.0.0.1:0",
         "--gateway-namespace", GATEWAYS,
         "--leader-election-namespace", SYSTEM,
         "--instance", "vpngw-qty",
@@ -107,7 +106,7 @@ def start_controller(cp: ControlPlane, workdir: Path) -> Controller:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
         )
-    return Controller(proc, port, log_path)
+    return Controller(proc, log_path)
 
 
 def test_settings_in_any_valid_form_make_no_write_at_a_resync_on_the_real_server(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from gwkit.vici import ViciSession
 from gwkit.wireguard import uapi
 from gwplan.model import Child, GatewayRef, Plan, SecretRef, Tunnel, WgPeer, WireGuard, dumps
 from gwplan.model import Ipsec as PlanIpsec
+from lab import ports
 from lab.peers import wireguard_pair
 from lab.world import SERVICE_CIDR, Host, Lab
 from tests.integration.test_exporter_support import PSK, load_pair
@@ -366,12 +366,6 @@ async def test_concurrent_scrapes_share_one_daemon_query(lab: Lab) -> None:
     assert len({id(r) for r in results}) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get(url: str, accept: str | None = None) -> tuple[str, str]:
     req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})  # noqa: S310
     with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 (http to 127.0.0.1 only)
@@ -383,20 +377,28 @@ REPO = Path(__file__).resolve().parents[2]
 
 async def test_command_line_serves_metrics_and_healthz_and_stops_cleanly(lab: Lab, tmp_path: Path) -> None:
     g = lab.start_charon(lab.gw)
-    port = _free_port()
     log_path = tmp_path / "exporter.log"
     argv = [
         sys.executable,
         "-m",
         "exporter",
         "--listen",
-        f"127.0.0.1:{port}",
+        "127.0.0.1:0",  # the exporter binds a port and announces it: no port to lose to another process
         "--vici-socket",
         str(g.vici_socket),
     ]
     with log_path.open("wb") as log_file:
         proc = await anyio.open_process(argv, stdout=log_file, stderr=log_file, cwd=REPO)
     try:
+        port = await anyio.to_thread.run_sync(
+            lambda: ports.wait_announced_port(
+                lambda: log_path.read_text(errors="replace"),
+                "exporter.http.listening",
+                alive=lambda: proc.returncode is None,
+                timeout=10,
+                what="the exporter",
+            )
+        )
         with anyio.fail_after(10):
             while True:
                 try:

@@ -48,6 +48,7 @@ from gwkit.vici import readonly as vici_readonly
 from gwkit.vici.queries import DaemonInfo
 from gwkit.wireguard import uapi
 from gwplan.model import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, dumps
+from lab import ports
 from lab.peers import wireguard_pair
 from lab.wait import wait_for, wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
@@ -426,7 +427,6 @@ async def test_the_unprivileged_exporter_reads_every_peer_metric_through_the_age
     (ro_dir / "plan.json").chmod(0o644)
     secrets = [keys["gw"][0], keys[site.role][0], PSK]
     secrets += [base64.b64decode(k).hex() for k in secrets]
-    port = free_port()
     log = tmp_path / "exporter.log"
     async with anyio.create_task_group() as tg:
         tg.start_soon(uapi_server.serve_interface, ro_dir, "wg0", uapi_server.opener(wgd.uapi_dir))
@@ -436,13 +436,19 @@ async def test_the_unprivileged_exporter_reads_every_peer_metric_through_the_age
             )
         assert (ro_dir / "wg0.sock").stat().st_mode & 0o777 == 0o666
         argv = [
-            *UNPRIVILEGED, DEBIAN_PYTHON, "-m", "exporter", "--listen", f"127.0.0.1:{port}",
+            *UNPRIVILEGED, DEBIAN_PYTHON, "-m", "exporter", "--listen", "127.0.0.1:0",
             "--wireguard-interface", "wg0", "--wireguard-uapi-dir", str(ro_dir),
             "--plan", str(ro_dir / "plan.json"),
         ]  # fmt: skip
         with log.open("wb") as out:
             proc = await anyio.open_process(argv, stdout=out, stderr=out, env=env(), cwd="/")
         try:
+            port = await anyio.to_thread.run_sync(
+                lambda: ports.wait_announced_port(
+                    lambda: log.read_text(errors="replace"), "exporter.http.listening",
+                    alive=lambda: proc.returncode is None, timeout=20, what="the unprivileged exporter",
+                )
+            )  # fmt: skip
             body = await anyio.to_thread.run_sync(wait_scrape, port, proc.pid)
             st = status(proc.pid)
             assert st["Uid"].split() == [str(UID)] * 4 and st["Gid"].split() == [str(UID)] * 4
@@ -500,14 +506,6 @@ def plan_file(tmp: Path, plan: Plan) -> PlanFile:
     pf = PlanFile(path)
     pf.load_initial()
     return pf
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_scrape(port: int, pid: int) -> str:

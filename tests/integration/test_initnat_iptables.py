@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
@@ -36,7 +37,7 @@ COMMIT
 @pytest.fixture
 def ns() -> Iterator[str]:
     name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-ipt"
-    netns.add_ns(name)
+    netns.add_ns(name, netns.POD_SYSCTLS)  # as a pod's namespace: no forwarding, strict rp_filter
     try:
         yield name
     finally:
@@ -157,7 +158,7 @@ def test_flush_by_mark_deletes_exactly_that_grants_entries(ns: str) -> None:
     )
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     out = subprocess.run(
-        netns.ns_exec(ns, ".venv/bin/python", "-c", code), capture_output=True, text=True, env=env, check=True
+        netns.ns_exec(ns, sys.executable, "-c", code), capture_output=True, text=True, env=env, check=True
     )
     assert out.stdout.strip() == "0x10000/0xfff0000"
     assert _ct(ns, "-L", "-m", "0x10000/0xfff0000").stdout.strip() == b""

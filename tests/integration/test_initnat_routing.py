@@ -23,7 +23,7 @@ MAC = "fa:16:3e:12:34:56"
 @pytest.fixture
 def ns() -> Iterator[str]:
     name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-rt"
-    netns.add_ns(name)
+    netns.add_ns(name, netns.POD_SYSCTLS)  # as a pod's namespace: no forwarding, strict rp_filter
     try:
         # NIC2 named ens9 (not net1), like a host-device attachment; a foreign rule and route exist.
         netns.run(
