@@ -213,7 +213,9 @@ def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log
     kills = re.findall(
         r"pod: container charon: restarted by the kubelet \(restartCount (\d+); last exit 137", text
     )
-    assert len(kills) >= 3 and kills[:3] == ["1", "2", "3"], kills
+    # Every 8 s within 40 s: at least two kills even when the set-up ate into the window (three on an
+    # idle machine); each one restarted by the kubelet with a growing restartCount.
+    assert len(kills) >= 2 and kills == [str(n) for n in range(1, len(kills) + 1)], kills
     assert len(re.findall(r"every tunnel Established again on the CR", text)) == len(kills)
     assert len(set(counters(text, "s1"))) >= 4, "the counters move in the status table"
     assert "all tunnels Established; exit status 0" in text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from lab.wait import wait_for
 pytestmark = [pytest.mark.lab]
 
 ROOT = Path(__file__).resolve().parents[2]
-PY = str(ROOT / ".venv" / "bin" / "python")
+PY = sys.executable
 MAC = "fa:16:3e:aa:bb:01"
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +50,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.anyio]
 
 PSK = "initnat-lab-psk-7c1d"  # test-only value
 ROOT = Path(__file__).resolve().parents[2]
-PY = str(ROOT / ".venv" / "bin" / "python")
+PY = sys.executable
 API_ADDR = "192.0.2.100"  # a second fabric service, a /32 on svc's lo
 FABRIC_CLIENT = "192.0.2.70"  # a fabric host (in svc's subnet, behind the router) that is no target
 WEB_VIP, API_VIP = "198.18.0.10", "198.18.0.11"
