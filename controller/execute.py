@@ -76,8 +76,11 @@ async def apply(
     *,
     now: str,
     reporter: str,
+    counts: Counts | None = None,
 ) -> Counts:
-    counts = Counts()
+    """Every action, then the status and the Events; the writes the API accepted are in ``counts`` (the
+    caller's, when given: they hold what was written also when a later write raises, e.g. a status 409)."""
+    counts = Counts() if counts is None else counts
     md = gateway["metadata"]
     version = str(md.get("resourceVersion") or "")
     for action in decision.actions:

@@ -492,9 +492,13 @@ class Operator:
             cloud, cloud_failed = await self._ensure(key, want, snap, rendered)
         now = now_rfc3339()
         decision = decide(snap, self.settings, rendered, where, cloud, now)
-        counts = await execute.apply(
-            self.kube, key, gateway, decision, now=now, reporter=self.elector.identity
-        )
+        counts = execute.Counts()
+        try:
+            await execute.apply(
+                self.kube, key, gateway, decision, now=now, reporter=self.elector.identity, counts=counts
+            )
+        finally:  # a later write's failure (a status 409) must not hide the writes made before it
+            self._count_writes(counts)
         # The Deployment now pins the new node; the old pod on a dead node is deleted without its kubelet's
         # word once it cannot serve (the cloud fenced it off, or the node is gone or out of service):
         # else the Recreate Deployment waits for it forever (no kubelet confirms its deletion).
@@ -511,12 +515,6 @@ class Operator:
             ):
                 self.metrics.writes.labels("delete").inc()
                 self.metrics.force_deleted.inc()
-        for verb, n in (("create", counts.creates), ("replace", counts.replaces)):
-            if n:
-                self.metrics.writes.labels(verb).inc(n)
-        other = counts.writes - counts.creates - counts.replaces
-        if other:
-            self.metrics.writes.labels("patch").inc(other)
         if counts.writes:
             log.info(
                 "gateway.reconciled gateway=%s writes=%d node=%s rendered=%s",
@@ -528,6 +526,14 @@ class Operator:
         if counts.failures:  # the status says them; try again with the backoff
             raise execute.Failed(counts.failures)
         return "cloud-failed" if cloud_failed else "ok"
+
+    def _count_writes(self, counts: execute.Counts) -> None:
+        for verb, n in (("create", counts.creates), ("replace", counts.replaces)):
+            if n:
+                self.metrics.writes.labels(verb).inc(n)
+        other = counts.writes - counts.creates - counts.replaces
+        if other:
+            self.metrics.writes.labels("patch").inc(other)
 
     async def _ensure(
         self, key: GatewayKey, want: CloudWant, snap: Snapshot, rendered: Rendered

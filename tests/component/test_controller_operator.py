@@ -266,6 +266,16 @@ def test_injected_conflicts_and_a_410_are_survived(cluster: Cluster) -> None:
     apply_ipsec(cluster)
     wait_for(lambda: converged(cluster), 20, "every owned object despite 409s")
     wait_for(lambda: condition(gateway(cluster), "ConfigRendered"), 10, "the status despite 409s")
+
+    def counted() -> bool:
+        """Every write the API accepted is in vpngw_controller_api_writes_total, also those of a reconcile
+        whose status patch then met a 409 (they were lost from the count before)."""
+        accepted = sum(1 for r in writes(cluster, 0) if r.user_agent == "vpngw-controller" and r.code < 400)
+        return accepted == metric(ctl, "vpngw_controller_api_writes_total") and not (
+            metric(ctl, "vpngw_controller_queue_depth")
+        )
+
+    wait_for(counted, 10, "the write counter to equal the writes the API accepted")
     cluster.kube.compact()
     cluster.kube.close_watches()  # every informer re-watches from a version the server no longer has: 410
     cluster.kube.patch(VPN, "VPNPeer", "s2", {"spec": {"authorization": {"exposures": []}}}, NS)
