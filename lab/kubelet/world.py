@@ -122,6 +122,45 @@ class LongClient:
         return None
 
 
+def configure_ipsec_site(
+    site: Host,
+    *,
+    psk: str,
+    site_id: str,
+    gateway_id: str = "gw.lab.example",
+    gateway_addr: str = GW_NIC2_ADDR,
+    initiate: bool = False,
+) -> None:
+    """What the tenant's firewall is told: the gateway's public address, both IDs, the PSK, its LANs
+    against the gateway's serviceCIDR (one child per LAN), dead peer detection every 2 s; it responds (or
+    initiates, ``initiate``). Never by our renderer: as a tenant's admin would, from the docs."""
+    assert site.charon is not None
+
+    async def go() -> None:
+        async with await ViciSession.connect(site.charon.vici_socket) as v:  # type: ignore[union-attr]
+            await v.call(
+                "load-shared", {"id": "gw", "type": "IKE", "data": psk, "owners": [site_id, gateway_id]}
+            )
+            children = {f"gw-{i}": ([lan], [SERVICE_CIDR]) for i, lan in enumerate(site.lans)}
+            conn = psk_conn(
+                "gw",
+                local_addr=site.addresses[0],
+                remote_addr=gateway_addr,
+                local_id=site_id,
+                remote_id=gateway_id,
+                children=children,
+            )
+            conn["gw"].update({"dpd_delay": "2s"})
+            for child in conn["gw"]["children"].values():
+                child["dpd_action"] = "clear"
+            await v.call("load-conn", conn)
+            if initiate:
+                for child in conn["gw"]["children"]:
+                    await v.stream("initiate", {"child": child, "timeout": "5000"}, "control-log")
+
+    asyncio.run(go())
+
+
 class E2EWorld:
     """``with E2EWorld(tmp) as w:`` the lab, the emulated cluster, the controller and the lab kubelet."""
 
@@ -440,33 +479,14 @@ class E2EWorld:
         gateway_addr: str = GW_NIC2_ADDR,
         initiate: bool = False,
     ) -> None:
-        """What the tenant's firewall is told: the gateway's public address, both IDs, the PSK, its LANs
-        against the gateway's serviceCIDR (one child per LAN); it responds (or initiates, ``initiate``)."""
-        assert site.charon is not None
-
-        async def go() -> None:
-            async with await ViciSession.connect(site.charon.vici_socket) as v:  # type: ignore[union-attr]
-                await v.call(
-                    "load-shared", {"id": "gw", "type": "IKE", "data": psk, "owners": [site_id, gateway_id]}
-                )
-                children = {f"gw-{i}": ([lan], [SERVICE_CIDR]) for i, lan in enumerate(site.lans)}
-                conn = psk_conn(
-                    "gw",
-                    local_addr=site.addresses[0],
-                    remote_addr=gateway_addr,
-                    local_id=site_id,
-                    remote_id=gateway_id,
-                    children=children,
-                )
-                conn["gw"].update({"dpd_delay": "2s"})
-                for child in conn["gw"]["children"].values():
-                    child["dpd_action"] = "clear"
-                await v.call("load-conn", conn)
-                if initiate:
-                    for child in conn["gw"]["children"]:
-                        await v.stream("initiate", {"child": child, "timeout": "5000"}, "control-log")
-
-        asyncio.run(go())
+        configure_ipsec_site(
+            site,
+            psk=psk,
+            site_id=site_id,
+            gateway_id=gateway_id,
+            gateway_addr=gateway_addr,
+            initiate=initiate,
+        )
 
     def site_sas(self, site: Host) -> dict[str, Any]:
         assert site.charon is not None

@@ -29,17 +29,14 @@ PODSECURITY = (
 )
 
 
-def test_a_pod_that_cannot_be_created_says_why(cluster: Cluster) -> None:
-    start(cluster)
-    apply_ipsec(cluster)
-    wait_for(lambda: cluster.owned("apps/v1", "Deployment", "acme", NS), 30, "the Deployment")
-    wait_for(lambda: condition(gateway(cluster), "PodReady").get("reason") == "NoPod", 30, "NoPod")
-    name, home = home_of("acme", NS)
+def replica_failure_shows(cluster: Cluster, name: str, home: str, message: str) -> None:
+    """The Deployment's ReplicaFailure, written as kube-controller-manager writes it, reaches the
+    gateway's PodReady with its message."""
     failure = {
         "type": "ReplicaFailure",
         "status": "True",
         "reason": "FailedCreate",
-        "message": PODSECURITY,
+        "message": message,
         "lastUpdateTime": "2026-12-01T10:00:00Z",
         "lastTransitionTime": "2026-12-01T10:00:00Z",
     }
@@ -52,7 +49,16 @@ def test_a_pod_that_cannot_be_created_says_why(cluster: Cluster) -> None:
         return c if c and c["reason"] == "FailedCreate" else None
 
     c = wait_for(pod_ready, 20, "PodReady saying why the pod cannot be created")
-    assert c["status"] == "False" and c["message"] == f"the gateway pod cannot be created: {PODSECURITY}"
+    assert c["status"] == "False" and c["message"] == f"the gateway pod cannot be created: {message}"
+
+
+def test_a_pod_that_cannot_be_created_says_why(cluster: Cluster) -> None:
+    start(cluster)
+    apply_ipsec(cluster)
+    wait_for(lambda: cluster.owned("apps/v1", "Deployment", "acme", NS), 30, "the Deployment")
+    wait_for(lambda: condition(gateway(cluster), "PodReady").get("reason") == "NoPod", 30, "NoPod")
+    name, home = home_of("acme", NS)
+    replica_failure_shows(cluster, name, home, PODSECURITY)
     cluster.kube.patch(
         "apps/v1", "Deployment", name, {"status": {"conditions": []}}, home, subresource="status"
     )

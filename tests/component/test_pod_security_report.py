@@ -16,9 +16,8 @@ import pytest
 from lab.cluster import Cluster, home_of
 from lab.kubeapi.errors import ApiError
 from lab.wait import wait_for
-from tests.component.test_controller_operator import NS, apply_ipsec, cluster, gateway, start
-from tests.component.test_controller_pod_ready import PODSECURITY
-from tests.helpers import condition
+from tests.component.test_controller_operator import NS, apply_ipsec, cluster, start
+from tests.component.test_controller_pod_ready import PODSECURITY, replica_failure_shows
 
 __all__ = ["cluster"]  # the fixture
 
@@ -45,21 +44,4 @@ def test_a_namespace_that_refuses_the_gateway_pod_shows_on_the_gateway(cluster: 
     # Word for word what kube-apiserver v1.35.4 answered the real ReplicaSet controller (captured), but
     # for the generated name's random end.
     assert re.sub(r"-6499579b5c-[a-z0-9]{5}\"", '-6499579b5c-rx7j5"', message, count=1) == PODSECURITY
-    failure = {
-        "type": "ReplicaFailure",
-        "status": "True",
-        "reason": "FailedCreate",
-        "message": message,
-        "lastUpdateTime": "2026-12-01T10:00:00Z",
-        "lastTransitionTime": "2026-12-01T10:00:00Z",
-    }
-    cluster.kube.patch(
-        "apps/v1", "Deployment", name, {"status": {"conditions": [failure]}}, home, subresource="status"
-    )
-
-    def pod_ready() -> dict[str, Any] | None:
-        c = condition(gateway(cluster), "PodReady")
-        return c if c and c["reason"] == "FailedCreate" else None
-
-    c = wait_for(pod_ready, 20, "PodReady saying why the pod cannot be created")
-    assert c["status"] == "False" and c["message"] == f"the gateway pod cannot be created: {message}"
+    replica_failure_shows(cluster, name, home, message)

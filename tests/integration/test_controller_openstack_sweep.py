@@ -71,6 +71,27 @@ def nothing(found: dict[str, list[str]]) -> bool:
     return not any(found.values())
 
 
+def backend(lab: OpenStackLab, instance: str, cluster: str | None = None) -> OpenStackCloud:
+    """The OpenStack backend of an installation (and a cluster), as a test's stand-in for another one."""
+    net = lab.cloud
+    return OpenStackCloud(
+        lab.connect(connect_retries=0, status_code_retries=0),
+        OpenStackSettings(
+            net.gateway.network_id, net.external.network_id, net.gateway.subnet_id, instance, cluster=cluster
+        ),
+    )
+
+
+def plan_for(key: GatewayKey, i: int) -> Any:
+    """Gateway ``gw<i>``'s plan (``gateway_docs``), rendered for ``key``."""
+    gw, peer = gateway_docs(i)
+    peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
+    snap = Snapshot(key, {**gw, "metadata": {**gw["metadata"], "uid": "u", "generation": 1}}, peers)
+    rendered = render_gateway(snap, Settings())
+    assert rendered.plan is not None, rendered.problems
+    return rendered.plan
+
+
 def start(c: Cluster, lab: OpenStackLab, tmp_path: Path, instance: str, *extra: str) -> Any:
     """The controller with the OpenStack backend (a new name each time: its own log)."""
     net = lab.cloud
@@ -139,20 +160,9 @@ def test_a_gateway_gone_without_its_finalizer_has_its_cloud_resources_released_a
     conn = lab.connect(direct=True)
     net = lab.cloud
 
-    def backend(inst: str) -> OpenStackCloud:
-        return OpenStackCloud(
-            lab.connect(connect_retries=0, status_code_retries=0),
-            OpenStackSettings(net.gateway.network_id, net.external.network_id, net.gateway.subnet_id, inst),
-        )
-
     # Another installation (same gateway name, another instance tag) holds resources for gw3 too.
     theirs = GatewayKey("VPNGateway", NS, "gw3")
-    gw, peer = gateway_docs(3)
-    peers = peers_of(theirs, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
-    snap = Snapshot(theirs, {**gw, "metadata": {**gw["metadata"], "uid": "u", "generation": 1}}, peers)
-    rendered = render_gateway(snap, Settings())
-    assert rendered.plan is not None, rendered.problems
-    anyio.run(backend("someone-else").ensure, CloudWant(theirs, None, None, rendered.plan, ()))
+    anyio.run(backend(lab, "someone-else").ensure, CloudWant(theirs, None, None, plan_for(theirs, 3), ()))
     router = net.clusters[0].router_id
     foreign = {"destination": "198.51.100.128/25", "nexthop": str(_free_address(conn, net.gateway.subnet_id))}
     conn.network.add_extra_routes_to_router(router, {"router": {"routes": [foreign]}})
@@ -192,7 +202,7 @@ def test_a_gateway_gone_without_its_finalizer_has_its_cloud_resources_released_a
             assert foreign in list(conn.network.get_router(router).routes or [])
     finally:
         conn.network.remove_extra_routes_from_router(router, {"router": {"routes": [foreign]}})
-        anyio.run(backend("someone-else").release, theirs)
+        anyio.run(backend(lab, "someone-else").release, theirs)
     assert nothing(tagged(conn, instance_tag(instance)))
 
 
@@ -202,28 +212,10 @@ def test_what_this_cluster_tagged_for_a_gateway_it_does_not_hold_is_swept_and_an
     lab = openstack_lab
     instance = "sweep-cluster"
     conn = lab.connect(direct=True)
-    net = lab.cloud
-
-    def backend(cluster: str) -> OpenStackCloud:
-        return OpenStackCloud(
-            lab.connect(connect_retries=0, status_code_retries=0),
-            OpenStackSettings(
-                net.gateway.network_id,
-                net.external.network_id,
-                net.gateway.subnet_id,
-                instance,
-                cluster=cluster,
-            ),
-        )
 
     def made(cluster: str, i: int) -> GatewayKey:
         key = GatewayKey("VPNGateway", NS, f"gw{i}")
-        gw, peer = gateway_docs(i)
-        peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
-        snap = Snapshot(key, {**gw, "metadata": {**gw["metadata"], "uid": "u", "generation": 1}}, peers)
-        rendered = render_gateway(snap, Settings())
-        assert rendered.plan is not None, rendered.problems
-        anyio.run(backend(cluster).ensure, CloudWant(key, None, None, rendered.plan, ()))
+        anyio.run(backend(lab, instance, cluster).ensure, CloudWant(key, None, None, plan_for(key, i), ()))
         return key
 
     ours, theirs = made("ours", 7), made("theirs", 8)
@@ -244,8 +236,8 @@ def test_what_this_cluster_tagged_for_a_gateway_it_does_not_hold_is_swept_and_an
             assert all(len(ids) == 1 for ids in held(theirs).values()), "another cluster's stay"
             assert "gw8" not in ctl.log()
     finally:
-        anyio.run(backend("theirs").release, theirs)
-        anyio.run(backend("ours").release, ours)
+        anyio.run(backend(lab, instance, "theirs").release, theirs)
+        anyio.run(backend(lab, instance, "ours").release, ours)
 
 
 def test_two_clusters_with_one_instance_name_never_share_or_release_each_others_gateway(
@@ -256,40 +248,23 @@ def test_two_clusters_with_one_instance_name_never_share_or_release_each_others_
     other's. Without the cluster tag in ``_find``, the second cluster took the first's port from its node
     and released it on delete."""
     lab = openstack_lab
-    net = lab.cloud
     conn = lab.connect(direct=True)
 
-    def backend(cluster: str) -> OpenStackCloud:
-        return OpenStackCloud(
-            lab.connect(connect_retries=0, status_code_retries=0),
-            OpenStackSettings(
-                net.gateway.network_id,
-                net.external.network_id,
-                net.gateway.subnet_id,
-                "vpngw",
-                cluster=cluster,
-            ),
-        )
-
     key = GatewayKey("VPNGateway", NS, "gw9")
-    gw, peer = gateway_docs(9)
-    peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
-    snap = Snapshot(key, {**gw, "metadata": {**gw["metadata"], "uid": "u", "generation": 1}}, peers)
-    rendered = render_gateway(snap, Settings())
-    assert rendered.plan is not None, rendered.problems
+    plan = plan_for(key, 9)
     try:
-        a = anyio.run(backend("a").ensure, CloudWant(key, None, None, rendered.plan, ()))
-        b = anyio.run(backend("b").ensure, CloudWant(key, None, None, rendered.plan, ()))
+        a = anyio.run(backend(lab, "vpngw", "a").ensure, CloudWant(key, None, None, plan, ()))
+        b = anyio.run(backend(lab, "vpngw", "b").ensure, CloudWant(key, None, None, plan, ()))
         assert a.public_ip != b.public_ip and a.nic is not None and b.nic is not None
         assert a.nic.mac != b.nic.mac, "b made its own port"
         ours_a = tagged(conn, ",".join([*tags(key, "vpngw"), cluster_tag("a")]))
         assert all(len(ids) == 1 for ids in ours_a.values()), ours_a
-        anyio.run(backend("b").release, key)
+        anyio.run(backend(lab, "vpngw", "b").release, key)
         assert tagged(conn, ",".join([*tags(key, "vpngw"), cluster_tag("a")])) == ours_a, "a's stay"
         assert nothing(tagged(conn, ",".join([*tags(key, "vpngw"), cluster_tag("b")])))
     finally:
-        anyio.run(backend("b").release, key)
-        anyio.run(backend("a").release, key)
+        anyio.run(backend(lab, "vpngw", "b").release, key)
+        anyio.run(backend(lab, "vpngw", "a").release, key)
     assert nothing(tagged(conn, ",".join(tags(key, "vpngw"))))
 
 
@@ -301,19 +276,10 @@ def test_a_wider_route_someone_points_at_the_gateway_stays_until_its_port_goes(
     lab = openstack_lab
     net = lab.cloud
     conn = lab.connect(direct=True)
-    cloud = OpenStackCloud(
-        lab.connect(connect_retries=0, status_code_retries=0),
-        OpenStackSettings(net.gateway.network_id, net.external.network_id, net.gateway.subnet_id, "routes"),
-    )
+    cloud = backend(lab, "routes")
     key = GatewayKey("VPNGateway", NS, "gw4")
-    gw, peer = gateway_docs(4)
-    peers = peers_of(key, [{**peer, "metadata": {**peer["metadata"], "uid": "p"}}])
-    rendered = render_gateway(
-        Snapshot(key, {**gw, "metadata": {**gw["metadata"], "uid": "u"}}, peers), Settings()
-    )
-    assert rendered.plan is not None, rendered.problems
     router = net.clusters[0].router_id
-    want = CloudWant(key, None, None, rendered.plan, (router,))
+    want = CloudWant(key, None, None, plan_for(key, 4), (router,))
     try:
         state = anyio.run(cloud.ensure, want)
         assert state.nic is not None

@@ -49,9 +49,8 @@ from lab.kubelet import KubeletSettings
 from lab.kubelet.pod import PodWorker
 from lab.kubelet.realnode import RealNode
 from lab.kubelet.sandbox import link_by_mac
-from lab.kubelet.world import API_ADDRESS, DNS_ADDRESS, ECHO_SERVER, ONE_SHOT
-from lab.peers import psk_conn
-from lab.world import GW_NIC2_ADDR, NIC2_PREFIX, RTR_NIC2_ADDR, SERVICE_CIDR, SVC_ADDR, Host, Lab
+from lab.kubelet.world import API_ADDRESS, DNS_ADDRESS, ECHO_SERVER, ONE_SHOT, configure_ipsec_site
+from lab.world import GW_NIC2_ADDR, NIC2_PREFIX, RTR_NIC2_ADDR, SVC_ADDR, Host, Lab
 from tests.component.test_helm_chart import CHART, HELM, NAMESPACE, run_helm
 from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES
 from tests.examples import example_docs
@@ -362,31 +361,8 @@ class RealWorld:
         return self.psk + "-s1" if peer == "s1" else self.psk
 
     def configure_site(self, site: Host, *, psk: str, site_id: str) -> None:
-        """The tenant's firewall, told by hand: the gateway's public address, both IDs, the PSK, one child
-        per LAN against the gateway's serviceCIDR, dead peer detection every 2 s; it responds."""
-        assert site.charon is not None
-        vici = site.charon.vici_socket
-
-        async def go() -> None:
-            async with await ViciSession.connect(vici) as v:
-                await v.call(
-                    "load-shared", {"id": "gw", "type": "IKE", "data": psk, "owners": [site_id, GW_ID]}
-                )
-                children = {f"gw-{i}": ([lan], [SERVICE_CIDR]) for i, lan in enumerate(site.lans)}
-                conn = psk_conn(
-                    "gw",
-                    local_addr=site.addresses[0],
-                    remote_addr=GW_NIC2_ADDR,
-                    local_id=site_id,
-                    remote_id=GW_ID,
-                    children=children,
-                )
-                conn["gw"].update({"dpd_delay": "2s"})
-                for child in conn["gw"]["children"].values():
-                    child["dpd_action"] = "clear"
-                await v.call("load-conn", conn)
-
-        asyncio.run(go())
+        """The tenant's firewall, told by hand (``lab.kubelet.world.configure_ipsec_site``); it responds."""
+        configure_ipsec_site(site, psk=psk, site_id=site_id, gateway_id=GW_ID, gateway_addr=GW_NIC2_ADDR)
 
     def apply_gateway(self) -> None:
         """The example gateway (docs/examples/ipsec.yaml) reduced to exposure ``web``, its peers pointed at
