@@ -5,7 +5,8 @@ value, or fail saying what was awaited, for how long, and what was last seen.
 
 * ``cond()`` returns the value awaited, or something falsy for "not yet". The first truthy value is
   returned. ``wait_for_async`` also awaits ``cond()``'s result when it is awaitable (an ``async def``
-  condition).
+  condition); ``wait_for`` refuses one with ``TypeError`` (a coroutine is truthy: it would "succeed" at once
+  without the condition ever running).
 * An exception from ``cond()`` ends the wait at once (a broken condition is a bug, not "not yet"), unless
   its type is in ``ignoring``: then it counts as "not yet" and is remembered as the last thing seen.
 * The condition is checked once more after the deadline before the wait fails: a condition that became
@@ -93,6 +94,13 @@ def wait_for(
         except ignoring as exc:
             poll.last = exc
         else:
+            if inspect.isawaitable(got):
+                if inspect.iscoroutine(got):
+                    got.close()  # never awaited on purpose: no "was never awaited" warning
+                raise TypeError(
+                    f"wait_for({what!r}): the condition returned an awaitable ({type(got).__name__}); "
+                    "an async condition needs wait_for_async"
+                )
             if got:
                 return got
             poll.last = got

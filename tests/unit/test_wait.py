@@ -7,7 +7,9 @@ exception in the condition is a failure at once unless the caller said to ignore
 
 from __future__ import annotations
 
+import gc
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -166,3 +168,18 @@ def test_the_async_twin_awaits_an_async_condition(clock: FakeClock) -> None:
     assert run(wait_for_async, count, 5, "three checks", 0.1) == 3
     seen.clear()
     assert run(wait_for_async, awaitable_lambda, 5, "three checks", 0.1) == 3
+
+
+def test_the_sync_helper_refuses_an_async_condition(clock: FakeClock) -> None:
+    ran: list[int] = []
+
+    async def ready() -> bool:
+        ran.append(1)
+        return True
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would be a RuntimeWarning
+        with pytest.raises(TypeError, match="wait_for_async"):
+            wait_for(ready, 5, "ready")  # type: ignore[unused-coroutine]
+        gc.collect()
+    assert ran == [] and clock.sleeps == [], "refused before any check ran or any sleep"
