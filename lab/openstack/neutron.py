@@ -51,6 +51,7 @@ from lab import ports
 from lab.openstack import process
 from lab.openstack.process import LabOpenStackError
 from lab.openstack.rest import call, http_status
+from lab.wait import WaitTimeout, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -339,19 +340,24 @@ class MariaDB:
         err_log = self.dir / "mysqld.err"
         since = _size(err_log)
         self.proc = process.spawn(argv, run_dir=self.run_dir, log_path=self.dir / "mysqld.out")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def greets() -> bool:
+            # The child exiting fails the start at once (raised here, not "not yet").
+            if proc.poll() is not None:
                 said = _read_from(err_log, since)
                 if ports.address_in_use(said):
-                    process.stop_group(self.proc, grace=10.0, what="mariadbd")
+                    process.stop_group(proc, grace=10.0, what="mariadbd")
                     raise ports.PortTaken(f"mariadbd on port {port}: {_last_line(said)}")
-                raise LabOpenStackError(f"mariadbd exited with {self.proc.returncode}:\n{_tail(err_log)}")
-            if mysql_greets(self.port):
-                log.debug("lab.openstack.mariadb.started port=%d pid=%d", self.port, self.proc.pid)
-                return
-            time.sleep(0.01)
-        raise LabOpenStackError(f"mariadbd did not answer on port {self.port} in {timeout:.0f} s")
+                raise LabOpenStackError(f"mariadbd exited with {proc.returncode}:\n{_tail(err_log)}")
+            return mysql_greets(port)
+
+        try:
+            wait_for(greets, timeout, f"mariadbd to answer on port {port}", interval=0.01)
+        except WaitTimeout as exc:
+            msg = f"mariadbd did not answer on port {self.port} in {timeout:.0f} s"
+            raise LabOpenStackError(msg) from exc
+        log.debug("lab.openstack.mariadb.started port=%d pid=%d", self.port, proc.pid)
 
     def stop(self) -> None:
         process.stop_group(self.proc, grace=30.0, what="mariadbd")
@@ -586,22 +592,27 @@ class Neutron:
             log_path=uwsgi_log,
             env={**_clean_env(), "HOME": str(self.conf_dir)},
         )
-        deadline = time.monotonic() + self.settings.start_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def answers() -> bool:
+            # The child exiting fails the start at once (raised here, not "not yet").
+            if proc.poll() is not None:
                 said = _read_from(uwsgi_log, since)
                 if ports.address_in_use(said):
-                    process.stop_group(self.proc, grace=10.0, what="neutron", sig=signal.SIGKILL)
+                    process.stop_group(proc, grace=10.0, what="neutron", sig=signal.SIGKILL)
                     self.proc = None
                     raise ports.PortTaken(f"uWSGI on port {port}: {_last_line(said)}")
                 logs = f"{_tail(uwsgi_log)}\n{_tail(self.log_path)}"
-                raise LabOpenStackError(f"Neutron (uWSGI) exited with {self.proc.returncode}:\n{logs}")
+                raise LabOpenStackError(f"Neutron (uWSGI) exited with {proc.returncode}:\n{logs}")
             # /v2.0/extensions answers only once the plugins and extensions are loaded
-            if http_status(self.endpoint, "/v2.0/extensions") == 200:
-                self._warm_up()
-                return
-            time.sleep(0.05)
-        raise LabOpenStackError(f"Neutron did not answer on port {self.port}:\n{_tail(self.log_path)}")
+            return http_status(self.endpoint, "/v2.0/extensions") == 200
+
+        try:
+            wait_for(answers, self.settings.start_timeout, f"Neutron to answer on port {port}", interval=0.05)
+        except WaitTimeout as exc:
+            msg = f"Neutron did not answer on port {self.port}:\n{_tail(self.log_path)}"
+            raise LabOpenStackError(msg) from exc
+        self._warm_up()
 
     def _warm_up(self) -> None:
         """One request per collection, one at a time, before anyone else asks.
