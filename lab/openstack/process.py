@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from lab.wait import WaitTimeout, wait_for
+
 log = logging.getLogger(__name__)
 
 RUN_PREFIX = "vpngw-os-"
@@ -128,16 +130,25 @@ def stop_group(
     deadline = time.monotonic() + grace
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    with contextlib.suppress(WaitTimeout):  # a group still alive after the grace gets SIGKILL below
+        _wait_group_gone([pgid], max(0.0, deadline - time.monotonic()), what)
     if proc.poll() is None or group_alive(pgid):
         log.warning("lab.openstack.kill what=%s pgid=%d reason=%r", what, pgid, "SIGTERM grace expired")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         proc.wait(timeout=10)
-        end = time.monotonic() + 5
-        while group_alive(pgid) and time.monotonic() < end:
-            time.sleep(0.02)
+        with contextlib.suppress(WaitTimeout):  # as before: SIGKILL sent, nothing more to do but go on
+            _wait_group_gone([pgid], 5, what)
+
+
+def _wait_group_gone(pgids: list[int], timeout: float, what: str) -> None:
+    """Until none of ``pgids`` has a live member; :class:`WaitTimeout` after ``timeout`` seconds."""
+    wait_for(
+        lambda: not any(group_alive(p) for p in pgids),
+        timeout,
+        f"the process groups {pgids} of {what} to exit",
+        interval=0.02,
+    )
 
 
 def _owner_alive(pid: int) -> bool:
@@ -173,9 +184,8 @@ def cleanup_stale(root: Path | None = None) -> list[Path]:
             if group_alive(pgid):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
-        end = time.monotonic() + 5
-        while any(group_alive(p) for p in pgids) and time.monotonic() < end:
-            time.sleep(0.02)
+        with contextlib.suppress(WaitTimeout):  # as before: remove the directory anyway
+            _wait_group_gone(pgids, 5, f"the stale run {path.name}")
         shutil.rmtree(path, ignore_errors=True)
         log.info("lab.openstack.stale_removed dir=%s groups=%d", path, len(pgids))
         removed.append(path)
