@@ -21,9 +21,10 @@ import errno
 import logging
 import re
 import socket
-import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from lab.wait import WaitTimeout, wait_for
 
 log = logging.getLogger(__name__)
 
@@ -112,19 +113,23 @@ def wait_announced_port(
     """The port a server listening on port 0 announced in its log (``read()`` returns the log so far):
     waits until the ``<event> ... port=N`` line is there. Raises ``RuntimeError`` with the log's tail
     when the server exits first or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = read()
-        port = announced_port(text, event)
+    last = ""
+
+    def announced() -> int | None:
+        nonlocal last
+        last = read()
+        port = announced_port(last, event)
         if port is not None:
             return port
-        if not alive():
+        if not alive():  # exiting first fails at once
             port = announced_port(read(), event)  # the line may have been written just before exit
             if port is not None:
                 return port
-            raise RuntimeError(f"{what} exited before it announced its port ({event}):\n{text[-2000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"{what} did not announce its port ({event}) in {timeout:g} s:\n{text[-2000:]}"
-            )
-        time.sleep(0.02)
+            raise RuntimeError(f"{what} exited before it announced its port ({event}):\n{last[-2000:]}")
+        return None
+
+    try:
+        return wait_for(announced, timeout, f"{what} to announce its port ({event})", interval=0.02)
+    except WaitTimeout as exc:
+        msg = f"{what} did not announce its port ({event}) in {timeout:g} s:\n{last[-2000:]}"
+        raise RuntimeError(msg) from exc
