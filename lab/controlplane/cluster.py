@@ -38,6 +38,7 @@ import yaml
 from lab.controlplane import flags, pki
 from lab.controlplane.flags import Layout, NodeTimings, Ports
 from lab.openstack import process
+from lab.wait import WaitTimeout, wait_for
 
 log = logging.getLogger("lab.controlplane")
 
@@ -408,32 +409,38 @@ class ControlPlane:
         # Recorded beside its data too: whichever directory a later cleanup_stale finds kills the group.
         with open(lay.data_dir.parent / "pgids", "a") as f:
             f.write(f"{proc.pid}\n")
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
+
+        def started() -> str | None:
+            # The child exiting fails at once (raised here), or ends the wait as "port taken" (a retry).
             if proc.poll() is not None:
                 self.procs.pop(name)
                 text = logfile.read_text(errors="replace") if logfile.exists() else ""
                 if flags.address_in_use(text):
-                    return False
+                    return "port taken"
                 raise ControlPlaneError(f"{name} exited with {proc.returncode}:\n{tail(logfile)}")
-            if ready():
-                return True
-            time.sleep(0.05)
-        raise ControlPlaneError(f"{name} was not ready after {self.ready_timeout:.0f} s:\n{tail(logfile)}")
+            return "ready" if ready() else None
+
+        try:
+            got = wait_for(started, self.ready_timeout, f"{name} to be ready", interval=0.05)
+        except WaitTimeout as exc:
+            msg = f"{name} was not ready after {self.ready_timeout:.0f} s:\n{tail(logfile)}"
+            raise ControlPlaneError(msg) from exc
+        return got == "ready"
 
     def _wait(self, what: str, ready: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
+        def up() -> bool:
+            for name, proc in self.procs.items():  # one of them exiting fails at once
                 if proc.poll() is not None:
                     raise ControlPlaneError(
                         f"{name} exited with {proc.returncode}:\n{tail(self._layout().log(name))}"
                     )
-            if ready():
-                return
-            time.sleep(0.05)
-        logs = "\n".join(f"--- {n}\n{tail(self._layout().log(n), 10)}" for n in self.procs)
-        raise ControlPlaneError(f"{what}: not after {self.ready_timeout:.0f} s\n{logs}")
+            return ready()
+
+        try:
+            wait_for(up, self.ready_timeout, what, interval=0.05)
+        except WaitTimeout as exc:
+            logs = "\n".join(f"--- {n}\n{tail(self._layout().log(n), 10)}" for n in self.procs)
+            raise ControlPlaneError(f"{what}: not after {self.ready_timeout:.0f} s\n{logs}") from exc
 
     def _etcd_ok(self) -> bool:
         try:
