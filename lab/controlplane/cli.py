@@ -31,6 +31,7 @@ from typing import Any
 from gwkit.logs import LEVELS, setup_logging
 from lab.controlplane.cluster import ControlPlane, ControlPlaneError, cleanup_stale
 from lab.controlplane.flags import NodeTimings
+from lab.wait import WaitTimeout, wait_for
 
 log = logging.getLogger("lab.controlplane")
 
@@ -183,6 +184,8 @@ def up(args: argparse.Namespace) -> int:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 1)
                 os.close(devnull)
+            # Not a wait but the supervisor's main loop: it watches its components until one dies or it
+            # is stopped (allowed in tests/unit/test_no_polling_loops.py).
             while True:
                 for name, pid in info["pids"].items():
                     proc = cp.procs.get(name)
@@ -246,6 +249,13 @@ def _detach(args: argparse.Namespace, state: Path) -> int:
     return EXIT_FAIL
 
 
+def _wait_gone(pids: list[int], timeout: float, what: str, interval: float = 0.05) -> None:
+    """Until none of ``pids`` is alive, at most ``timeout`` seconds; what is still alive then is the
+    caller's to handle (kill it, or report it as left), so the timeout is no error here."""
+    with contextlib.suppress(WaitTimeout):
+        wait_for(lambda: not any(_alive(p) for p in pids), max(0.0, timeout), what, interval=interval)
+
+
 def down(args: argparse.Namespace) -> int:
     state = args.state.resolve()
     info = read_state(state)
@@ -257,14 +267,12 @@ def down(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout
     if pid and _alive(pid) and _is_supervisor(pid):
         os.kill(pid, signal.SIGTERM)
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_gone([pid], deadline - time.monotonic(), "the supervisor to exit after SIGTERM", 0.1)
         if _alive(pid):
             log.warning("controlplane.down_kill pid=%d reason=%r", pid, "no exit after SIGTERM")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            while _alive(pid) and time.monotonic() < deadline + 5:
-                time.sleep(0.05)
+            _wait_gone([pid], deadline + 5 - time.monotonic(), "the supervisor to exit after SIGKILL")
     # A supervisor killed with -9 leaves its components (PR_SET_PDEATHSIG stops them, SIGTERM: they may
     # still be shutting down) and its directories: the groups are killed, the directories removed.
     for name, p in dict(info.get("pids", {})).items():
@@ -273,9 +281,7 @@ def down(args: argparse.Namespace) -> int:
                 os.killpg(int(p), signal.SIGKILL)
             log.info("controlplane.down_killed component=%s pgid=%s", name, p)
     cleanup_stale()
-    end = time.monotonic() + 5
-    while any(_alive(int(p)) for p in dict(info.get("pids", {})).values()) and time.monotonic() < end:
-        time.sleep(0.05)
+    _wait_gone([int(p) for p in dict(info.get("pids", {})).values()], 5, "the components to exit")
     left = [f"{name}={p}" for name, p in dict(info.get("pids", {})).items() if _alive(int(p)) and p != pid]
     left += [d for d in (info.get("run_dir"), info.get("data_dir")) if d and Path(d).exists()]
     state.unlink(missing_ok=True)
