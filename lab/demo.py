@@ -606,6 +606,8 @@ class Demo:
             link.symlink_to(worker.dir / "logs", target_is_directory=True)
 
     def pause(self, seconds: float) -> None:
+        # A deliberate fixed pause that keeps pumping the demo's output, not a wait for a condition
+        # (allowed in tests/unit/test_no_polling_loops.py).
         end = time.monotonic() + seconds
         while True:
             self.pump()
@@ -626,6 +628,24 @@ class Demo:
         except WaitTimeout as e:
             log.error("demo.step_timeout what=%r seconds=%g", what, timeout)
             raise DemoFailed(f"{what}: did not happen within {timeout:g} s (last seen: {e.last!r})") from None
+
+    def _wait_until(self, cond: Callable[[], bool], deadline: Callable[[], float], failure: str) -> None:
+        """Until ``cond()``, pumping meanwhile, by the monotonic time ``deadline()``, which ``cond`` may
+        move later (a back-off the kubelet announced); ``DemoFailed(failure)`` when it passes."""
+
+        def pumped() -> bool:
+            self.pump()
+            return cond()
+
+        # Not a polling loop: one wait_for per deadline, again only if the condition moved the deadline.
+        while True:
+            try:
+                wait_for(pumped, max(0.0, deadline() - time.monotonic()), failure, interval=0.1)
+                return
+            except WaitTimeout as e:
+                if time.monotonic() < deadline():
+                    continue
+                raise DemoFailed(failure) from e
 
     # --- the cluster, read --------------------------------------------------------------------------------
 
@@ -869,10 +889,11 @@ class Demo:
                 deadline = max(deadline, time.monotonic() + delay + RECOVERY_LIMIT)
             return int(c.get("restartCount") or 0) > restarts and "running" in (c.get("state") or {})
 
-        while not restarted():
-            if time.monotonic() > deadline:
-                raise DemoFailed(f"charon's container not running again {RECOVERY_LIMIT:g} s after the kill")
-            self.pause(0.1)
+        self._wait_until(
+            restarted,
+            lambda: deadline,
+            f"charon's container not running again {RECOVERY_LIMIT:g} s after the kill",
+        )
         self.step(f"the kubelet restarted charon {time.monotonic() - t_kill:.1f} s after the kill")
 
         def back() -> bool:
@@ -884,12 +905,11 @@ class Demo:
                 for t in ts
             )
 
-        while not back():
-            if time.monotonic() > deadline:
-                raise DemoFailed(
-                    f"the tunnels not Established again on the CR {RECOVERY_LIMIT:g} s after the kill"
-                )
-            self.pause(0.1)
+        self._wait_until(
+            back,
+            lambda: deadline,
+            f"the tunnels not Established again on the CR {RECOVERY_LIMIT:g} s after the kill",
+        )
         took = time.monotonic() - t_kill
         o.recoveries.append(took)
         log.info("demo.measured what=charon_killed_to_established seconds=%.3f", took)
@@ -1112,6 +1132,8 @@ def _demo(d: Demo, o: Outcome, opts: Options) -> None:
     log.info("demo.running pod=%s controller_pid=%d", d.pod_name, w.controller.proc.pid)
     next_table = time.monotonic()
     next_kill = time.monotonic() + opts.kill_every
+    # The demo's main loop (tables and kills on a schedule until Ctrl-C or --duration), not a wait for a
+    # condition (allowed in tests/unit/test_no_polling_loops.py).
     while opts.duration is None or d.elapsed() < opts.duration:
         now = time.monotonic()
         if now >= next_table:
