@@ -28,6 +28,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the lab helpers live in tests/
 
 from gwplan import SecretRef
+from lab.wait import WaitTimeout, wait_for, wait_for_async
 from lab.world import Host, Lab
 from tests.integration.test_agent_ipsec import (
     PSK,
@@ -38,6 +39,9 @@ from tests.integration.test_agent_ipsec import (
     setup_site,
     start_sites,
 )
+
+DOWN_TIMEOUT = 30.0
+"""How long a kill -9 of charon may take to show as every tunnel Down in the agent's status."""
 
 
 def summary(name: str, values: list[float]) -> str:
@@ -52,11 +56,11 @@ def summary(name: str, values: list[float]) -> str:
 def wait(agent: Agent, names: list[str], timeout: float = 30.0) -> float:
     start = time.monotonic()
     check = all_established(names)
-    while time.monotonic() - start < timeout:
-        if check(agent.tunnels()):
-            return time.monotonic() - start
-        time.sleep(0.01)
-    raise RuntimeError(f"not all Established after {timeout}s")
+    try:
+        wait_for(lambda: check(agent.tunnels()), timeout, f"{names} all Established", interval=0.01)
+    except WaitTimeout as e:
+        raise RuntimeError(f"not all Established after {timeout}s") from e
+    return time.monotonic() - start
 
 
 def restarts_once(lab: Lab, agent: Agent, names: list[str]) -> tuple[float, float, float]:
@@ -65,8 +69,16 @@ def restarts_once(lab: Lab, agent: Agent, names: list[str]) -> tuple[float, floa
     assert lab.gw.charon is not None
     killed = time.monotonic()
     lab.gw.charon.kill()
-    while any(t["state"] == "Established" for t in agent.tunnels().values()):
-        time.sleep(0.005)
+    # Once had no deadline at all: a tunnel never reported Down hung the bench.
+    try:
+        wait_for(
+            lambda: not any(t["state"] == "Established" for t in agent.tunnels().values()),
+            DOWN_TIMEOUT,
+            "every tunnel reported Down after charon's kill -9",
+            interval=0.005,
+        )
+    except WaitTimeout as e:
+        raise RuntimeError(f"tunnels still Established {DOWN_TIMEOUT:g}s after charon's kill -9") from e
     down = time.monotonic() - killed
     lab.gw.charon.start()
     answered = time.monotonic()
@@ -117,16 +129,18 @@ async def rotations(lab: Lab, agent: Agent, sites: list[Host], n: int) -> None:
         await setup_site(lab, site, psk=key)
         changed = time.monotonic()
         agent.write_psk(key, own)
-        while True:
-            ids = await sa_ids(lab)
-            if any(
-                nm == site.role and st == "ESTABLISHED" and uid not in before for uid, (nm, st) in ids.items()
-            ):
-                to_sa.append(time.monotonic() - changed)
-                break
-            if time.monotonic() - changed > 30:
-                raise RuntimeError(f"rotation {i}: no new IKE_SA after 30 s")
-            await anyio.sleep(0.01)
+
+        async def new_sa(before: set[str] = before) -> bool:
+            return any(
+                nm == site.role and st == "ESTABLISHED" and uid not in before
+                for uid, (nm, st) in (await sa_ids(lab)).items()
+            )
+
+        try:
+            await wait_for_async(new_sa, 30, f"rotation {i}: a new IKE_SA", interval=0.01)
+        except WaitTimeout as e:
+            raise RuntimeError(f"rotation {i}: no new IKE_SA after 30 s") from e
+        to_sa.append(time.monotonic() - changed)
         await anyio.to_thread.run_sync(wait, agent, [site.role])  # polls the status file every 10 ms
         to_status.append(time.monotonic() - changed)
         await anyio.sleep(random.uniform(0.5, 1.5))  # noqa: S311 (no phase lock with the agent's poll)
