@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gwkit.vici import ViciSession, wire
 from lab import ports
 from lab.peers import psk_conn
+from lab.wait import WaitTimeout, wait_for, wait_for_async
 from lab.world import SERVICE_CIDR, Lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,19 +183,22 @@ class ExporterProcess:
             stdout=self.log,
             stderr=self.log,
         )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                http_get(port)
-                return port
-            except OSError:
-                if self.proc.poll() is not None:
-                    said = Path(self.log.name).read_bytes()[since:].decode(errors="replace")
-                    if ports.address_in_use(said):
-                        raise ports.PortTaken(said.strip()[-300:]) from None
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"exporter did not start; see {self.log.name}") from None
-                time.sleep(0.1)
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:  # exited: fails at once, as PortTaken when its port was taken
+                said = Path(self.log.name).read_bytes()[since:].decode(errors="replace")
+                if ports.address_in_use(said):
+                    raise ports.PortTaken(said.strip()[-300:])
+                raise RuntimeError(f"exporter did not start; see {self.log.name}")
+            http_get(port)
+            return True
+
+        try:
+            wait_for(answers, 20, f"the exporter to answer on port {port}", interval=0.1, ignoring=(OSError,))
+        except WaitTimeout as e:
+            raise RuntimeError(f"exporter did not start; see {self.log.name}") from e
+        return port
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -278,8 +282,10 @@ async def setup_ipsec(lab: Lab, ikes: int, children: int) -> Path:
                     check=False,
                 )
         want = ikes * children
-        deadline = time.monotonic() + 300
-        while True:
+        got = 0
+
+        async def installed() -> bool:
+            nonlocal got
             events, _ = await gv.stream("list-sas", {}, "list-sa")
             got = sum(
                 1
@@ -288,11 +294,12 @@ async def setup_ipsec(lab: Lab, ikes: int, children: int) -> Path:
                 for ch in sa["child-sas"].values()
                 if ch["state"] == "INSTALLED"
             )
-            if got >= want:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {got}/{want} CHILD_SAs installed")
-            await anyio.sleep(1)
+            return got >= want
+
+        try:
+            await wait_for_async(installed, 300, f"{want} CHILD_SAs installed", interval=1)
+        except WaitTimeout as e:
+            raise RuntimeError(f"only {got}/{want} CHILD_SAs installed") from e
     return g.vici_socket
 
 
