@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket as socketlib
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_exporter as be
 
+from lab.wait import WaitTimeout, wait_for
 from lab.world import Lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,12 +60,21 @@ def serve_uapi(ro: str, interface: str, uapi_dir: str) -> None:
 class Server:
     def __init__(self, *args: str, socket: Path) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, *args], cwd=REPO)
-        deadline = time.monotonic() + 20
-        while not socket.exists():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError("the read-only server did not start")
-            time.sleep(0.05)
-        time.sleep(0.2)  # bound before it listens
+        proc = self.proc
+
+        def accepts() -> bool:
+            # The socket file exists from bind(), before listen(): only a connect that succeeds says it
+            # listens (the fixed 0.2 s sleep after the file showed up only guessed). Refused/absent: not yet.
+            if proc.poll() is not None:
+                raise RuntimeError(f"the read-only server exited with {proc.returncode} before it listened")
+            with socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM) as s:
+                s.connect(str(socket))
+            return True
+
+        try:
+            wait_for(accepts, 20, f"the read-only server to listen on {socket}", ignoring=(OSError,))
+        except WaitTimeout as e:
+            raise RuntimeError("the read-only server did not start") from e
 
     def stop(self) -> None:
         self.proc.terminate()
