@@ -32,6 +32,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the lab's helpers
+
+from lab.wait import WaitTimeout, wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SERVER = r"""
@@ -156,12 +160,17 @@ def run(tree: Path, kind: str, slow: int, requests: int, cap: int) -> dict[str, 
             attacker.wait()
     # After the flood: the first /healthz answered within 10 s, or the server is gone.
     t0 = time.perf_counter()
-    recovered = None
-    while time.perf_counter() - t0 < 10 and server.poll() is None:
-        if isinstance(probe(port), float):
-            recovered = time.perf_counter() - t0
-            break
-        time.sleep(0.05)
+
+    def healthy() -> float | str | None:
+        if server.poll() is not None:
+            return "the server died"  # ends the wait: it will not recover
+        return time.perf_counter() - t0 if isinstance(probe(port), float) else None
+
+    try:
+        got = wait_for(healthy, 10, "a /healthz answer after the flood", interval=0.05)
+    except WaitTimeout:
+        got = None
+    recovered = got if isinstance(got, float) else None
     server.kill()
     _, err = server.communicate()
     ok = sorted(r for r in results if isinstance(r, float))

@@ -493,6 +493,8 @@ def main() -> int:
             writers.stdin.flush()
             load_lat: list[float] = []
             e = 0
+            # A deliberate paced schedule (one edit every edit_interval during the load window), not a
+            # wait for a condition (allowed in tests/unit/test_no_polling_loops.py).
             while True:
                 due = m1.time + a.edit_interval / 2 + e * a.edit_interval
                 if due >= m1.time + a.duration - 1:
