@@ -252,6 +252,8 @@ class ApiServer:
         self._gc_event.set()
 
     async def gc_loop(self) -> None:
+        # The garbage collector's loop (a daemon's main loop: the sleep lets the request answer first;
+        # allowed in tests/unit/test_no_polling_loops.py).
         while True:
             await self._gc_event.wait()
             self._gc_event = anyio.Event()
@@ -921,6 +923,9 @@ class ApiServer:
                         # Half-open: no event, no bookmark, no end of the stream (not even at its
                         # timeout) until the client gives up on the connection.
                         with anyio.CancelScope(shield=True):
+                            # No deadline by design: held until the client gives up (aiohttp tells no
+                            # one a client left), no timeout to report (allowed in tests/unit/
+                            # test_no_polling_loops.py).
                             while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110 (aiohttp tells no one a client left)
                                 await anyio.sleep(DISCONNECT_CHECK)
                         break

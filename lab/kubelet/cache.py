@@ -71,6 +71,8 @@ class Cache:
 
     async def run(self) -> None:
         failures = 0
+        # The informer's list-and-watch loop (a daemon's main loop, relisting with a back-off forever as
+        # a real informer does; allowed in tests/unit/test_no_polling_loops.py).
         while True:
             try:
                 items, rv = await self.kube.list(

@@ -231,6 +231,8 @@ class PodWorker:
 
     async def _with_retry(self, what: str, fn: Any) -> None:
         failures = 0
+        # A kubelet retries a pod's set-up step forever, with a back-off (a daemon's loop, no deadline
+        # by design; allowed in tests/unit/test_no_polling_loops.py).
         while True:
             try:
                 await fn()
@@ -395,6 +397,8 @@ class PodWorker:
 
     async def _refresh_volumes(self) -> None:
         delay = self.k.settings.volume_refresh_delay
+        # The kubelet's periodic volume sync (a daemon's loop, not a wait for a condition;
+        # allowed in tests/unit/test_no_polling_loops.py).
         while True:
             await anyio.sleep(min(1.0, max(0.05, delay / 4)))
             for vol in list(self.volumes.values()):
@@ -582,6 +586,8 @@ class PodWorker:
         crashes = 0
         instance = 0
         restart_policy = self.spec.get("restartPolicy", "Always")
+        # The container's restart loop with CrashLoopBackOff (a daemon's main loop, not a wait;
+        # allowed in tests/unit/test_no_polling_loops.py).
         while True:
             try:
                 run = self._container_run(c, instance)
@@ -703,6 +709,8 @@ class PodWorker:
         await anyio.sleep(float(probe.get("initialDelaySeconds", 0)))
         state = model.ProbeState()
         period = float(probe.get("periodSeconds", 10)) * self.k.settings.probe_period_factor
+        # The probe's period (a daemon's sampling loop, not a wait for a condition;
+        # allowed in tests/unit/test_no_polling_loops.py).
         while True:
             ok, detail = await self._probe(c, probe)
             record = self.probes.setdefault((name, kind), ProbeRecord())
@@ -796,6 +804,8 @@ class PodWorker:
     # --- status ----------------------------------------------------------------------------------------
 
     async def _status_writer(self) -> None:
+        # The status writer's loop (a daemon's main loop: the sleeps coalesce and back off;
+        # allowed in tests/unit/test_no_polling_loops.py).
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
