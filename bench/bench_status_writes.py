@@ -168,6 +168,8 @@ def serve_writers(spec_file: str) -> None:
             n = len(targets)
             async with anyio.create_task_group() as tg:
                 k = 0
+                # A deliberate paced schedule (the writers' load at a fixed rate), not a wait for a
+                # condition (allowed in tests/unit/test_no_polling_loops.py).
                 while True:
                     rnd, j = divmod(k, n)
                     due = start + rnd * period + j * period / n
