@@ -8,6 +8,8 @@ restarting the exporter; no secret in any output. Plans are built from gwplan da
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import signal
 import subprocess
@@ -337,15 +339,28 @@ async def test_killed_charon_reports_down_within_the_deadline_and_returns_after_
     assert value(again, "strongswan_up") == 1
     assert (value(again, "strongswan_start_time_seconds") or 0) > (started_before or 0), "restart visible"
 
-    # A hung (SIGSTOPped) charon: the scrape still returns within the deadline.
+    # A hung (SIGSTOPped) charon: the scrape still returns within the deadline. SIGSTOP takes effect when
+    # each of charon's threads is next scheduled: a scrape sent at once was once answered (up=1) by a thread
+    # not stopped yet, so the scrape waits until every thread is.
     g.pause()
     try:
+        assert g.proc is not None
+        await wait_for_async(functools.partial(all_stopped, g.proc.pid), 5, "every thread of charon stopped")
         t0 = time.monotonic()
         hung = await exporter.snapshot()
         assert time.monotonic() - t0 < 3.0 + 0.5
         assert value(hung, "strongswan_up") == 0
     finally:
         g.resume()
+
+
+def all_stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is stopped (state T in /proc/PID/task/*/stat)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in "Tt" for state in states)
 
 
 async def test_concurrent_scrapes_share_one_daemon_query(lab: Lab) -> None:
