@@ -17,9 +17,9 @@ What it does, step by step, each step printed with its time:
 4. traffic from each site to every exposure: the granted ones reached, the others refused;
 5. ``kubectl patch`` revoking a grant while a flow under it runs: the flow cut, with the measured time;
 6. charon's container killed (SIGKILL), restarted by the lab kubelet, every tunnel Established again;
-7. then it keeps running (until Ctrl-C, SIGTERM or ``--duration``): a short status table every few
-   seconds (tunnel state from the CR, bytes from the pod's exporter, a request through each tunnel: the
-   counters move), and the charon kill again every ``--kill-every`` seconds.
+7. then it keeps running (until Ctrl-C, SIGTERM, ``--duration`` or ``--kills``): a short status table
+   every few seconds (tunnel state from the CR, bytes from the pod's exporter, a request through each
+   tunnel: the counters move), and the charon kill again every ``--kill-every`` seconds.
 
 The demo watches what it runs (the controller, the sites' charons, the exposure targets, the lab kubelet
 and the API emulator): one that stops is a failure, said at once with its name, exit status and the end of
@@ -32,9 +32,9 @@ Logs (the controller's, every pod container's, the sites' charons', this process
 kubelet, the API emulator; the emulator's request log at the end) go to a directory that is kept after the
 run (``--log-dir``, default ``/var/tmp/vpngw-demo-<time>``), or deleted at the end with ``--clean-logs``.
 
-Exit codes: 0 a ``--duration`` run that ended with every tunnel Established; 1 a failure (a process that
-stopped, a step that did not happen in time, the teardown leaving something); 2 bad usage or not root;
-130 / 143 stopped by SIGINT / SIGTERM (after tearing everything down).
+Exit codes: 0 a ``--duration`` or ``--kills`` run that ended with every tunnel Established; 1 a failure
+(a process that stopped, a step that did not happen in time, the teardown leaving something); 2 bad
+usage or not root; 130 / 143 stopped by SIGINT / SIGTERM (after tearing everything down).
 """
 
 from __future__ import annotations
@@ -133,6 +133,9 @@ class Options:
     """Stop after this many seconds from the start (the steps always complete first); None: until a signal."""
     kill_every: float = 20.0
     """Seconds between two kills of charon's container in the running phase (0: no kills after the step)."""
+    kills: int | None = None
+    """Stop once the running phase killed charon this many times (each one recovered), whatever the time it
+    took (a loaded machine's slow set-up does not eat into it as into ``duration``); None: no such end."""
     runtime: str = "process"
     log_dir: Path | None = None
     """None: ``default_log_dir`` at the start."""
@@ -146,6 +149,8 @@ def check_options(o: Options) -> str | None:
     """What is wrong with the options (exit 2), or None."""
     if o.duration is not None and o.duration <= 0:
         return "--duration must be positive"
+    if o.kills is not None and (o.kills <= 0 or o.kill_every <= 0):
+        return "--kills must be positive, with a --kill-every above 0"
     if o.kill_every < 0 or 0 < o.kill_every < MIN_KILL_EVERY:
         return f"--kill-every must be 0 (no kills) or at least {MIN_KILL_EVERY:g} seconds"
     if o.runtime not in ("process", "podman"):
@@ -1125,6 +1130,8 @@ def _demo(d: Demo, o: Outcome, opts: Options) -> None:
     d.kill_charon(o)
     d.show_controller = False  # from here on its lines are status writes; its log has them all
     left = "until Ctrl-C" if opts.duration is None else f"until {opts.duration:g} s after the start"
+    if opts.kills is not None:
+        left += f"{' or' if opts.duration is not None else ','} until {opts.kills} more kills of charon"
     d.step(
         f"running {left}: a status table every {STATUS_EVERY:g} s"
         + (f", charon killed every {opts.kill_every:g} s" if opts.kill_every > 0 else "")
@@ -1132,15 +1139,19 @@ def _demo(d: Demo, o: Outcome, opts: Options) -> None:
     log.info("demo.running pod=%s controller_pid=%d", d.pod_name, w.controller.proc.pid)
     next_table = time.monotonic()
     next_kill = time.monotonic() + opts.kill_every
-    # The demo's main loop (tables and kills on a schedule until Ctrl-C or --duration), not a wait for a
-    # condition (allowed in tests/unit/test_no_polling_loops.py).
-    while opts.duration is None or d.elapsed() < opts.duration:
+    killed = 0
+    # The demo's main loop (tables and kills on a schedule until Ctrl-C, --duration or --kills), not a
+    # wait for a condition (allowed in tests/unit/test_no_polling_loops.py).
+    while (opts.duration is None or d.elapsed() < opts.duration) and (
+        opts.kills is None or killed < opts.kills
+    ):
         now = time.monotonic()
         if now >= next_table:
             d.table()
             next_table = now + STATUS_EVERY
         if opts.kill_every > 0 and now >= next_kill:
             d.kill_charon(o)
+            killed += 1
             next_kill = time.monotonic() + opts.kill_every
         d.pause(0.1)
     d.table()
@@ -1220,10 +1231,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m lab",
         description=__doc__,
-        epilog="Exit codes: 0 ok (demo: a --duration run that ended with every tunnel Established), 1 a "
-        "failure (a process that stopped, a step that did not happen in time, the teardown leaving "
-        "something), 2 bad usage or not root, 130/143 the demo was stopped by SIGINT/SIGTERM (everything "
-        "torn down).",
+        epilog="Exit codes: 0 ok (demo: a --duration or --kills run that ended with every tunnel "
+        "Established), 1 a failure (a process that stopped, a step that did not happen in time, the "
+        "teardown leaving something), 2 bad usage or not root, 130/143 the demo was stopped by "
+        "SIGINT/SIGTERM (everything torn down).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
@@ -1249,6 +1260,13 @@ def parser() -> argparse.ArgumentParser:
         default=20.0,
         help="after the steps, kill -9 charon's container this often (0: never; else at least 5 s; "
         "default 20)",
+    )
+    demo.add_argument(
+        "--kills",
+        type=int,
+        default=None,
+        help="stop once charon was killed this many times after the steps (each one recovered); exit 0 "
+        "only if every tunnel is Established then (with --duration: whichever comes first)",
     )
     demo.add_argument(
         "--runtime",
@@ -1293,6 +1311,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = Options(
             duration=args.duration,
             kill_every=args.kill_every,
+            kills=args.kills,
             runtime=args.runtime,
             log_dir=args.log_dir,
             clean_logs=args.clean_logs,

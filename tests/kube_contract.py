@@ -18,6 +18,7 @@ from controller.names import FINALIZER, key_of
 from gwkit.kube.client import NAMESPACES, SECRETS, VPNGATEWAYS, KubeClient
 from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict, NotFound
+from lab.wait import wait_for_async
 from tests.examples import example_docs
 
 SELECTOR = "vpn.bnerd.net/gateway-secret=true"
@@ -77,13 +78,14 @@ async def a_stale_finalizer_write_is_requeued(kubeconfig: Path, namespace: str) 
         await _with_crds(kube)
         doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
         doc["metadata"]["namespace"] = namespace
-        with anyio.fail_after(30):
-            while True:
-                try:
-                    created = await kube.create(VPNGATEWAYS, doc, namespace)
-                    break
-                except NotFound:  # the endpoint is not served yet
-                    await anyio.sleep(0.2)
+        # NotFound: the endpoint is not served yet
+        created = await wait_for_async(
+            lambda: kube.create(VPNGATEWAYS, doc, namespace),
+            30,
+            "the VPNGateway created (once its endpoint is served)",
+            interval=0.2,
+            ignoring=(NotFound,),
+        )
         key = key_of(created)
         name = key.name
 

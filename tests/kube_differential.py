@@ -11,12 +11,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from gwkit.kube import ApiError, KubeClient
 from gwkit.kube.client import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, SERVICEACCOUNTS, VPNGATEWAYS
 from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict, Forbidden, NotFound
+from lab.wait import wait_for_async
 from tests.examples import example_docs
 from tests.kube_contract import _with_crds
 
@@ -99,13 +98,14 @@ async def gateway_status_and_finalizers(kube: KubeClient, ns: str) -> Observatio
     doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
     doc["metadata"]["namespace"] = ns
     doc["status"] = {"publicIP": "203.0.113.99"}
-    with anyio.fail_after(30):
-        while True:
-            try:
-                made = await kube.create(VPNGATEWAYS, doc, ns)
-                break
-            except NotFound:  # a moment after the CRD is Established
-                await anyio.sleep(0.2)
+    # NotFound: a moment after the CRD is Established
+    made = await wait_for_async(
+        lambda: kube.create(VPNGATEWAYS, doc, ns),
+        30,
+        "the VPNGateway created (once its endpoint is served)",
+        interval=0.2,
+        ignoring=(NotFound,),
+    )
     name = made["metadata"]["name"]
     o.seen["status on create"] = made.get("status")
     o.seen["generation on create"] = made["metadata"].get("generation")
@@ -381,13 +381,14 @@ async def pod_specs(kube: KubeClient, ns: str) -> Observations:
             "containers": [_container("a", limits={"cpu": "0.25", "memory": "64Mi"})],
         },
     }
-    with anyio.fail_after(30):
-        while True:
-            try:
-                made = await kube.create(PODS, pod, ns)
-                break
-            except Forbidden:  # the namespace's default ServiceAccount, a moment after the namespace
-                await anyio.sleep(0.2)
+    # Forbidden: the namespace's default ServiceAccount, a moment after the namespace
+    made = await wait_for_async(
+        lambda: kube.create(PODS, pod, ns),
+        30,
+        "the Pod created (once the default ServiceAccount exists)",
+        interval=0.2,
+        ignoring=(Forbidden,),
+    )
     o.seen["Pod with limits only"] = _pod_shape(made["spec"])["resources"]
     return o.seen
 
@@ -410,13 +411,14 @@ async def not_served(kube: KubeClient, ns: str) -> Observations:
     await _with_crds(kube)
     doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
     doc["metadata"]["namespace"] = ns
-    with anyio.fail_after(30):
-        while True:
-            try:
-                gw = await kube.create(VPNGATEWAYS, doc, ns)
-                break
-            except NotFound:  # the endpoint is not served yet
-                await anyio.sleep(0.2)
+    # NotFound: the endpoint is not served yet
+    gw = await wait_for_async(
+        lambda: kube.create(VPNGATEWAYS, doc, ns),
+        30,
+        "the VPNGateway created (once its endpoint is served)",
+        interval=0.2,
+        ignoring=(NotFound,),
+    )
     name, version = gw["metadata"]["name"], gw["metadata"]["resourceVersion"]
     status = {"status": {"observedGeneration": 1}}
     await o.call("status patch", kube.patch(VPNGATEWAYS, name, status, ns, subresource="status"))

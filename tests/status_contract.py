@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from controller import diff, execute
@@ -27,6 +26,7 @@ from controller.status import Condition
 from gwkit.kube.client import CONFIGMAPS, EVENTS, NAMESPACES, VPNGATEWAYS, KubeClient
 from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict, NotFound
+from lab.wait import wait_for_async
 from tests.examples import example_docs
 from tests.helpers import conditions
 from tests.kube_contract import _with_crds
@@ -42,12 +42,14 @@ async def _gateway(kube: KubeClient, namespace: str) -> dict[str, Any]:
     await _with_crds(kube)
     doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
     doc["metadata"]["namespace"] = namespace
-    with anyio.fail_after(30):
-        while True:
-            try:
-                return await kube.create(VPNGATEWAYS, doc, namespace)
-            except NotFound:  # the endpoint is not served yet
-                await anyio.sleep(0.2)
+    # NotFound: the endpoint is not served yet
+    return await wait_for_async(
+        lambda: kube.create(VPNGATEWAYS, doc, namespace),
+        30,
+        "the VPNGateway created (once its endpoint is served)",
+        interval=0.2,
+        ignoring=(NotFound,),
+    )
 
 
 def _decision(

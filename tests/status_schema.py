@@ -29,8 +29,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-import anyio
-
 from agent.fakes import ListSink, StaticPlans
 from agent.health import HealthState
 from agent.ipsec.keeper import Keeper
@@ -47,6 +45,7 @@ from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict, NotFound
 from gwkit.wireguard.model import DeviceState, PeerState
 from gwplan import Child, GatewayRef, Ipsec, Plan, Tunnel, WgPeer
+from lab.wait import wait_for_async
 from tests.examples import example_docs
 from tests.kube_contract import _with_crds
 
@@ -235,12 +234,14 @@ async def with_init_nat(status: Mapping[str, Any], init_nat: Mapping[str, Any] |
 async def _create(kube: KubeClient, res: Resource, doc: dict[str, Any], namespace: str) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
     doc["metadata"]["namespace"] = namespace
-    with anyio.fail_after(30):
-        while True:
-            try:
-                return await kube.create(res, doc, namespace)
-            except NotFound:  # the endpoint is not served yet
-                await anyio.sleep(0.2)
+    # NotFound: the endpoint is not served yet
+    return await wait_for_async(
+        lambda: kube.create(res, doc, namespace),
+        30,
+        f"the {res.kind} created (once its endpoint is served)",
+        interval=0.2,
+        ignoring=(NotFound,),
+    )
 
 
 async def round_trips(kubeconfig: Path, namespace: str) -> dict[str, dict[str, Any]]:

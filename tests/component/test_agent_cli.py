@@ -66,9 +66,12 @@ def test_waits_live_for_a_valid_plan_and_stops_cleanly_on_sigterm(tmp_path: Path
     try:
         # The event, not a fixed pause: a SIGTERM sent while Python still imports (a loaded machine took
         # over a second) kills the process before the agent handles signals, exit -15.
-        deadline = time.monotonic() + 30
-        while "plan.rejected" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(
+            lambda: "plan.rejected" in log.read_text() or proc.poll() is not None,
+            30,
+            "the agent to report the invalid plan (or exit)",
+            interval=0.02,
+        )
         assert proc.poll() is None, "an invalid first plan is reported, not fatal"
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
@@ -229,11 +232,12 @@ def test_readonly_dir_holds_the_plan_copy_and_a_relay_that_closes_while_charon_i
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stderr=out)
     try:
-        deadline = time.monotonic() + 20
         # Listening, not only there: the socket file exists from its bind, before listen() (refused).
-        while "vici_relay.listening" not in log.read_text() or not (ro / "plan.json").exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "the agent serves both"
-            time.sleep(0.05)
+        def serving() -> bool:
+            assert proc.poll() is None, "the agent exited before it served both"
+            return "vici_relay.listening" in log.read_text() and (ro / "plan.json").exists()
+
+        wait_for(serving, 20, "the agent to serve the plan copy and the VICI relay")
         assert (ro / "plan.json").read_bytes() == dumps(plan)
         assert (ro / "plan.json").stat().st_mode & 0o777 == 0o644
         assert (ro / "charon.vici").stat().st_mode & 0o777 == 0o666

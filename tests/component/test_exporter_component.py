@@ -28,6 +28,8 @@ from exporter.service import DEFAULT_VICI_SOCKET, Exporter, PlanFile
 from exporter.sources import StrongswanSource, WireGuardSource, follow_events
 from gwkit.vici import ViciSession, ViciUnavailable
 from gwplan.model import Child, GatewayRef, Ipsec, Plan, SecretRef, Tunnel, WgPeer, WireGuard, dumps
+from lab import ports
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -462,14 +464,16 @@ async def exporter_process(*args: str, log: Path) -> AsyncIterator[tuple[anyio.a
             env={**os.environ, "TZ": "Asia/Kolkata"},
         )
     try:
-        with anyio.fail_after(20):
-            while True:
-                text = await anyio.Path(log).read_bytes()
-                if m := re.search(rb"exporter\.http\.listening host=\S+ port=(\d+)", text):
-                    break
-                assert proc.returncode is None, text.decode()
-                await anyio.sleep(0.05)
-        yield proc, int(m.group(1))
+        port = await anyio.to_thread.run_sync(
+            lambda: ports.wait_announced_port(
+                lambda: log.read_text(errors="replace"),
+                "exporter.http.listening",
+                alive=lambda: proc.returncode is None,
+                timeout=20,
+                what="the exporter",
+            )
+        )
+        yield proc, port
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -507,12 +511,12 @@ async def test_command_line_waits_for_a_missing_plan_not_ready_then_serves_it(tm
         waiting = await _http(port, b"GET /readyz HTTP/1.1\r\n\r\n")
         before = metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
         path.write_bytes(dumps(plan("t1")))
-        with anyio.fail_after(10):
-            while True:  # the exporter re-checks the plan file every second
-                ready = await _http(port, b"GET /readyz HTTP/1.1\r\n\r\n")
-                if ready.startswith(b"HTTP/1.1 200"):
-                    break
-                await anyio.sleep(0.1)
+
+        async def readyz_ok() -> bytes | None:  # the exporter re-checks the plan file every second
+            got = await _http(port, b"GET /readyz HTTP/1.1\r\n\r\n")
+            return got if got.startswith(b"HTTP/1.1 200") else None
+
+        ready = await wait_for_async(readyz_ok, 10, "the exporter to turn ready on the plan", interval=0.1)
         after = metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))
         assert proc.returncode is None
     text = log.read_text()

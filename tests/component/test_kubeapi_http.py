@@ -8,7 +8,6 @@ The expected bodies are the ones kube-apiserver sends (messages quoted from k8s.
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +21,7 @@ import yaml
 from cryptography import x509
 
 from lab.kubeapi import KubeAPI
+from lab.wait import wait_for_async
 
 pytestmark = pytest.mark.anyio
 WG = {
@@ -119,11 +119,7 @@ def _gateway(name: str = "gw", ns: str = "default", **spec: Any) -> dict[str, An
 
 async def _until(cond: Callable[[], Awaitable[bool]], timeout: float = 5) -> None:
     """Poll ``cond`` until it holds (the emulator's garbage collector works in the background)."""
-    with anyio.fail_after(timeout):
-        for _ in itertools.count():
-            if await cond():
-                return
-            await anyio.sleep(0.02)
+    await wait_for_async(cond, timeout, f"{cond.__name__} (the emulator's background work)", interval=0.02)
 
 
 async def _wait_gone(kube: Kube, path: str) -> None:

@@ -8,10 +8,10 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import anyio
 import pytest
 
 from lab.kubeapi import KubeAPI
+from lab.wait import wait_for_async
 from tests.component.test_kubeapi_http import Kube, _sa_client
 
 pytestmark = pytest.mark.anyio
@@ -29,11 +29,11 @@ async def api(tmp_path: Path) -> AsyncIterator[KubeAPI]:
 async def _until(sa: Kube, code: int) -> float:
     """Seconds until the ServiceAccount's list of ConfigMaps answers ``code``."""
     start = time.monotonic()
-    with anyio.fail_after(10):
-        for _ in range(1000):  # polled: the change has no event a client could wait for
-            if (await sa.req("GET", "/api/v1/namespaces/t/configmaps"))[0] == code:
-                break
-            await anyio.sleep(0.05)
+
+    async def answers() -> bool:  # polled: the change has no event a client could wait for
+        return (await sa.req("GET", "/api/v1/namespaces/t/configmaps"))[0] == code
+
+    await wait_for_async(answers, 10, f"the ServiceAccount's list of ConfigMaps to answer {code}")
     return time.monotonic() - start
 
 

@@ -82,12 +82,14 @@ async def exchange(path: Path, request: bytes, timeout: float = 5.0) -> bytes:
 
 async def serving(path: Path) -> bytes:
     """The reply to a get once ``path`` accepts connections (it exists a moment before it listens)."""
-    with anyio.fail_after(5):
-        while True:
-            try:
-                return await exchange(path, b"get=1\n\n")
-            except OSError:
-                await anyio.sleep(0.01)
+
+    async def answered() -> tuple[bytes]:  # a 1-tuple: an empty reply (b"") is an answer too
+        return (await exchange(path, b"get=1\n\n"),)
+
+    (reply,) = await wait_for_async(
+        answered, 5, f"{path} to accept connections and answer a get", interval=0.01, ignoring=(OSError,)
+    )
+    return reply
 
 
 def metrics(snap: WireGuardSnapshot) -> bytes:

@@ -27,7 +27,7 @@ import pytest
 
 from controller.cloud import CloudError, CloudState, CloudWant
 from controller.cloudplan import cluster_tag, tags
-from controller.names import GatewayKey
+from controller.names import GATEWAY_KINDS, GatewayKey
 from controller.openstack import OpenStackCloud, OpenStackSettings, server_of
 from controller.reconcile import Snapshot, peers_of, render_gateway
 from controller.settings import Allowance, Settings
@@ -35,6 +35,7 @@ from lab.openstack.fixtures import OpenStackLab
 from lab.openstack.neutron import ADMIN_PROJECT
 from lab.openstack.proxy import Fault
 from lab.wait import wait_for
+from tests.component.test_controller_quantities import reconciles
 from tests.examples import example_docs
 
 pytestmark = pytest.mark.lab
@@ -499,7 +500,23 @@ def test_the_controller_process_with_the_openstack_backend_creates_and_releases_
             lambda: (r := routing()).get("reason") == "RouterNotAllowed" and r, 30, "RouterNotAllowed"
         )
         assert f"ClusterLink infra (router {net.clusters[1].router_id})" in refused["message"]
-        time.sleep(2)  # a reconcile or two with the link in place
+        # The reconcile that said RouterNotAllowed had done its route work; one more with the link in place,
+        # made to happen (the controller's own status write triggers none, and its resync is 10 min away)
+        # and counted on /metrics, not guessed from a pause: a change to the link enqueues the key of each
+        # gateway kind it names, and each one's reconcile counts once it ended.
+        seen = reconciles(second)
+        c.kube.patch(
+            "ipsec.bnerd.net/v1alpha1",
+            "ClusterLink",
+            "infra",
+            {"metadata": {"labels": {"touched": "1"}}},
+            "tenant-acme",
+        )
+        wait_for(
+            lambda: reconciles(second) >= seen + len(GATEWAY_KINDS),
+            30,
+            "a reconcile with the ClusterLink in place",
+        )
         assert not any(r["nexthop"] == addr for r in routes_on(lab, net.clusters[1].router_id))
         assert any(r["nexthop"] == addr for r in routes_on(lab, net.clusters[0].router_id)), (
             "the allowed one kept"

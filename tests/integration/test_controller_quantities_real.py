@@ -27,7 +27,7 @@ from lab.cluster import ROOT, Controller, crd_documents, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
 from lab.wait import wait_for
-from tests.component.test_controller_operator import CONFIG, NIC
+from tests.component.test_controller_operator import CONFIG, NIC, metric
 from tests.component.test_controller_quantities import (
     CANONICAL,
     GATEWAY_POD,
@@ -137,7 +137,19 @@ def test_settings_in_any_valid_form_make_no_write_at_a_resync_on_the_real_server
         assert resources["charon"] == CANONICAL["charon"]
         assert resources["status-agent"] == CANONICAL["status-agent"]
         assert tolerations[2:] == TOLERATIONS
-        time.sleep(2)  # the replies to the first reconcile's own writes (watch events) have come
+        # Settled, not a fixed pause: the watch events of the set-up's own writes have been reconciled when
+        # two reconciles in a row wrote nothing and nothing waits in the queue (no request log here to
+        # compare with, as tests/component/test_controller_quantities.py does).
+        base = [reconciles(ctl), api_writes(ctl)]
+
+        def settled() -> bool:
+            done, wrote = reconciles(ctl), api_writes(ctl)
+            if wrote != base[1]:
+                base[:] = [done, wrote]  # a write: count the reconciles again from here
+                return False
+            return done >= base[0] + 2 and metric(ctl, "vpngw_controller_queue_depth") == 0
+
+        wait_for(settled, 40, "two reconciles in a row without a write (the set-up settled)")
         done, wrote = reconciles(ctl), api_writes(ctl)
         time.sleep(12)  # at least one full resync (every 10 s)
         assert reconciles(ctl) > done, "a resync reconciled the gateway in the window"

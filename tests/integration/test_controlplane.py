@@ -262,8 +262,26 @@ def test_silent_node_goes_not_ready_tainted_and_its_pods_evicted(
         # cp-live registers and is seen before it posts Ready: for a moment every node is not ready and
         # the controller enters (then leaves) "master disruption mode", as with a new cluster's first
         # node. Tainting must work after that (see NodeTimings.eviction_rate for why it did not at 1/s).
+        kcm = cp.log_path("kube-controller-manager")
+        since = kcm.stat().st_size  # the session's control plane: only what this test made it say
+
+        def said(*words: str) -> bool:
+            with kcm.open("rb") as f:
+                f.seek(since)
+                return any(
+                    all(w in line for w in words) for line in f.read().decode(errors="replace").splitlines()
+                )
+
         live.register(ready=False)
-        time.sleep(2 * NodeTimings().monitor_period + 0.5)
+        wait_for(
+            lambda: (
+                said('"Controller observed a new Node"', 'node="cp-live"')
+                and said("Entering master disruption mode")
+            ),
+            30,
+            "the node lifecycle controller to see cp-live not ready (master disruption mode)",
+            interval=0.2,
+        )
         live.start()
         dead.register()
         # NodeRestriction: a node may not touch another node.
@@ -287,7 +305,27 @@ def test_silent_node_goes_not_ready_tainted_and_its_pods_evicted(
             },
         }
         assert apply(cp, pod).returncode == 0
-        time.sleep(2)  # both heartbeat; the controller has seen them Ready
+
+        def both_ready() -> bool:
+            with cp.client() as c:
+                nodes = [c.get(f"/api/v1/nodes/{name}").json() for name in ("cp-live", "cp-dead")]
+            return all(
+                any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+                for n in nodes
+            )
+
+        # Both heartbeat and the controller has seen them Ready: it saw cp-dead and left the disruption
+        # mode cp-live's first Ready ends.
+        wait_for(
+            lambda: (
+                both_ready()
+                and said('"Controller observed a new Node"', 'node="cp-dead"')
+                and said("Exiting master disruption mode")
+            ),
+            30,
+            "cp-live and cp-dead Ready, seen by the node lifecycle controller",
+            interval=0.2,
+        )
         silenced = time.monotonic()
         dead.silence()
 

@@ -178,9 +178,7 @@ def secret_values(kubeconfig: str) -> list[str]:
 
 
 def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log_dir: Path) -> None:
-    demo = Demo(
-        "--duration", "40", "--kill-every", "8", "--log-dir", str(log_dir), shell_ignores_sigint=False
-    )
+    demo = Demo("--kills", "2", "--kill-every", "8", "--log-dir", str(log_dir), shell_ignores_sigint=False)
     try:
         kubeconfig = demo.until(r"export KUBECONFIG=(\S+) ", 60).group(1)
         demo.until(r"every tunnel Established on the CR", 60)
@@ -213,9 +211,9 @@ def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log
     kills = re.findall(
         r"pod: container charon: restarted by the kubelet \(restartCount (\d+); last exit 137", text
     )
-    # Every 8 s within 40 s: at least two kills even when the set-up ate into the window (three on an
-    # idle machine); each one restarted by the kubelet with a growing restartCount.
-    assert len(kills) >= 2 and kills == [str(n) for n in range(1, len(kills) + 1)], kills
+    # The step's kill and two more in the running phase (--kills 2: counted, not a time window a slow set-up
+    # eats into); each one restarted by the kubelet with a growing restartCount.
+    assert len(kills) >= 3 and kills == [str(n) for n in range(1, len(kills) + 1)], kills
     assert len(re.findall(r"every tunnel Established again on the CR", text)) == len(kills)
     assert len(set(counters(text, "s1"))) >= 4, "the counters move in the status table"
     assert "all tunnels Established; exit status 0" in text

@@ -8,6 +8,8 @@ restarting the exporter; no secret in any output. Plans are built from gwplan da
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import signal
 import subprocess
@@ -32,6 +34,7 @@ from gwplan.model import Child, GatewayRef, Plan, SecretRef, Tunnel, WgPeer, Wir
 from gwplan.model import Ipsec as PlanIpsec
 from lab import ports
 from lab.peers import wireguard_pair
+from lab.wait import wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
 from tests.integration.test_exporter_support import PSK, load_pair
 
@@ -272,6 +275,8 @@ async def test_bytes_never_decrease_across_child_rekeys_while_traffic_flows(lab:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(follow_events, g.vici_socket, source)
+                # A sampling window, not a wait: 30 s of scrapes across the child rekeys, every one checked
+                # (allowed in tests/unit/test_no_polling_loops_in_tests.py).
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:
                     snap = await exporter.snapshot()
@@ -323,24 +328,39 @@ async def test_killed_charon_reports_down_within_the_deadline_and_returns_after_
     async with await ViciSession.connect(g.vici_socket) as gv, await ViciSession.connect(c.vici_socket) as sv:
         await load_pair(gv, sv, lab, site, "s1", "gw", kids)
         await gv.stream("initiate", {"child": "s1-0", "timeout": "10000"}, "control-log")
-    with anyio.fail_after(15):
-        while True:
-            again = await exporter.snapshot()
-            if value(again, "strongswan_tunnel_up", tunnel="s1") == 1:
-                break
-            await anyio.sleep(0.2)
+
+    async def tunnel_up_again() -> Snapshot | None:
+        snap = await exporter.snapshot()
+        return snap if value(snap, "strongswan_tunnel_up", tunnel="s1") == 1 else None
+
+    again = await wait_for_async(
+        tunnel_up_again, 15, "the exporter to show s1 up after the restart", interval=0.2
+    )
     assert value(again, "strongswan_up") == 1
     assert (value(again, "strongswan_start_time_seconds") or 0) > (started_before or 0), "restart visible"
 
-    # A hung (SIGSTOPped) charon: the scrape still returns within the deadline.
+    # A hung (SIGSTOPped) charon: the scrape still returns within the deadline. SIGSTOP takes effect when
+    # each of charon's threads is next scheduled: a scrape sent at once was once answered (up=1) by a thread
+    # not stopped yet, so the scrape waits until every thread is.
     g.pause()
     try:
+        assert g.proc is not None
+        await wait_for_async(functools.partial(all_stopped, g.proc.pid), 5, "every thread of charon stopped")
         t0 = time.monotonic()
         hung = await exporter.snapshot()
         assert time.monotonic() - t0 < 3.0 + 0.5
         assert value(hung, "strongswan_up") == 0
     finally:
         g.resume()
+
+
+def all_stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is stopped (state T in /proc/PID/task/*/stat)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in "Tt" for state in states)
 
 
 async def test_concurrent_scrapes_share_one_daemon_query(lab: Lab) -> None:
@@ -399,13 +419,13 @@ async def test_command_line_serves_metrics_and_healthz_and_stops_cleanly(lab: La
                 what="the exporter",
             )
         )
-        with anyio.fail_after(10):
-            while True:
-                try:
-                    ctype, body = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/healthz")
-                    break
-                except OSError:
-                    await anyio.sleep(0.1)
+        ctype, body = await wait_for_async(
+            lambda: anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/healthz"),
+            10,
+            "the exporter's /healthz to answer",
+            interval=0.1,
+            ignoring=(OSError,),
+        )
         assert body == "ok\n"
         ctype, body = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/metrics")
         assert ctype.startswith("text/plain; version=0.0.4")
@@ -439,7 +459,9 @@ async def test_the_start_time_is_steady_across_charons_one_second_wobble(lab: La
         starts: set[float | None] = set()
         sinces: set[str] = set()
         # How long charon shows the minority second depends on this boot's offset between its wall and
-        # monotonic clocks: sample until both values were seen (a second-long window at the worst).
+        # monotonic clocks: sample until both values were seen (a second-long window at the worst). A
+        # sampling window, not a wait for lab.wait: every scrape's start time is kept and checked, and not
+        # seeing the wobble in 10 s is a skip, not a failure.
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and len(sinces) < 2:
             starts.add(value(await exporter.snapshot(), "strongswan_start_time_seconds"))

@@ -19,6 +19,7 @@ The servers run in this (root) test process, reading the daemons as the agent do
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import shutil
 import signal
@@ -27,7 +28,7 @@ import struct
 import subprocess
 import tempfile
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ from gwkit.wireguard import uapi
 from gwplan.model import GatewayRef, Plan, SecretRef, WgPeer, WireGuard, dumps
 from lab import ports
 from lab.peers import wireguard_pair
-from lab.wait import wait_for, wait_for_async
+from lab.wait import WaitTimeout, wait_for, wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
 from tests.integration.test_exporter_lab import ipsec_plan, registry, two_sites, write_plan
 from tests.integration.test_exporter_support import conn, load_pair
@@ -124,9 +125,20 @@ async def test_the_scrape_through_the_relay_has_the_same_metrics_as_through_the_
                 def epoch_for(self, info: DaemonInfo) -> str:
                     return "e"
 
+            registered = anyio.Event()
+
+            class Announcing(ViciSession):
+                """The follower's session, saying when charon (through the relay) confirmed its
+                registrations: the terminate below is sent after that, so its events cannot be missed."""
+
+                def listen(
+                    self, events: Sequence[str], *, on_registered: Callable[[], None] | None = None
+                ) -> AsyncGenerator[wire.Frame, None]:
+                    return super().listen(events, on_registered=registered.set)
+
             async with anyio.create_task_group() as tg:
-                tg.start_soon(follow_events, ro, Sink())
-                await anyio.sleep(0.5)  # registered (no way to wait for it from outside)
+                tg.start_soon(functools.partial(follow_events, ro, Sink(), connect=Announcing.connect))
+                await wait_for_async(registered.is_set, 10, "the follower's registrations confirmed")
                 await gv.stream("terminate", {"ike": "s2", "timeout": "5000"}, "control-log")
                 # Both events, in whichever order charon sends them (waiting for ike-updown alone and then
                 # asserting child-updown failed when child-updown came second).
@@ -191,8 +203,12 @@ async def logs_to_probe(gw: Gateway) -> bool:
     a new VICI client is logged at level 2)."""
     async with await ViciSession.connect(gw.lab.gw.charon.vici_socket) as v:  # type: ignore[union-attr]
         await v.call("version")
-    await anyio.sleep(0.3)
-    return probe_log(gw).exists()
+    # Charon writes the line a moment after the session: waited for, returning as soon as the file is
+    # there; a second without it is "not logging" (the state before the reload, or after a refused one).
+    try:
+        return await wait_for_async(probe_log(gw).exists, 1.0, f"charon to write {probe_log(gw)}")
+    except WaitTimeout:
+        return False
 
 
 async def up(gw: Gateway) -> None:
@@ -430,10 +446,9 @@ async def test_the_unprivileged_exporter_reads_every_peer_metric_through_the_age
     log = tmp_path / "exporter.log"
     async with anyio.create_task_group() as tg:
         tg.start_soon(uapi_server.serve_interface, ro_dir, "wg0", uapi_server.opener(wgd.uapi_dir))
-        with anyio.fail_after(5):
-            await wait_for_async(
-                lambda: (ro_dir / "wg0.sock").exists(), 10, "the listener (started in a task)", 0.01
-            )
+        await wait_for_async(
+            lambda: (ro_dir / "wg0.sock").exists(), 10, "the listener (started in a task)", 0.01
+        )
         assert (ro_dir / "wg0.sock").stat().st_mode & 0o777 == 0o666
         argv = [
             *UNPRIVILEGED, DEBIAN_PYTHON, "-m", "exporter", "--listen", "127.0.0.1:0",

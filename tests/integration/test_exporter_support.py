@@ -11,10 +11,9 @@ import ipaddress
 import subprocess
 from typing import Any
 
-import anyio
-
 from gwkit.vici import ViciSession
 from lab.peers import psk_conn
+from lab.wait import wait_for_async
 from lab.world import Host, Lab
 
 PSK = "lab-psk-exporter-7c1d"  # test-only value; tests grep the metrics for it
@@ -90,12 +89,13 @@ async def initiate_all(gv: ViciSession, ike: str, children: list[str], *, settle
     for child in children[1:]:
         await gv.stream("initiate", {"child": child, "ike": ike, "timeout": "-1"}, "control-log", check=False)
     pending = set(children)
-    with anyio.fail_after(settle):
-        while pending:
-            for child in sorted(pending):
-                events, _ = await gv.stream("list-sas", {"ike": ike, "child": child}, "list-sa")
-                states = [c["state"] for e in events for sa in e.values() for c in sa["child-sas"].values()]
-                if "INSTALLED" in states:
-                    pending.discard(child)
-            if pending:
-                await anyio.sleep(0.5)
+
+    async def all_installed() -> bool:
+        for child in sorted(pending):
+            events, _ = await gv.stream("list-sas", {"ike": ike, "child": child}, "list-sa")
+            states = [c["state"] for e in events for sa in e.values() for c in sa["child-sas"].values()]
+            if "INSTALLED" in states:
+                pending.discard(child)
+        return not pending
+
+    await wait_for_async(all_installed, settle, f"{len(children)} child SAs of {ike} INSTALLED", interval=0.5)

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 import gwplan
@@ -33,7 +32,7 @@ from controller.plan.render import RenderOptions, render_documents
 from gwkit.vici import ViciCommandFailed, ViciSession
 from lab.daemons import Charon
 from lab.peers import psk_conn
-from lab.wait import wait_for
+from lab.wait import wait_for, wait_for_async
 from lab.world import SERVICE_CIDR, Host, Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
@@ -152,8 +151,17 @@ async def claim(lab: Lab, host: Host, *, claimed_id: str, key: str, lan: str) ->
             await v.call("terminate", {"ike": "gw", "force": "yes", "timeout": "-1"})
         await v.call("unload-conn", {"name": "gw"})
         await v.call("unload-shared", {"id": "k"})
-    await anyio.sleep(0.3)  # the gateway logs its side of the exchange; let the last lines land
-    return up, lab.gw.charon.log_text()[mark:]
+    charon = lab.gw.charon
+    # The gateway logs its side of the exchange a moment later: waited for until its verdict on the
+    # claimed identity is there (accepted, or its key's MAC mismatched / authentication failed).
+    accepted_line = f"authentication of '{claimed_id}' with pre-shared key successful"
+    verdicts = (accepted_line, "MAC mismatched", "AUTHENTICATION_FAILED", "AUTH_FAILED")
+    await wait_for_async(
+        lambda: any(v in charon.log_text()[mark:] for v in verdicts),
+        10,
+        f"the gateway's verdict on {claimed_id} in its log",
+    )
+    return up, charon.log_text()[mark:]
 
 
 def accepted(gateway_log: str, ike_id: str) -> bool:

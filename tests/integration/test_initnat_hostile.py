@@ -443,7 +443,9 @@ def test_the_lab_gives_nic2_an_ipv6_link_local_address(pod_lab: Lab) -> None:
 @pytest.fixture
 def bare_ns() -> Iterator[str]:
     name = f"{netns.PREFIX}{os.getpid()}x{secrets.token_hex(3)}-hst"
-    netns.add_ns(name)
+    # A pod's namespace (no forwarding, strict rp_filter), not add_ns's router default: these tests only
+    # write and read back rules, nothing in them forwards.
+    netns.add_ns(name, netns.POD_SYSCTLS)
     try:
         yield name
     finally:

@@ -7,7 +7,6 @@ A Neutron of its own per test (not the session's: these tests take its ports awa
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +15,7 @@ from lab import ports
 from lab.openstack import neutron as neutron_mod
 from lab.openstack.neutron import Neutron, start_neutron
 from lab.openstack.process import LabOpenStackError
+from lab.wait import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.lab]
 
@@ -55,8 +55,8 @@ def test_mariadb_and_uwsgi_that_lost_their_port_start_again_on_a_new_one(
 
 def squat(port: int) -> socket.socket | None:
     """A listener of ours on ``port``, or None when another process holds it (a listener that stays)."""
-    deadline = time.monotonic() + 5
-    while True:
+
+    def bound() -> socket.socket | None:
         s = socket.socket()
         # SO_REUSEADDR: the old server's TIME_WAIT connections on the port do not stop a new listener
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -66,11 +66,14 @@ def squat(port: int) -> socket.socket | None:
             return s
         except OSError as exc:
             s.close()
-            if not ports.is_address_in_use(exc) or time.monotonic() > deadline:
-                if ports.is_address_in_use(exc):
-                    return None
-                raise
-        time.sleep(0.05)  # another process's momentary bind (a free-port probe) goes away
+            if ports.is_address_in_use(exc):
+                return None  # another process's momentary bind (a free-port probe) goes away: again
+            raise
+
+    try:
+        return wait_for(bound, 5, f"port {port} free to listen on")
+    except WaitTimeout:
+        return None
 
 
 def test_a_restart_whose_port_was_taken_meanwhile_fails_saying_so_and_succeeds_once_it_is_free(
