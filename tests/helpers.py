@@ -3,11 +3,14 @@ are in tests/integration/conftest.py; polling is lab.wait)."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from gwkit.kube import KubeClient, NotFound, Resource
 from lab import netns
+from lab.wait import wait_for_async
 
 
 def conditions(gw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -23,3 +26,20 @@ def condition(gw: Mapping[str, Any], kind: str) -> dict[str, Any]:
 def conntrack(ns: str, *args: str) -> subprocess.CompletedProcess[bytes]:
     """``conntrack`` in network namespace ``ns``; the caller checks the return code."""
     return netns.run(netns.ns_exec(ns, "conntrack", *args), check=False)
+
+
+async def create_when_served(
+    kube: KubeClient, res: Resource, doc: Mapping[str, Any], namespace: str
+) -> dict[str, Any]:
+    """``doc`` (a copy, in ``namespace``) created once its endpoint is served: a CRD's resource answers
+    NotFound for a moment after the CRD is Established, on the real server and the emulator alike."""
+    body = copy.deepcopy(dict(doc))
+    body["metadata"]["namespace"] = namespace
+    created: dict[str, Any] = await wait_for_async(
+        lambda: kube.create(res, body, namespace),
+        30,
+        f"the {res.kind} created (once its endpoint is served)",
+        interval=0.2,
+        ignoring=(NotFound,),
+    )
+    return created

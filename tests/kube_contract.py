@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,9 @@ from controller.execute import Requeue
 from controller.names import FINALIZER, key_of
 from gwkit.kube.client import NAMESPACES, SECRETS, VPNGATEWAYS, KubeClient
 from gwkit.kube.config import from_kubeconfig
-from gwkit.kube.errors import Conflict, NotFound
-from lab.wait import wait_for_async
+from gwkit.kube.errors import Conflict
 from tests.examples import example_docs
+from tests.helpers import create_when_served
 
 SELECTOR = "vpn.bnerd.net/gateway-secret=true"
 
@@ -76,16 +75,7 @@ async def a_stale_finalizer_write_is_requeued(kubeconfig: Path, namespace: str) 
         with contextlib.suppress(Conflict):
             await kube.create(NAMESPACES, ns)
         await _with_crds(kube)
-        doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
-        doc["metadata"]["namespace"] = namespace
-        # NotFound: the endpoint is not served yet
-        created = await wait_for_async(
-            lambda: kube.create(VPNGATEWAYS, doc, namespace),
-            30,
-            "the VPNGateway created (once its endpoint is served)",
-            interval=0.2,
-            ignoring=(NotFound,),
-        )
+        created = await create_when_served(kube, VPNGATEWAYS, example_docs("wireguard.yaml")[0], namespace)
         key = key_of(created)
         name = key.name
 

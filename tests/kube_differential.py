@@ -14,9 +14,10 @@ from typing import Any
 from gwkit.kube import ApiError, KubeClient
 from gwkit.kube.client import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, SERVICEACCOUNTS, VPNGATEWAYS
 from gwkit.kube.config import from_kubeconfig
-from gwkit.kube.errors import Conflict, Forbidden, NotFound
+from gwkit.kube.errors import Conflict, Forbidden
 from lab.wait import wait_for_async
 from tests.examples import example_docs
+from tests.helpers import create_when_served
 from tests.kube_contract import _with_crds
 
 Observations = dict[str, Any]
@@ -95,17 +96,8 @@ async def gateway_status_and_finalizers(kube: KubeClient, ns: str) -> Observatio
     """The CR's status subresource, generation, finalizers and deletion as the controller uses them."""
     await _with_crds(kube)
     o = Observer(kube, ns)
-    doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
-    doc["metadata"]["namespace"] = ns
-    doc["status"] = {"publicIP": "203.0.113.99"}
-    # NotFound: a moment after the CRD is Established
-    made = await wait_for_async(
-        lambda: kube.create(VPNGATEWAYS, doc, ns),
-        30,
-        "the VPNGateway created (once its endpoint is served)",
-        interval=0.2,
-        ignoring=(NotFound,),
-    )
+    doc = {**example_docs("wireguard.yaml")[0], "status": {"publicIP": "203.0.113.99"}}
+    made = await create_when_served(kube, VPNGATEWAYS, doc, ns)
     name = made["metadata"]["name"]
     o.seen["status on create"] = made.get("status")
     o.seen["generation on create"] = made["metadata"].get("generation")
@@ -409,16 +401,7 @@ async def not_served(kube: KubeClient, ns: str) -> Observations:
         await o.call(f"create: {label}", kube.create(res, widget, ns))
         await o.call(f"list: {label}", kube.request("GET", res.path(ns)))
     await _with_crds(kube)
-    doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
-    doc["metadata"]["namespace"] = ns
-    # NotFound: the endpoint is not served yet
-    gw = await wait_for_async(
-        lambda: kube.create(VPNGATEWAYS, doc, ns),
-        30,
-        "the VPNGateway created (once its endpoint is served)",
-        interval=0.2,
-        ignoring=(NotFound,),
-    )
+    gw = await create_when_served(kube, VPNGATEWAYS, example_docs("wireguard.yaml")[0], ns)
     name, version = gw["metadata"]["name"], gw["metadata"]["resourceVersion"]
     status = {"status": {"observedGeneration": 1}}
     await o.call("status patch", kube.patch(VPNGATEWAYS, name, status, ns, subresource="status"))

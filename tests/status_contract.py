@@ -12,7 +12,6 @@ the real kube-apiserver (tests/integration): the same function, so a difference 
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,9 @@ from controller.reconcile import Decision, Report, outcome
 from controller.status import Condition
 from gwkit.kube.client import CONFIGMAPS, EVENTS, NAMESPACES, VPNGATEWAYS, KubeClient
 from gwkit.kube.config import from_kubeconfig
-from gwkit.kube.errors import Conflict, NotFound
-from lab.wait import wait_for_async
+from gwkit.kube.errors import Conflict
 from tests.examples import example_docs
-from tests.helpers import conditions
+from tests.helpers import conditions, create_when_served
 from tests.kube_contract import _with_crds
 
 NOW, LATER = "2026-12-01T10:00:00Z", "2026-12-01T10:05:00Z"
@@ -40,16 +38,7 @@ async def _gateway(kube: KubeClient, namespace: str) -> dict[str, Any]:
     with contextlib.suppress(Conflict):
         await kube.create(NAMESPACES, ns)
     await _with_crds(kube)
-    doc = copy.deepcopy(example_docs("wireguard.yaml")[0])
-    doc["metadata"]["namespace"] = namespace
-    # NotFound: the endpoint is not served yet
-    return await wait_for_async(
-        lambda: kube.create(VPNGATEWAYS, doc, namespace),
-        30,
-        "the VPNGateway created (once its endpoint is served)",
-        interval=0.2,
-        ignoring=(NotFound,),
-    )
+    return await create_when_served(kube, VPNGATEWAYS, example_docs("wireguard.yaml")[0], namespace)
 
 
 def _decision(

@@ -42,11 +42,11 @@ from controller.reconcile import Report, outcome
 from controller.status import Condition, WriteFailure
 from gwkit.kube.client import IPSECGATEWAYS, NAMESPACES, VPNGATEWAYS, KubeClient, Resource
 from gwkit.kube.config import from_kubeconfig
-from gwkit.kube.errors import Conflict, NotFound
+from gwkit.kube.errors import Conflict
 from gwkit.wireguard.model import DeviceState, PeerState
 from gwplan import Child, GatewayRef, Ipsec, Plan, Tunnel, WgPeer
-from lab.wait import wait_for_async
 from tests.examples import example_docs
+from tests.helpers import create_when_served
 from tests.kube_contract import _with_crds
 
 NOW = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
@@ -231,19 +231,6 @@ async def with_init_nat(status: Mapping[str, Any], init_nat: Mapping[str, Any] |
     return doc
 
 
-async def _create(kube: KubeClient, res: Resource, doc: dict[str, Any], namespace: str) -> dict[str, Any]:
-    doc = copy.deepcopy(doc)
-    doc["metadata"]["namespace"] = namespace
-    # NotFound: the endpoint is not served yet
-    return await wait_for_async(
-        lambda: kube.create(res, doc, namespace),
-        30,
-        f"the {res.kind} created (once its endpoint is served)",
-        interval=0.2,
-        ignoring=(NotFound,),
-    )
-
-
 async def round_trips(kubeconfig: Path, namespace: str) -> dict[str, dict[str, Any]]:
     """Every writer's status written to a VPNGateway (IPsec and WireGuard) and an IPsecGateway, read back
     unchanged after each write. Returns the last status of each (by gateway name) for the caller to show."""
@@ -258,7 +245,7 @@ async def round_trips(kubeconfig: Path, namespace: str) -> dict[str, dict[str, A
         legacy_gw = example_docs("legacy-ipsecgateway.yaml")[0]
         out: dict[str, dict[str, Any]] = {}
         for res, doc in ((VPNGATEWAYS, ipsec_gw), (VPNGATEWAYS, wg_gw), (IPSECGATEWAYS, legacy_gw)):
-            created = await _create(kube, res, doc, namespace)
+            created = await create_when_served(kube, res, doc, namespace)
             name = created["metadata"]["name"]
             ref = GatewayRef(created["kind"], created["apiVersion"], namespace, name)
             agent_api = KubeStatusApi(kube)
