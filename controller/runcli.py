@@ -300,13 +300,12 @@ async def _cluster_facts(args: argparse.Namespace) -> tuple[frozenset[str] | Non
         config = await anyio.to_thread.run_sync(load, args.kubeconfig)
         async with KubeClient(config, user_agent="vpngw-adopt") as kube:
             items, _ = await kube.list(NODES)
-            ns, _ = await kube.list(NAMESPACES, field_selector="metadata.name=kube-system", limit=1)
+            uid = await kube_system_uid(kube)
     except (ConfigError, KubeError) as exc:
         log.warning("adopt.no_cluster error=%r: the nodes and the cluster's identity are unknown", str(exc))
         return None, None
     servers = {s for n in items if (s := server_of((n.get("spec") or {}).get("providerID")))}
-    uid = str((ns[0].get("metadata") or {}).get("uid") or "") if ns else ""
-    return frozenset(servers), uid or None
+    return frozenset(servers), uid
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -362,6 +361,14 @@ def cloud_of(
     return openstack_cloud(args, s.instance, guard, cluster)
 
 
+async def kube_system_uid(kube: KubeClient) -> str | None:
+    """The kube-system namespace's uid (the usual cluster identity), None when there is no such namespace;
+    raises KubeError when the API cannot be asked."""
+    items, _ = await kube.list(NAMESPACES, field_selector="metadata.name=kube-system", limit=1)
+    uid = str((items[0].get("metadata") or {}).get("uid") or "") if items else ""
+    return uid or None
+
+
 async def cluster_identity(kube: KubeClient, *, attempts: int = 8) -> str:
     """The kube-system namespace's uid (the usual cluster identity, in every cloud resource's tags: what the
     sweep may touch). Retried with backoff (about a minute); RunFailed when it cannot be read: running
@@ -369,14 +376,13 @@ async def cluster_identity(kube: KubeClient, *, attempts: int = 8) -> str:
     delay, error = 0.5, ""
     for attempt in range(attempts):
         try:
-            items, _ = await kube.list(NAMESPACES, field_selector="metadata.name=kube-system", limit=1)
+            uid = await kube_system_uid(kube)
         except KubeError as exc:
             error = str(exc)
             log.warning("controller.cluster_id_unreadable attempt=%d error=%r", attempt + 1, error)
             await anyio.sleep(delay)
             delay = min(delay * 2, 15.0)
             continue
-        uid = str((items[0].get("metadata") or {}).get("uid") or "") if items else ""
         if uid:
             return uid
         error = "the cluster has no kube-system namespace"
