@@ -8,8 +8,11 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from controller.names import LABEL_TENANT, TENANT_ENABLED
 from gwkit.kube import KubeClient, NotFound, Resource
 from lab import netns
+from lab.cluster import MANIFESTS
+from lab.controlplane import ControlPlane
 from lab.wait import wait_for_async
 
 
@@ -43,3 +46,18 @@ async def create_when_served(
         ignoring=(NotFound,),
     )
     return created
+
+
+def tenant_namespace(cp: ControlPlane, name: str) -> None:
+    """On the real control plane, what a platform engineer does before a tenant's first gateway: Multus'
+    NetworkAttachmentDefinition CRD served, and the tenant's namespace opted in and Pod Security
+    restricted (the gateway pod lives in the gateway namespace, never here)."""
+    cp.kubectl("apply", "-f", str(MANIFESTS / "network-attachment-definition.yaml"))
+    cp.kubectl("create", "namespace", name)
+    cp.kubectl(
+        "label",
+        "namespace",
+        name,
+        f"{LABEL_TENANT}={TENANT_ENABLED}",
+        "pod-security.kubernetes.io/enforce=restricted",
+    )

@@ -28,14 +28,13 @@ import pytest
 import yaml
 
 from controller.api.crds import crds
-from controller.names import LABEL_TENANT, TENANT_ENABLED
 from lab.cluster import MANIFESTS, ROOT, Controller, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
 from lab.wait import wait_for
 from tests.component.test_helm_chart import CHART, NAMESPACE, helm, run_helm
 from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES, spawn_controller
-from tests.helpers import condition
+from tests.helpers import condition, tenant_namespace
 
 __all__ = ["helm"]  # the fixture
 
@@ -69,15 +68,7 @@ def installed(controlplane: ControlPlane, helm: str, node: NodeAgent, tmp_path: 
     made, the CRDs included, on every exit path."""
     cp = controlplane
     admin = str(cp.kubeconfig)
-    cp.kubectl("apply", "-f", str(MANIFESTS / "network-attachment-definition.yaml"))
-    cp.kubectl("create", "namespace", TENANT)
-    cp.kubectl(
-        "label",
-        "namespace",
-        TENANT,
-        f"{LABEL_TENANT}={TENANT_ENABLED}",
-        "pod-security.kubernetes.io/enforce=restricted",
-    )
+    tenant_namespace(cp, TENANT)
     try:
         res = run_helm(
             helm,

@@ -40,7 +40,6 @@ import pytest
 import yaml
 
 from controller.desired import plan_of
-from controller.names import LABEL_TENANT, TENANT_ENABLED
 from gwkit.vici import ViciSession
 from lab import netns
 from lab.cluster import MANIFESTS, Controller, gateway_secret, home_of, wait_for
@@ -54,6 +53,7 @@ from lab.world import GW_NIC2_ADDR, NIC2_PREFIX, RTR_NIC2_ADDR, SVC_ADDR, Host, 
 from tests.component.test_helm_chart import CHART, HELM, NAMESPACE, run_helm
 from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES
 from tests.examples import example_docs
+from tests.helpers import tenant_namespace
 from tests.integration.test_real_install import start_controller
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(420)]
@@ -166,15 +166,7 @@ class RealWorld:
             yaml.safe_dump({"cloud": {"static": {"nics": {f"{TENANT}/{GATEWAY}": self.static_nic()}}}})
         )
         self._installed = True
-        cp.kubectl("apply", "-f", str(MANIFESTS / "network-attachment-definition.yaml"))
-        cp.kubectl("create", "namespace", TENANT)
-        cp.kubectl(
-            "label",
-            "namespace",
-            TENANT,
-            f"{LABEL_TENANT}={TENANT_ENABLED}",
-            "pod-security.kubernetes.io/enforce=restricted",
-        )
+        tenant_namespace(cp, TENANT)
         res = run_helm(
             HELM,
             "install",
