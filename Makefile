@@ -13,9 +13,11 @@ setup:
 demo: setup
 	$(PY) -m lab demo
 
-## make test: quality gates, then every test tier (lab tests need root; CI runs as root)
+## make test: quality gates, then every test tier (lab tests need root; CI runs as root), in TEST_WORKERS
+## processes (pytest-xdist; a file's tests stay together in one); TEST_WORKERS=0 runs them in this one
+TEST_WORKERS ?= 3
 test: setup lint
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 lint:
 	$(VENV)/bin/ruff check .

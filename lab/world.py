@@ -101,7 +101,16 @@ class Lab:
         self.nic2_mac = nic2_mac or "fa:16:3e:{:02x}:{:02x}:{:02x}".format(*tuple(secrets.token_bytes(3)))
         self.pod_mode = pod_mode
         self._own_dir = workdir is None
-        self.dir = workdir or Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+        self._link: Path | None = None
+        if workdir is None:
+            self.dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+        else:
+            # Reached through a short link under /tmp: the daemons' sockets below it must fit AF_UNIX's
+            # 108 bytes (a pytest-xdist worker's tmp_path alone is ~70), and the files stay in ``workdir``.
+            workdir.mkdir(parents=True, exist_ok=True)
+            self._link = Path(tempfile.gettempdir()) / f"{self.prefix}-lab"
+            self._link.symlink_to(workdir.resolve(), target_is_directory=True)
+            self.dir = self._link
         self.hosts: dict[str, Host] = {}
         self.sites: list[Host] = []
         self._closed = False
@@ -231,6 +240,8 @@ class Lab:
             netns.destroy_ns(host.ns)
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+        if self._link is not None:
+            self._link.unlink(missing_ok=True)
         _open_labs.discard(self)
         left = [ns for ns in netns.list_namespaces() if ns.startswith(self.prefix)]
         if left:
@@ -253,4 +264,8 @@ def cleanup_stale() -> list[str]:
     for ns in netns.stale_namespaces():
         netns.destroy_ns(ns)
         removed.append(ns)
+    for link in Path(tempfile.gettempdir()).glob(f"{netns.PREFIX}*-lab"):
+        pid = netns.owner_pid(link.name)
+        if link.is_symlink() and pid is not None and not os.path.exists(f"/proc/{pid}"):
+            link.unlink(missing_ok=True)  # a short link of a run that was SIGKILLed
     return removed

@@ -142,8 +142,23 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _in_unit_test.clear()
 
 
+_undeclared_of_workers: dict[str, str] = {}
+"""Under pytest-xdist (``make test`` runs workers): what each worker started but tests/commands.py does not
+declare, sent back to the controlling process (a worker's exit status and terminal are not the run's)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:  # pytest-xdist's hook, in the controlling process
+    _undeclared_of_workers.update(getattr(node, "workeroutput", {}).get("undeclared_commands", {}))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     undeclared = {n: argv for n, argv in _commands_run.items() if n not in declared()}
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the controlling process reports it
+        workeroutput["undeclared_commands"] = undeclared
+        return
+    undeclared.update(_undeclared_of_workers)
     if undeclared:
         lines = "\n".join(f"  {n}: {argv}" for n, argv in sorted(undeclared.items()))
         session.config.get_terminal_writer().line(

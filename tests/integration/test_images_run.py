@@ -13,6 +13,7 @@ CONTAINERS_STORAGE_CONF: images/containers.sh), which ``images/build.sh`` writes
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -92,12 +93,20 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
 
 @functools.cache
 def build_images() -> str:
-    """images/build.sh, once per test process (fast when the base and the layers are cached)."""
+    """images/build.sh, once per test process (fast when the base and the layers are cached), one process at
+    a time (``make test`` runs pytest-xdist workers; two builds would stage into the same out/build)."""
     missing = [t for t in ("buildah", "podman", "skopeo", "debuerreotype-init") if shutil.which(t) is None]
     assert not missing, f"missing {missing}: run scripts/setup_images.sh (CI runs it as root)"
-    res = subprocess.run(
-        ["bash", str(ROOT / "images" / "build.sh")], capture_output=True, text=True, cwd=ROOT, timeout=1500
-    )
+    (ROOT / "out").mkdir(exist_ok=True)
+    with open(ROOT / "out" / ".build-images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        res = subprocess.run(
+            ["bash", str(ROOT / "images" / "build.sh")],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=1500,
+        )
     assert res.returncode == 0, f"images/build.sh failed (exit {res.returncode}):\n{res.stderr[-4000:]}"
     return res.stdout + res.stderr
 
