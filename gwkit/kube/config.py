@@ -315,11 +315,40 @@ def _verify(cluster: Entry) -> ssl.SSLContext:
         cadata = _data(c["certificate-authority-data"], cluster.where("certificate-authority-data")).decode()
     elif c.get("certificate-authority"):
         cafile = str(cluster.path.parent / str(c["certificate-authority"]))
+    name = str(c["tls-server-name"]) if c.get("tls-server-name") else ""
     try:
-        return ssl.create_default_context(cafile=cafile, cadata=cadata)
+        if not name:
+            return ssl.create_default_context(cafile=cafile, cadata=cadata)
+        ctx = ServerNameContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.server_name = name
+        ctx.verify_flags = ssl.create_default_context().verify_flags
+        if cafile or cadata:
+            ctx.load_verify_locations(cafile=cafile, cadata=cadata)
+        else:
+            ctx.load_default_certs()
+        return ctx
     except (OSError, ssl.SSLError) as exc:
         field_ = "certificate-authority-data" if cadata else "certificate-authority"
         raise ConfigError(f"{cluster.where(field_)}: {exc}") from exc
+
+
+class ServerNameContext(ssl.SSLContext):
+    """A client context that sends and verifies ``server_name`` whatever host it is asked to connect to:
+    the cluster's ``tls-server-name``. httpx's ``sni_hostname`` extension does this on a direct
+    connection, but httpcore drops it inside an HTTP proxy's CONNECT tunnel (it wraps with the URL's host,
+    httpcore 1.0.9 ``http_proxy.py``): there the certificate would be checked against the wrong name."""
+
+    server_name = ""
+
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        return super().wrap_bio(incoming, outgoing, server_side, self.server_name or server_hostname, session)
 
 
 def _exec_cluster(c: Mapping[str, Any], cluster: Entry) -> dict[str, Any]:

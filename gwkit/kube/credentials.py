@@ -258,7 +258,8 @@ class ExecPlugin:
         self._ssl = ssl_context
         self._cluster = cluster
         self._run = run or run_plugin(spec)
-        self._now = now
+        self.now = now
+        """The clock expirations are compared with (tests move it)."""
         self._environ = environ
         self._lock = threading.Lock()
         self._cred: Credential | None = None
@@ -266,7 +267,7 @@ class ExecPlugin:
         """How often the plugin ran (for tests and logs)."""
 
     def _valid(self, cred: Credential | None) -> bool:
-        return cred is not None and (cred.expires is None or self._now() < cred.expires)
+        return cred is not None and (cred.expires is None or self.now() < cred.expires)
 
     def cached(self) -> str | None:
         """The token if one is cached and not expired ("" for a certificate-only credential), else None;
