@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the mounted plan ConfigMap: copied to --live-dir at boot, until the API has answered once",
     )
     p.add_argument("--kubeconfig", type=Path, help="outside a pod: the kubeconfig (default: in-cluster)")
+    p.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
     p.add_argument("--health-listen", metavar="HOST:PORT", help="serve /healthz and /readyz here")
     p.add_argument(
         "--kube-status",
@@ -152,6 +153,7 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
         live_dir=ns.live_dir,
         plan_fallback=ns.plan_fallback,
         kubeconfig=ns.kubeconfig,
+        kube_context=ns.context,
         plan=ns.plan,
         secrets_dir=ns.secrets_dir,
         vici_socket=ns.vici_socket,
@@ -258,7 +260,9 @@ async def main_async(settings: Settings) -> int:
         client: KubeClient | None = None
         if settings.kube_status or settings.follow_configmap:
             try:
-                config = await anyio.to_thread.run_sync(load, settings.kubeconfig)
+                config = await anyio.to_thread.run_sync(
+                    lambda: load(settings.kubeconfig, context=settings.kube_context)
+                )
             except ConfigError as exc:
                 raise UsageError(str(exc)) from exc
             client = KubeClient(config, user_agent="vpngw-agent")

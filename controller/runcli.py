@@ -70,14 +70,16 @@ def add_run_parser(sub: Any) -> None:
         description=(
             "Reconcile every VPNGateway and legacy IPsecGateway into its plan ConfigMap, Deployment, "
             "NetworkAttachmentDefinition, ServiceAccount, Role, RoleBinding and NetworkPolicy, with leader "
-            "election on a Lease. Cluster access: --kubeconfig, else in-cluster, else $KUBECONFIG or "
-            "~/.kube/config. Settings come from flags, environment variables (named below) and --config."
+            "election on a Lease. Cluster access: --kubeconfig, else in-cluster, else the $KUBECONFIG files "
+            "(merged) or ~/.kube/config; --context picks a context (and means a kubeconfig). Settings come "
+            "from flags, environment variables (named below) and --config."
         ),
         epilog="Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage or settings.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     env = os.environ.get
     r.add_argument("--kubeconfig", type=Path, help="kubeconfig file (unset: in-cluster, else $KUBECONFIG)")
+    r.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
     r.add_argument(
         "--namespace", default=env(ENV["namespace"]), help=f"watch only this namespace (${ENV['namespace']})"
     )
@@ -248,6 +250,7 @@ def add_adopt_parser(sub: Any) -> None:
         type=Path,
         help="the cluster, for its nodes and identity (unset: in-cluster or $KUBECONFIG)",
     )
+    a.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
     a.add_argument(
         "--cluster-id",
         default=os.environ.get("VPNGW_CLUSTER_ID", ""),
@@ -297,7 +300,7 @@ async def _cluster_facts(args: argparse.Namespace) -> tuple[frozenset[str] | Non
     from controller.openstack import server_of
 
     try:
-        config = await anyio.to_thread.run_sync(load, args.kubeconfig)
+        config = await anyio.to_thread.run_sync(lambda: load(args.kubeconfig, context=args.context))
         async with KubeClient(config, user_agent="vpngw-adopt") as kube:
             items, _ = await kube.list(NODES)
             uid = await kube_system_uid(kube)
@@ -425,7 +428,7 @@ def openstack_cloud(
 def run_command(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     try:
-        config = load(args.kubeconfig)
+        config = load(args.kubeconfig, context=args.context)
     except ConfigError as exc:
         raise SettingsError(str(exc)) from exc
     return anyio.run(_run, args, settings, config)

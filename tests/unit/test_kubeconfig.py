@@ -497,3 +497,27 @@ def test_token_file_refresh_rereads_even_an_unchanged_stamp(tmp_path: Path) -> N
     assert tf() == "one"
     assert tf.refresh("one") is True and tf() == "two"
     assert tf.refresh("two") is False
+
+
+# --- the command lines ----------------------------------------------------------------------------
+
+
+def test_every_command_that_takes_a_kubeconfig_takes_a_context(tmp_path: Path) -> None:
+    from agent.__main__ import parse_settings
+    from controller.__main__ import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["run", "--context", "eks-prod"]).context == "eks-prod"
+    assert parser.parse_args(["adopt", "ns/gw", "port-id", "--context", "gke"]).context == "gke"
+    assert parser.parse_args(["run"]).context is None
+    argv = [
+        "--plan",
+        str(tmp_path / "p.json"),
+        "--secrets-dir",
+        str(tmp_path),
+        "--kube-status",
+        "--context",
+        "aks",
+    ]
+    settings, _ = parse_settings(argv)
+    assert settings.kube_context == "aks"
