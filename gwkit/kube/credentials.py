@@ -17,8 +17,9 @@ re-reads the file or re-runs the plugin (unless another request already did) and
 credential changed; only then is the request sent again. client-go does the same refresh on a 401 (but
 does not resend).
 
-Secrets never leave these objects: no ``repr`` shows one, and no error carries a plugin's output (its
-standard error goes to ours, as kubectl lets it).
+Secrets never leave these objects: no ``repr`` shows one, and no error or log line carries a plugin's
+output, standard error included (kubectl shows a plugin's stderr; a plugin's debug output can hold the
+token, so here an error says how many bytes it wrote and to run the command by hand).
 """
 
 from __future__ import annotations
@@ -213,12 +214,13 @@ def run_plugin(spec: ExecSpec) -> Runner:
             raise ConfigError(f"{spec.where}.command: {argv[0]!r} not found on PATH{hint}")
         try:
             # stdin is not a terminal: the plugin must not prompt (interactiveMode Never/IfAvailable).
-            # Its stderr is ours, as with kubectl; its stdout (the secret) only goes to the parser.
+            # Its stdout (the secret) goes only to the parser; its stderr is kept out of errors and logs
+            # too (kubectl shows it, but a plugin's debug output may carry the token or its refresh token).
             done = subprocess.run(
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
+                capture_output=True,
                 timeout=EXEC_TIMEOUT,
                 check=False,
             )
@@ -230,7 +232,8 @@ def run_plugin(spec: ExecSpec) -> Runner:
             raise ConfigError(f"{spec.where}: {argv[0]!r} did not finish in {EXEC_TIMEOUT:.0f} s") from None
         if done.returncode != 0:
             raise ConfigError(
-                f"{spec.where}: {argv[0]!r} exited with status {done.returncode} (its messages are on stderr)"
+                f"{spec.where}: {argv[0]!r} exited with status {done.returncode} ({len(done.stderr)} bytes "
+                "on its stderr, not shown as they may hold a secret: run the command by hand to read them)"
             )
         return done.stdout
 
