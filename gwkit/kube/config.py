@@ -24,7 +24,8 @@ What a user meets on EKS, GKE, AKS or with OIDC, as client-go's loader reads it:
 
 Refused by name, never silently ignored: ``auth-provider`` (client-go removed the gcp and azure providers:
 use their exec plugins), ``username``/``password`` (no server since 1.19 takes them), impersonation
-(``as``, ``as-groups``, ``as-uid``, ``as-user-extra``: ignoring it would act with the real identity's rights).
+(``as``, ``as-groups``, ``as-uid``, ``as-user-extra``: ignoring it would act with the real identity's rights),
+``exec`` together with ``token``/``tokenFile`` (client-go would send the token and never run the plugin).
 
 Service-account tokens are re-read when the file changes (the kubelet rotates bound tokens), so a
 long-running pod keeps working. Credentials never appear in an error message, a log line or a ``repr``;
@@ -89,7 +90,7 @@ class ClusterConfig:
     """Where this came from, for logs: ``in-cluster`` or the kubeconfig path(s) and context."""
     tls_server_name: str | None = None
     """The name the server's certificate must carry when it is not the URL's host."""
-    proxy: str | None = None
+    proxy: str | None = field(default=None, repr=False)
     """The cluster's ``proxy-url`` (http or https); None: httpx's default (``HTTPS_PROXY``, ``NO_PROXY``)."""
 
 
@@ -275,6 +276,9 @@ def from_kubeconfig(paths: Path | Sequence[Path], *, context: str | None = None)
         elif u.get("token"):
             token = StaticToken(str(u["token"]))
         if u.get("exec"):
+            if u.get("token") or u.get("tokenFile"):
+                # client-go sends the static token and never runs the plugin; say so rather than guess
+                raise ConfigError(f"{user.where('exec')}: set together with token or tokenFile: keep one")
             spec = exec_spec(u["exec"], user.where("exec"), user.path.parent)
             token = ExecPlugin(spec, verify, _exec_cluster(c, cluster))
     namespace = str(sel.context.body.get("namespace") or "default")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gwkit.kube.config import ConfigError, Merged, from_kubeconfig, load, merge, select
+from gwkit.kube.config import ClusterConfig, ConfigError, Merged, from_kubeconfig, load, merge, select
 from gwkit.kube.credentials import (
     Credential,
     ExecPlugin,
@@ -268,6 +268,12 @@ REFUSALS = [
         id="socks-proxy",
     ),
     pytest.param(
+        {"token": SECRET, "exec": {"apiVersion": V1, "command": "x", "interactiveMode": "Never"}},
+        {},
+        r"users\[u\]\.user\.exec: set together with token or tokenFile: keep one",
+        id="exec-and-token",
+    ),
+    pytest.param(
         {"username": "admin", "password": SECRET},
         {},
         r"users\[u\]\.user\.username: basic authentication is not supported",
@@ -476,7 +482,9 @@ def test_no_repr_shows_a_secret(tmp_path: Path) -> None:
         ),
     )
     cfg = from_kubeconfig(kc)
+    proxied = ClusterConfig("https://k", False, proxy=f"http://user:{SECRET}@proxy:3128")
     for text in (
+        repr(proxied),
         repr(cfg),
         repr(cfg.token),
         repr(StaticToken(SECRET)),
