@@ -72,7 +72,7 @@ from controller.settings import Settings
 from controller.status import Condition
 from controller.workqueue import WorkQueue
 from gwkit import httpd
-from gwkit.kube import ApiError, Fenced, KubeClient, KubeError, Obj, Resource, Unreachable
+from gwkit.kube import ApiError, Fenced, KubeClient, KubeError, Obj, Resource, Unauthenticated, Unreachable
 from gwkit.kube.client import BY_KIND, CLUSTERLINKS, NAMESPACES, NODES, PODS, SECRETS, VPNPEERS
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,8 @@ class Metrics:
             if isinstance(exc, Unreachable)
             else "not_leading"
             if isinstance(exc, Fenced)
+            else "unauthenticated"
+            if isinstance(exc, Unauthenticated)
             else "other"
         )
         self.api_errors.labels(str(res), code).inc()

@@ -529,3 +529,16 @@ def test_every_command_that_takes_a_kubeconfig_takes_a_context(tmp_path: Path) -
     ]
     settings, _ = parse_settings(argv)
     assert settings.kube_context == "aks"
+
+
+def test_the_controller_counts_a_missing_credential_as_such() -> None:
+    from controller.run import Metrics
+    from gwkit.kube import Unauthenticated, Unreachable
+
+    m = Metrics()
+    m.api_error("configmaps", Unauthenticated("kubeconfig /k: users[u].user.exec: ..."))
+    m.api_error("configmaps", Unreachable("GET /: timed out"))
+    value = m.registry.get_sample_value
+    labels = {"resource": "configmaps"}
+    assert value("vpngw_controller_api_errors_total", {**labels, "code": "unauthenticated"}) == 1
+    assert value("vpngw_controller_api_errors_total", {**labels, "code": "unreachable"}) == 1
