@@ -336,3 +336,16 @@ def test_proxy_url_tunnels_and_keeps_the_tls_server_name(
         with pytest.raises(Unreachable, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
             anyio.run(list_configmaps, config)
     assert proxy.seen == [f"CONNECT api.nowhere.invalid:{port} HTTP/1.1"]
+
+
+@pytest.mark.parametrize("name, works", [("kubernetes.default.svc", True), ("wrong.example", False)])
+def test_tls_server_name_on_a_direct_connection(
+    api: KubeAPIThread, tmp_path: Path, name: str, works: bool
+) -> None:
+    cluster = {**emulator_cluster(api), "tls-server-name": name}  # the server's URL: https://127.0.0.1:PORT
+    config = from_kubeconfig(kubeconfig(tmp_path / "config", cluster, {"token": api.admin_token}))
+    if works:
+        anyio.run(list_configmaps, config)
+    else:  # the certificate does cover 127.0.0.1: only the name asked for can make this fail
+        with pytest.raises(Unreachable, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            anyio.run(list_configmaps, config)
