@@ -15,6 +15,8 @@ import exporter.__main__
 import initnat.__main__
 import lab.controlplane.cli
 import lab.demo
+import lab.kubeapi.cli
+import lab.openstack.__main__
 from gwkit.version import version
 
 PROGRAMS: dict[str, Callable[[], argparse.ArgumentParser]] = {
@@ -24,6 +26,8 @@ PROGRAMS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "initnat": initnat.__main__.build_parser,
     "lab": lab.demo.parser,
     "lab-controlplane": lab.controlplane.cli.parser,
+    "lab-kubeapi": lab.kubeapi.cli.parser,
+    "lab-openstack": lab.openstack.__main__.build_parser,
 }
 
 
