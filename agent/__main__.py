@@ -29,7 +29,8 @@ from agent.runtime import Backend, PlanSource, Settings, StatusSink
 from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat
 from agent.sources import CopiedPlans, FilePlanSource, FileSecrets
 from gwkit.kube import ConfigError, KubeClient, load
-from gwkit.logs import LEVELS, setup_logging
+from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 from gwplan import Plan
 
 log = logging.getLogger("agent")
@@ -127,11 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LEVELS,
         help="(default: %(default)s; lines are 'RFC3339-UTC LEVEL logger event.name key=value ...')",
     )
+    add_log_format_flag(p)
+    add_version_flag(p)
     return p
 
 
-def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
-    """Settings and log level; raises UsageError naming the option and the rule."""
+def parse_settings(argv: Sequence[str]) -> tuple[Settings, str, str]:
+    """Settings, log level and log format; raises UsageError naming the option and the rule."""
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)
@@ -166,7 +169,7 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
         poll_interval=ns.poll_interval,
         resync_seconds=ns.resync_seconds,
     )
-    return settings, str(ns.log_level)
+    return settings, str(ns.log_level), str(ns.log_format)
 
 
 class _ArgparseExit(Exception):
@@ -334,13 +337,13 @@ class _LogOnly:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        settings, level = parse_settings(sys.argv[1:] if argv is None else argv)
+        settings, level, fmt = parse_settings(sys.argv[1:] if argv is None else argv)
     except _ArgparseExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
     except UsageError as exc:
         print(f"python -m agent: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(level)
+    setup_logging(level, fmt=fmt)
     try:
         return anyio.run(main_async, settings)
     except KeyboardInterrupt:

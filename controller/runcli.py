@@ -24,7 +24,7 @@ import yaml
 from controller.cloud import Cloud, CloudError, StaticCloud
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.names import FIELD_MANAGER, GatewayKey
-from controller.run import Elector, Operator
+from controller.run import Elector, Metrics, Operator
 from controller.settings import (
     GatewayPod,
     NetworkPolicySettings,
@@ -41,7 +41,7 @@ from gwkit.kube import ConfigError, KubeClient, KubeError, load
 from gwkit.kube.client import NAMESPACES, NODES
 
 if TYPE_CHECKING:
-    from controller.openstack import OpenStackCloud
+    from controller.openstack import CallObserver, OpenStackCloud
 
 log = logging.getLogger("controller")
 CLUSTER_ID = re.compile(r"^[-._a-zA-Z0-9]{1,64}$")
@@ -357,11 +357,16 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def cloud_of(
-    s: Settings, args: argparse.Namespace, guard: Callable[[], bool] | None = None, cluster: str | None = None
+    s: Settings,
+    args: argparse.Namespace,
+    guard: Callable[[], bool] | None = None,
+    cluster: str | None = None,
+    *,
+    observe: CallObserver | None = None,
 ) -> Cloud:
     if s.cloud == "static":
         return StaticCloud(s.static_nics)
-    return openstack_cloud(args, s.instance, guard, cluster)
+    return openstack_cloud(args, s.instance, guard, cluster, observe=observe)
 
 
 async def kube_system_uid(kube: KubeClient) -> str | None:
@@ -398,6 +403,8 @@ def openstack_cloud(
     instance: str,
     guard: Callable[[], bool] | None = None,
     cluster: str | None = None,
+    *,
+    observe: CallObserver | None = None,
 ) -> OpenStackCloud:
     for flag, value in (("--os-cloud", args.os_cloud), ("--gateway-network", args.gateway_network),
                         ("--external-network", args.external_network)):  # fmt: skip
@@ -422,6 +429,7 @@ def openstack_cloud(
             args.gateway_network, args.external_network, args.gateway_subnet, instance, cluster=cluster
         ),
         guard=guard,
+        observe=observe,
     )
 
 
@@ -439,9 +447,15 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
     # Two clients: the Lease's own (renewals never wait behind the reconciles' requests), and the
     # reconciles', which sends no write once this replica no longer leads (``leads``: by the clock, also
     # before the elector's task noticed), as the cloud starts no step then.
+    metrics = Metrics()  # before the clients: they report their requests to it
     async with contextlib.AsyncExitStack() as stack:
         lease_kube = await stack.enter_async_context(
-            KubeClient(config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller")
+            KubeClient(
+                config,
+                field_manager=FIELD_MANAGER,
+                user_agent="vpngw-controller",
+                observe=metrics.api_request,
+            )
         )
         elector: Elector
         if args.leader_elect:
@@ -452,7 +466,11 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
             elector = AlwaysLeader()
         kube = await stack.enter_async_context(
             KubeClient(
-                config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller", write_guard=elector.leads
+                config,
+                field_manager=FIELD_MANAGER,
+                user_agent="vpngw-controller",
+                write_guard=elector.leads,
+                observe=metrics.api_request,
             )
         )
         cluster = None
@@ -462,9 +480,10 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
                 raise SettingsError(
                     f"--cluster-id {cluster!r}: letters, digits, '-', '_' and '.' only, at most 64"
                 )
-        op = Operator(kube, settings, cloud_of(settings, args, elector.leads, cluster), elector,
+        cloud = cloud_of(settings, args, elector.leads, cluster, observe=metrics.cloud_call)
+        op = Operator(kube, settings, cloud, elector,
                       workers=args.workers, resync_seconds=args.resync_seconds,
-                      sweep_grace_seconds=args.sweep_grace_seconds)  # fmt: skip
+                      sweep_grace_seconds=args.sweep_grace_seconds, metrics=metrics)  # fmt: skip
         log.info(
             "controller.starting identity=%s api=%s source=%s namespace=%s instance=%s cloud=%s "
             "cluster=%s leader_elect=%s",

@@ -17,12 +17,18 @@ backoff, the agent's writers retry).
 The credential is asked for before every request (``ClusterConfig.token``, a callable: how a rotated
 service-account token or an expired exec credential is picked up); one that may run a program (an exec
 plugin, ``blocking``) is asked in a worker thread unless it has a valid one cached.
+
+``observe`` (optional) is told of every request sent: ``(verb, resource, code, seconds)``, verb as the
+API's audit log names it (get, list, watch, create, update, patch, delete), resource as ``plural.group``
+with ``/subresource``, code the HTTP status or ``error`` when no answer came; a watch is told when its
+answer's head arrives. The controller's metrics hang on it; this module stays free of them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -38,6 +44,8 @@ from gwkit.kube.errors import ConfigError, Fenced, Gone, KubeError, Unauthentica
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+Observer = Callable[[str, str, str, float], None]
+"""``(verb, resource, code, seconds)`` of one request (see the module's docstring)."""
 PatchType = Literal["application/merge-patch+json", "application/json-patch+json"]
 MERGE: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
@@ -109,8 +117,10 @@ class KubeClient:
         user_agent: str = "vpngw",
         max_connections: int = 50,
         write_guard: Callable[[], bool] | None = None,
+        observe: Observer | None = None,
     ) -> None:
         self.config = config
+        self.observe = observe
         self.timeout = timeout
         self.field_manager = field_manager
         self.write_guard = write_guard
@@ -211,6 +221,7 @@ class KubeClient:
             content_type = "application/json"
         token = await self._token()
         for attempt in (1, 2):
+            started, code = time.monotonic(), "error"
             try:
                 res = await self._http.request(
                     method,
@@ -223,10 +234,14 @@ class KubeClient:
                     timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                     extensions=self._extensions(),
                 )
+                code = str(res.status_code)
             except httpx.TimeoutException as exc:
                 raise Unreachable(f"{method} {path}: timed out ({type(exc).__name__})") from None
             except httpx.TransportError as exc:
                 raise Unreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+            finally:
+                if self.observe is not None:
+                    self.observe(verb_of(method, path), resource_of_path(path), code, time.monotonic() - started)
             if res.status_code != 401 or attempt == 2 or not await self._refreshed(token):
                 break
             token = await self._token()
@@ -310,6 +325,7 @@ class KubeClient:
         silence = timeout_seconds + 30.0
         timeout = httpx.Timeout(self.timeout, read=min(silence, BOOKMARK_SILENCE) if bookmarks else silence)
         token = await self._token()
+        started, observed = time.monotonic(), False
         try:
             async with self._watches.stream(
                 "GET",
@@ -319,6 +335,9 @@ class KubeClient:
                 timeout=timeout,
                 extensions=self._extensions(),
             ) as stream:
+                if self.observe is not None:
+                    observed = True
+                    self.observe("watch", str(res), str(stream.status_code), time.monotonic() - started)
                 if stream.status_code >= 400:
                     await stream.aread()
                     if stream.status_code == 401:
@@ -340,8 +359,12 @@ class KubeClient:
                             obj.setdefault("apiVersion", res.api_version)
                         yield WatchEvent(kind, obj)
         except httpx.TimeoutException as exc:
+            if self.observe is not None and not observed:
+                self.observe("watch", str(res), "error", time.monotonic() - started)
             raise Unreachable(f"WATCH {path}: timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
+            if self.observe is not None and not observed:
+                self.observe("watch", str(res), "error", time.monotonic() - started)
             raise Unreachable(f"WATCH {path}: {type(exc).__name__}: {exc}") from None
 
     async def create(self, res: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> Obj:
@@ -396,6 +419,41 @@ class KubeClient:
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         return await self.request("DELETE", res.path(namespace, name), body=body)
+
+
+VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _segments(path: str) -> tuple[str, list[str]]:
+    """(group, the segments after the version) of an API path; ("", []) for one outside /api, /apis."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return "", []
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]  # a namespaced resource; /namespaces/NAME alone is the namespace itself
+    return group, rest
+
+
+def resource_of_path(path: str) -> str:
+    """``plural.group`` (``plural`` for the core group) of an API path, with ``/subresource`` when it
+    names one (``vpngateways.vpn.bnerd.net/status``); ``other`` for paths outside the resource API
+    (discovery, ``/version``): never a name, so a metric labelled with it stays bounded (pure)."""
+    group, rest = _segments(path)
+    if not rest:
+        return "other"
+    res = f"{rest[0]}.{group}" if group else rest[0]
+    return f"{res}/{rest[2]}" if len(rest) >= 3 else res
+
+
+def verb_of(method: str, path: str) -> str:
+    """The API's verb for a request: a GET of a collection is ``list`` (pure)."""
+    if method == "GET":
+        return "get" if len(_segments(path)[1]) >= 2 else "list"
+    return VERBS.get(method, method.lower())
 
 
 def _answer(res: httpx.Response, method: str, path: str) -> Obj:
