@@ -241,7 +241,9 @@ class KubeClient:
                 raise Unreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
             finally:
                 if self.observe is not None:
-                    self.observe(verb_of(method, path), resource_of_path(path), code, time.monotonic() - started)
+                    self.observe(
+                        verb_of(method, path), resource_of_path(path), code, time.monotonic() - started
+                    )
             if res.status_code != 401 or attempt == 2 or not await self._refreshed(token):
                 break
             token = await self._token()

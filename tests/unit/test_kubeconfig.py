@@ -527,7 +527,7 @@ def test_every_command_that_takes_a_kubeconfig_takes_a_context(tmp_path: Path) -
         "--context",
         "aks",
     ]
-    settings, _ = parse_settings(argv)
+    settings, _, _ = parse_settings(argv)
     assert settings.kube_context == "aks"
 
 
