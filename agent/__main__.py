@@ -29,7 +29,8 @@ from agent.runtime import Backend, PlanSource, Settings, StatusSink
 from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat
 from agent.sources import CopiedPlans, FilePlanSource, FileSecrets
 from gwkit.kube import ConfigError, KubeClient, load
-from gwkit.logs import LEVELS, setup_logging
+from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 from gwplan import Plan
 
 log = logging.getLogger("agent")
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the mounted plan ConfigMap: copied to --live-dir at boot, until the API has answered once",
     )
     p.add_argument("--kubeconfig", type=Path, help="outside a pod: the kubeconfig (default: in-cluster)")
+    p.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
     p.add_argument("--health-listen", metavar="HOST:PORT", help="serve /healthz and /readyz here")
     p.add_argument(
         "--kube-status",
@@ -126,11 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=LEVELS,
         help="(default: %(default)s; lines are 'RFC3339-UTC LEVEL logger event.name key=value ...')",
     )
+    add_log_format_flag(p)
+    add_version_flag(p)
     return p
 
 
-def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
-    """Settings and log level; raises UsageError naming the option and the rule."""
+def parse_settings(argv: Sequence[str]) -> tuple[Settings, str, str]:
+    """Settings, log level and log format; raises UsageError naming the option and the rule."""
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)
@@ -152,6 +156,7 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
         live_dir=ns.live_dir,
         plan_fallback=ns.plan_fallback,
         kubeconfig=ns.kubeconfig,
+        kube_context=ns.context,
         plan=ns.plan,
         secrets_dir=ns.secrets_dir,
         vici_socket=ns.vici_socket,
@@ -164,7 +169,7 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str]:
         poll_interval=ns.poll_interval,
         resync_seconds=ns.resync_seconds,
     )
-    return settings, str(ns.log_level)
+    return settings, str(ns.log_level), str(ns.log_format)
 
 
 class _ArgparseExit(Exception):
@@ -258,7 +263,9 @@ async def main_async(settings: Settings) -> int:
         client: KubeClient | None = None
         if settings.kube_status or settings.follow_configmap:
             try:
-                config = await anyio.to_thread.run_sync(load, settings.kubeconfig)
+                config = await anyio.to_thread.run_sync(
+                    lambda: load(settings.kubeconfig, context=settings.kube_context)
+                )
             except ConfigError as exc:
                 raise UsageError(str(exc)) from exc
             client = KubeClient(config, user_agent="vpngw-agent")
@@ -330,13 +337,13 @@ class _LogOnly:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        settings, level = parse_settings(sys.argv[1:] if argv is None else argv)
+        settings, level, fmt = parse_settings(sys.argv[1:] if argv is None else argv)
     except _ArgparseExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
     except UsageError as exc:
         print(f"python -m agent: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(level)
+    setup_logging(level, fmt=fmt)
     try:
         return anyio.run(main_async, settings)
     except KeyboardInterrupt:

@@ -11,6 +11,9 @@ Not ready is also said in the log, not only on ``/readyz`` (which nobody may be 
 ``--health-listen``): ``health.ready ready=no reason=...`` when the reason changes, then
 ``health.not_ready reason=... for=<s>`` every ``remind_every`` seconds while it lasts (a missing plan, an
 unreachable charon), so a pod stuck waiting says why in ``kubectl logs`` whenever one looks.
+
+``/metrics`` on the same port: ``vpngw_build_info{version,program="agent"} 1`` and the process's own
+series (``process_*``, ``python_info``). The tunnels' metrics are the exporter's, not the agent's.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.abc
+from prometheus_client import CollectorRegistry, Gauge, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.runtime import Health
 from gwkit import httpd
 from gwkit.logs import Reminder
+from gwkit.version import version
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +97,19 @@ def respond(path: str, snap: Snapshot, stale_after: float) -> tuple[int, str]:
     return 404, "not found\n"
 
 
+def metrics_registry(*, process: bool = True) -> CollectorRegistry:
+    """What the agent's ``/metrics`` serves: its build, and (``process``) its process."""
+    r = CollectorRegistry()
+    build = Gauge(
+        "vpngw_build_info", "1, labelled with the program's version.", ["version", "program"], registry=r
+    )
+    build.labels(version(), "agent").set(1)
+    if process:
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+    return r
+
+
 def split_listen(listen: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); raises ValueError naming the rule."""
     return httpd.split_listen(listen, "--health-listen")
@@ -101,13 +120,17 @@ async def serve(
     state: HealthState,
     *,
     limits: httpd.Limits = httpd.LIMITS,
+    registry: CollectorRegistry | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the probes until cancelled (gwkit.httpd, with its connection cap and deadlines: a flood of
-    slow clients on the probe port does not fail the kubelet's probes); ``task_status.started`` gets the
-    bound port."""
+    """Serve the probes and ``/metrics`` (``registry``, default ``metrics_registry()``) until cancelled
+    (gwkit.httpd, with its connection cap and deadlines: a flood of slow clients on the probe port does
+    not fail the kubelet's probes); ``task_status.started`` gets the bound port."""
+    metrics = registry if registry is not None else metrics_registry()
 
     async def answer(path: str) -> httpd.Answer:
+        if path == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, generate_latest(metrics)
         code, body = respond(path, state.snapshot(), state.stale_after)
         return code, "text/plain", body.encode()
 

@@ -43,6 +43,8 @@ class Settings:
     """The mounted plan ConfigMap: copied to ``live_dir`` at boot, until the API answers."""
     kubeconfig: Path | None = None
     """For running outside a pod (default: in-cluster, else $KUBECONFIG)."""
+    kube_context: str | None = None
+    """The kubeconfig context (``--context``); None: its current-context. Set, it means a kubeconfig."""
     wireguard_uapi_dir: Path | None = None
     """Where wireguard-go's UAPI sockets are, when not /var/run/wireguard."""
     readonly_dir: Path | None = None

@@ -33,7 +33,8 @@ from controller.plan.render import RenderOptions, render_documents
 from controller.plan.swanctl import render_swanctl
 from controller.runcli import RunFailed, add_adopt_parser, add_run_parser, adopt_command, run_command
 from controller.settings import SettingsError
-from gwkit.logs import LEVELS, setup_logging
+from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 
 log = logging.getLogger("controller")
 
@@ -52,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="VPN gateway controller tools: print the CRDs, render a gateway's plan offline.",
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input.",
     )
-    p.add_argument("--log-level", default="INFO", choices=LEVELS)
+    p.add_argument("--log-level", default="INFO", choices=LEVELS, help="(default: %(default)s)")
+    add_log_format_flag(p)
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_parser(sub)
     add_adopt_parser(sub)
@@ -234,7 +237,7 @@ def render_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, fmt=args.log_format)
     try:
         if args.command == "crds":
             sys.stdout.write(crds_yaml())

@@ -71,6 +71,7 @@ class Informer:
         on_error: Callable[[Resource, KubeError], None] | None = None,
         transform: Callable[[Obj], Obj] | None = None,
         metadata_only: bool = False,
+        on_relist: Callable[[Resource], None] | None = None,
     ) -> None:
         self.kube = kube
         self.res = res
@@ -82,6 +83,8 @@ class Informer:
         self.retry_cap = retry_cap
         self.transform = transform or (lambda obj: obj)
         """Applied to every object before it is cached (``metadata_only`` keeps no Secret data)."""
+        self.on_relist = on_relist or (lambda res: None)
+        """Told of every list after the first (a 410 Gone, a resource not served): the relists metric."""
         self.metadata_only = metadata_only
         """Ask the server for the objects' metadata only (a Secret's values never cross the wire)."""
         self.last_error: str | None = None
@@ -126,6 +129,8 @@ class Informer:
             ):
                 self._set(o)
         self.resource_version = rv
+        if self.relists:
+            self.on_relist(self.res)
         self.relists += 1
         self.last_error = None
         self.served = True

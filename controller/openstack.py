@@ -21,6 +21,11 @@ fails (``PortFailed``, ``AttachFailed``, ...):
 
 ``release`` deletes all of it (the finalizer; and a gateway gone without it). openstacksdk is
 synchronous: each call runs on a worker thread.
+
+Every call on ``conn.network`` and ``conn.compute`` goes through one wrapper (``_Guarded``), which asks
+the leadership guard before a write and tells ``observe`` (the controller's metrics) of each call:
+``(operation, seconds, error)``, operation ``network.create_port``, error None or what it raised; a
+listing is timed until the caller has read it all (openstacksdk fetches its pages as they are read).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import ipaddress
 import logging
 import re
 import time
-from collections.abc import Callable, Collection
+import types
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -66,6 +72,9 @@ ROUTER_INTERFACE_OWNERS = frozenset(
 )
 """A router's port on a subnet (neutron_lib.constants: ROUTER_INTERFACE_OWNERS)."""
 T = TypeVar("T")
+CallObserver = Callable[[str, float, BaseException | None], None]
+"""``(operation, seconds, error)`` of one openstacksdk call (``network.create_port``; error: None or what
+it raised)."""
 PROVIDER_ID = re.compile(r"^openstack://[^/]*/([0-9A-Fa-f-]{36})$")
 
 
@@ -148,42 +157,70 @@ WRITE_PREFIXES = ("create_", "update_", "delete_", "set_", "add_", "remove_")
 """The openstacksdk proxy methods that change the cloud (every one this backend calls)."""
 
 
+def _no_observer(operation: str, seconds: float, error: BaseException | None) -> None:
+    return None
+
+
+def _timed(items: Iterator[Any], operation: str, started: float, observe: CallObserver) -> Iterator[Any]:
+    """``items`` (an openstacksdk listing, fetched page by page as it is read), told to ``observe`` when
+    read to its end or failed."""
+    error: BaseException | None = None
+    try:
+        yield from items
+    except Exception as exc:
+        error = exc
+        raise
+    finally:
+        observe(operation, time.monotonic() - started, error)
+
+
 class _Guarded:
     """An openstacksdk proxy (``conn.network``, ``conn.compute``) whose writes first ask ``guard``: a
     deposed leader's worker thread, still in a step when its reconcile was cancelled (a cancel cannot stop
-    a thread), sends nothing more. What it created untagged is adopted by the next leader (``_find``)."""
+    a thread), sends nothing more. What it created untagged is adopted by the next leader (``_find``).
+    Every call is told to ``observe`` (the module's docstring)."""
 
-    def __init__(self, proxy: Any, guard: Callable[[], bool]) -> None:
-        self._proxy, self._guard = proxy, guard
+    def __init__(self, proxy: Any, guard: Callable[[], bool], observe: CallObserver, service: str) -> None:
+        self._proxy, self._guard, self._observe, self._service = proxy, guard, observe, service
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._proxy, name)
-        if not name.startswith(WRITE_PREFIXES):
+        if not callable(attr) or name.startswith("_"):
             return attr
+        operation = f"{self._service}.{name}"
 
-        def write(*args: Any, **kwargs: Any) -> Any:
-            if not self._guard():
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if name.startswith(WRITE_PREFIXES) and not self._guard():
                 log.warning("cloud.not_leading call=%s: not sent, this replica no longer leads", name)
                 raise CloudError("NotLeading", f"{name}: not sent, this replica no longer leads")
-            return attr(*args, **kwargs)
+            started = time.monotonic()
+            try:
+                result = attr(*args, **kwargs)
+            except Exception as exc:
+                self._observe(operation, time.monotonic() - started, exc)
+                raise
+            if isinstance(result, types.GeneratorType):
+                return _timed(result, operation, started, self._observe)
+            self._observe(operation, time.monotonic() - started, None)
+            return result
 
-        return write
+        return call
 
 
 class _GuardedConnection:
     """``conn`` with guarded ``network`` and ``compute``, looked up when used (as openstacksdk does: its
     proxies authenticate and discover endpoints on first use)."""
 
-    def __init__(self, conn: Any, guard: Callable[[], bool]) -> None:
-        self._conn, self._guard = conn, guard
+    def __init__(self, conn: Any, guard: Callable[[], bool], observe: CallObserver = _no_observer) -> None:
+        self._conn, self._guard, self._observe = conn, guard, observe
 
     @property
     def network(self) -> _Guarded:
-        return _Guarded(self._conn.network, self._guard)
+        return _Guarded(self._conn.network, self._guard, self._observe, "network")
 
     @property
     def compute(self) -> _Guarded:
-        return _Guarded(self._conn.compute, self._guard)
+        return _Guarded(self._conn.compute, self._guard, self._observe, "compute")
 
 
 class OpenStackCloud:
@@ -196,10 +233,16 @@ class OpenStackCloud:
         *,
         sleep: Callable[[float], None] = time.sleep,
         guard: Callable[[], bool] | None = None,
+        observe: CallObserver | None = None,
     ) -> None:
-        self.conn = conn if guard is None else _GuardedConnection(conn, guard)
-        """With ``guard`` (the controller: whether it still leads), every write asks it first."""
         self.guard = guard or (lambda: True)
+        self.conn = (
+            conn
+            if guard is None and observe is None
+            else _GuardedConnection(conn, self.guard, observe or _no_observer)
+        )
+        """With ``guard`` (the controller: whether it still leads), every write asks it first; with
+        ``observe``, every call is told to it."""
         self.settings = settings
         self._sleep = sleep
         self._ids: tuple[str, str, str, str, int, str | None] | None = None

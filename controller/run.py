@@ -10,9 +10,12 @@
         -> a resync enqueues every gateway now and then (a no-op reconcile writes nothing), and every
            gateway the gateway namespace holds objects of: of one gone, those and its cloud resources go
 
-Metrics (``/metrics``): reconciles by result, reconcile duration, queue depth, API errors by resource
-and code, leadership, gateways by Ready, cloud resources swept. ``/healthz`` answers while the process
-runs; ``/readyz`` once every informer has synced.
+Metrics (``/metrics``, ``Metrics``; docs/controller.md lists them): reconciles by result, reconcile
+duration, the work queue (depth, keys held back by a backoff, time waited, retries, the longest-running
+reconcile), API requests by verb, resource and code with their latency, API errors by resource and code,
+informer relists, OpenStack calls, latency and errors by operation, leadership, gateways by Ready, cloud
+resources swept, the build, and the process. ``/healthz`` answers while the process runs; ``/readyz``
+once every informer has synced.
 """
 
 from __future__ import annotations
@@ -20,13 +23,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import gwplan
@@ -72,8 +85,9 @@ from controller.settings import Settings
 from controller.status import Condition
 from controller.workqueue import WorkQueue
 from gwkit import httpd
-from gwkit.kube import ApiError, Fenced, KubeClient, KubeError, Obj, Resource, Unreachable
+from gwkit.kube import ApiError, Fenced, KubeClient, KubeError, Obj, Resource, Unauthenticated, Unreachable
 from gwkit.kube.client import BY_KIND, CLUSTERLINKS, NAMESPACES, NODES, PODS, SECRETS, VPNPEERS
+from gwkit.version import version
 
 log = logging.getLogger(__name__)
 
@@ -94,21 +108,77 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
 class Metrics:
-    def __init__(self) -> None:
+    """The controller's metrics, on a registry of their own (tests read them back from it). Made before
+    the clients (``runcli``): ``api_request`` is the Kubernetes client's ``observe``, ``cloud_call`` the
+    OpenStack backend's; ``watch_queue`` hangs the queue's gauges on the operator's queue."""
+
+    def __init__(self, *, process: bool = True) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if process:  # the default registry's process_*, python_info and python_gc_* series, on ours
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+        self.build_info = Gauge(
+            "vpngw_build_info", "1, labelled with the program's version.", ["version", "program"], registry=r
+        )
+        self.build_info.labels(version(), "controller").set(1)
         self.reconciles = Counter(
             "vpngw_controller_reconcile", "Reconciles by result.", ["result"], registry=r
         )
         self.duration = Histogram(
             "vpngw_controller_reconcile_duration_seconds",
             "Time one reconcile took.",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_depth = Gauge(
-            "vpngw_controller_queue_depth", "Gateways waiting to be reconciled.", registry=r
+        self.queue_wait = Histogram(
+            "vpngw_controller_queue_wait_seconds",
+            "Time a gateway waited in the queue, from being queued to a worker starting its reconcile.",
+            buckets=(0.001, *LATENCY_BUCKETS, 30, 60),
+            registry=r,
+        )
+        self.api_requests = Counter(
+            "vpngw_controller_api_requests",
+            "Kubernetes API requests by verb, resource and HTTP code ('error': no answer).",
+            ["verb", "resource", "code"],
+            registry=r,
+        )
+        self.api_latency = Histogram(
+            "vpngw_controller_api_request_duration_seconds",
+            "Kubernetes API request latency (a watch: until its answer's head) by verb and resource.",
+            ["verb", "resource"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.relists = Counter(
+            "vpngw_controller_informer_relists",
+            "Informer lists after the first (a 410 Gone, a resource not served), by resource.",
+            ["resource"],
+            registry=r,
+        )
+        self.cloud_requests = Counter(
+            "vpngw_controller_openstack_requests",
+            "OpenStack API calls by operation (network.create_port, ...).",
+            ["operation"],
+            registry=r,
+        )
+        self.cloud_errors = Counter(
+            "vpngw_controller_openstack_errors",
+            "OpenStack API calls that failed, by operation and HTTP code ('error': no answer).",
+            ["operation", "code"],
+            registry=r,
+        )
+        self.cloud_latency = Histogram(
+            "vpngw_controller_openstack_request_duration_seconds",
+            "OpenStack API call latency by operation (a listing: until it was read to its end).",
+            ["operation"],
+            buckets=(*LATENCY_BUCKETS, 30, 60),
+            registry=r,
         )
         self.api_errors = Counter(
             "vpngw_controller_api_errors",
@@ -143,9 +213,68 @@ class Metrics:
             if isinstance(exc, Unreachable)
             else "not_leading"
             if isinstance(exc, Fenced)
+            else "unauthenticated"
+            if isinstance(exc, Unauthenticated)
             else "other"
         )
         self.api_errors.labels(str(res), code).inc()
+
+    def api_request(self, verb: str, resource: str, code: str, seconds: float) -> None:
+        """``gwkit.kube.KubeClient``'s ``observe``."""
+        self.api_requests.labels(verb, resource, code).inc()
+        self.api_latency.labels(verb, resource).observe(seconds)
+
+    def cloud_call(self, operation: str, seconds: float, error: BaseException | None) -> None:
+        """``controller.openstack.OpenStackCloud``'s ``observe`` (called on its worker threads)."""
+        self.cloud_requests.labels(operation).inc()
+        self.cloud_latency.labels(operation).observe(seconds)
+        if error is not None:
+            code = getattr(error, "status_code", None)
+            self.cloud_errors.labels(operation, str(code) if code else "error").inc()
+
+    def relisted(self, res: Resource) -> None:
+        """An informer's ``on_relist``."""
+        self.relists.labels(str(res)).inc()
+
+    def watch_queue(self, queue: WorkQueue[GatewayKey]) -> None:
+        """The queue's depth, delayed keys, retries and longest-running reconcile, read from ``queue`` at
+        each scrape (``QueueCollector``)."""
+        self.registry.register(QueueCollector(queue))
+
+
+class QueueCollector:
+    """prometheus_client Collector over the operator's work queue (read at each scrape, so the values are
+    never stale)."""
+
+    def __init__(self, queue: WorkQueue[GatewayKey]) -> None:
+        self.queue = queue
+
+    def collect(self) -> Iterator[Metric]:
+        q = self.queue
+        # Depth as controller-runtime's workqueue_depth (queued for a worker now); the keys waiting out a
+        # backoff are their own gauge: the queue holds depth + delayed keys in all.
+        yield GaugeMetricFamily(
+            "vpngw_controller_queue_depth", "Gateways queued for a worker now.", value=len(q)
+        )
+        yield GaugeMetricFamily(
+            "vpngw_controller_queue_delayed",
+            "Gateways held back by a retry backoff (or a requeue delay), not queued meanwhile: the queue "
+            "holds depth + delayed gateways.",
+            value=q.waiting() - len(q),
+        )
+        yield CounterMetricFamily(
+            "vpngw_controller_retries",
+            "Reconciles queued again after a backoff (failures, conflicts, a cloud step that failed).",
+            value=q.retries,
+        )
+        yield GaugeMetricFamily(
+            "vpngw_controller_longest_running_reconcile_seconds",
+            "How long the reconcile that has been running longest has run (0: none runs).",
+            value=q.longest_running(),
+        )
+
+    def describe(self) -> list[Metric]:
+        return []
 
 
 class Operator:
@@ -159,6 +288,7 @@ class Operator:
         workers: int = 4,
         resync_seconds: float = 600.0,
         sweep_grace_seconds: float = 300.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -167,8 +297,11 @@ class Operator:
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.sweep_grace_seconds = sweep_grace_seconds
-        self.queue: WorkQueue[GatewayKey] = WorkQueue()
-        self.metrics = Metrics()
+        self.metrics = metrics if metrics is not None else Metrics(process=False)
+        """Given by ``runcli`` (its clients report to it); a test's operator gets its own, without the
+        process collectors (they read /proc at each scrape)."""
+        self.queue: WorkQueue[GatewayKey] = WorkQueue(on_wait=self.metrics.queue_wait.observe)
+        self.metrics.watch_queue(self.queue)
         self.pins: dict[GatewayKey, str] = {}
         self._deployed: dict[GatewayKey, tuple[tuple[str, str], str | None]] = {}
         """The serviceCIDR of each gateway's deployed plan, by the ConfigMap's (uid, resourceVersion)."""
@@ -187,6 +320,7 @@ class Operator:
                 label_selector=selector,
                 on_change=lambda old, new: self._changed(res.kind, old, new),
                 on_error=self.metrics.api_error,
+                on_relist=self.metrics.relisted,
                 **kw,
             )
 
@@ -214,7 +348,6 @@ class Operator:
             self._namespace_changed(old, new)
         for key in self._keys(kind, old, new):
             self.queue.add(key)
-        self.metrics.queue_depth.set(len(self.queue))
 
     def _keys(self, kind: str, old: Obj | None, new: Obj | None) -> set[GatewayKey]:
         objs = [o for o in (old, new) if o is not None]
@@ -314,6 +447,7 @@ class Operator:
                 label_selector=selector,
                 on_change=lambda old, new: self._changed(res.kind, old, new),
                 on_error=self.metrics.api_error,
+                on_relist=self.metrics.relisted,
                 **kw,
             )
 
@@ -580,7 +714,6 @@ class Operator:
                 self.queue.done(key)
                 self.metrics.reconciles.labels(result).inc()
                 self.metrics.duration.observe(time.monotonic() - started)
-                self.metrics.queue_depth.set(len(self.queue))
 
     def enqueue_all(self) -> None:
         """Every gateway, behind any change (the resync; docs/controller.md), and every gateway the
@@ -656,7 +789,6 @@ class Operator:
         if path == "/metrics":
             self._gauge_ready()
             self.metrics.leader.set(1 if self.elector.leading else 0)
-            self.metrics.queue_depth.set(len(self.queue))
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
         return 404, "text/plain", b"not found\n"
 

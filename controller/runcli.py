@@ -24,7 +24,7 @@ import yaml
 from controller.cloud import Cloud, CloudError, StaticCloud
 from controller.leader import AlwaysLeader, LeaderElector
 from controller.names import FIELD_MANAGER, GatewayKey
-from controller.run import Elector, Operator
+from controller.run import Elector, Metrics, Operator
 from controller.settings import (
     GatewayPod,
     NetworkPolicySettings,
@@ -41,7 +41,7 @@ from gwkit.kube import ConfigError, KubeClient, KubeError, load
 from gwkit.kube.client import NAMESPACES, NODES
 
 if TYPE_CHECKING:
-    from controller.openstack import OpenStackCloud
+    from controller.openstack import CallObserver, OpenStackCloud
 
 log = logging.getLogger("controller")
 CLUSTER_ID = re.compile(r"^[-._a-zA-Z0-9]{1,64}$")
@@ -70,14 +70,16 @@ def add_run_parser(sub: Any) -> None:
         description=(
             "Reconcile every VPNGateway and legacy IPsecGateway into its plan ConfigMap, Deployment, "
             "NetworkAttachmentDefinition, ServiceAccount, Role, RoleBinding and NetworkPolicy, with leader "
-            "election on a Lease. Cluster access: --kubeconfig, else in-cluster, else $KUBECONFIG or "
-            "~/.kube/config. Settings come from flags, environment variables (named below) and --config."
+            "election on a Lease. Cluster access: --kubeconfig, else in-cluster, else the $KUBECONFIG files "
+            "(merged) or ~/.kube/config; --context picks a context (and means a kubeconfig). Settings come "
+            "from flags, environment variables (named below) and --config."
         ),
         epilog="Exit codes: 0 stopped by SIGTERM/SIGINT, 1 runtime failure, 2 bad usage or settings.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     env = os.environ.get
     r.add_argument("--kubeconfig", type=Path, help="kubeconfig file (unset: in-cluster, else $KUBECONFIG)")
+    r.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
     r.add_argument(
         "--namespace", default=env(ENV["namespace"]), help=f"watch only this namespace (${ENV['namespace']})"
     )
@@ -248,6 +250,7 @@ def add_adopt_parser(sub: Any) -> None:
         type=Path,
         help="the cluster, for its nodes and identity (unset: in-cluster or $KUBECONFIG)",
     )
+    a.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
     a.add_argument(
         "--cluster-id",
         default=os.environ.get("VPNGW_CLUSTER_ID", ""),
@@ -297,7 +300,7 @@ async def _cluster_facts(args: argparse.Namespace) -> tuple[frozenset[str] | Non
     from controller.openstack import server_of
 
     try:
-        config = await anyio.to_thread.run_sync(load, args.kubeconfig)
+        config = await anyio.to_thread.run_sync(lambda: load(args.kubeconfig, context=args.context))
         async with KubeClient(config, user_agent="vpngw-adopt") as kube:
             items, _ = await kube.list(NODES)
             uid = await kube_system_uid(kube)
@@ -354,11 +357,16 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def cloud_of(
-    s: Settings, args: argparse.Namespace, guard: Callable[[], bool] | None = None, cluster: str | None = None
+    s: Settings,
+    args: argparse.Namespace,
+    guard: Callable[[], bool] | None = None,
+    cluster: str | None = None,
+    *,
+    observe: CallObserver | None = None,
 ) -> Cloud:
     if s.cloud == "static":
         return StaticCloud(s.static_nics)
-    return openstack_cloud(args, s.instance, guard, cluster)
+    return openstack_cloud(args, s.instance, guard, cluster, observe=observe)
 
 
 async def kube_system_uid(kube: KubeClient) -> str | None:
@@ -395,6 +403,8 @@ def openstack_cloud(
     instance: str,
     guard: Callable[[], bool] | None = None,
     cluster: str | None = None,
+    *,
+    observe: CallObserver | None = None,
 ) -> OpenStackCloud:
     for flag, value in (("--os-cloud", args.os_cloud), ("--gateway-network", args.gateway_network),
                         ("--external-network", args.external_network)):  # fmt: skip
@@ -419,13 +429,14 @@ def openstack_cloud(
             args.gateway_network, args.external_network, args.gateway_subnet, instance, cluster=cluster
         ),
         guard=guard,
+        observe=observe,
     )
 
 
 def run_command(args: argparse.Namespace) -> int:
     settings = settings_of(args)
     try:
-        config = load(args.kubeconfig)
+        config = load(args.kubeconfig, context=args.context)
     except ConfigError as exc:
         raise SettingsError(str(exc)) from exc
     return anyio.run(_run, args, settings, config)
@@ -436,9 +447,15 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
     # Two clients: the Lease's own (renewals never wait behind the reconciles' requests), and the
     # reconciles', which sends no write once this replica no longer leads (``leads``: by the clock, also
     # before the elector's task noticed), as the cloud starts no step then.
+    metrics = Metrics()  # before the clients: they report their requests to it
     async with contextlib.AsyncExitStack() as stack:
         lease_kube = await stack.enter_async_context(
-            KubeClient(config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller")
+            KubeClient(
+                config,
+                field_manager=FIELD_MANAGER,
+                user_agent="vpngw-controller",
+                observe=metrics.api_request,
+            )
         )
         elector: Elector
         if args.leader_elect:
@@ -449,7 +466,11 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
             elector = AlwaysLeader()
         kube = await stack.enter_async_context(
             KubeClient(
-                config, field_manager=FIELD_MANAGER, user_agent="vpngw-controller", write_guard=elector.leads
+                config,
+                field_manager=FIELD_MANAGER,
+                user_agent="vpngw-controller",
+                write_guard=elector.leads,
+                observe=metrics.api_request,
             )
         )
         cluster = None
@@ -459,9 +480,10 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
                 raise SettingsError(
                     f"--cluster-id {cluster!r}: letters, digits, '-', '_' and '.' only, at most 64"
                 )
-        op = Operator(kube, settings, cloud_of(settings, args, elector.leads, cluster), elector,
+        cloud = cloud_of(settings, args, elector.leads, cluster, observe=metrics.cloud_call)
+        op = Operator(kube, settings, cloud, elector,
                       workers=args.workers, resync_seconds=args.resync_seconds,
-                      sweep_grace_seconds=args.sweep_grace_seconds)  # fmt: skip
+                      sweep_grace_seconds=args.sweep_grace_seconds, metrics=metrics)  # fmt: skip
         log.info(
             "controller.starting identity=%s api=%s source=%s namespace=%s instance=%s cloud=%s "
             "cluster=%s leader_elect=%s",

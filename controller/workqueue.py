@@ -8,6 +8,12 @@
 * ``add(key, background=True)`` (the periodic resync) queues behind every change: an edit made while a
   resync of 500 gateways is in flight is reconciled next, not after them (a key changed while waiting in
   the background lane moves to the front one).
+
+What it measures (``/metrics``, ``controller.run.Metrics``), as controller-runtime's workqueue metrics do:
+``on_wait(seconds)`` gets each key's time from being queued to being handed to a worker (a delay or a
+backoff is not counted: the key is queued when it ends), ``retries`` counts ``retry`` calls,
+``waiting`` is every key queued or held back by a delay, ``longest_running`` the seconds the oldest
+key in a worker has been there.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ Clock = Callable[[], float]
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, *, base: float = 0.2, cap: float = 10.0, clock: Clock = anyio.current_time) -> None:
+    def __init__(
+        self,
+        *,
+        base: float = 0.2,
+        cap: float = 10.0,
+        clock: Clock = anyio.current_time,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> None:
         self.base = base
         self.cap = cap
         self._clock = clock
@@ -42,6 +55,10 @@ class WorkQueue(Generic[K]):
         self._failures: dict[K, int] = {}
         self._wake = anyio.Event()
         self.adds = 0
+        self.retries = 0
+        self._on_wait = on_wait
+        self._queued_at: dict[K, float] = {}
+        self._started: dict[K, float] = {}
 
     def __len__(self) -> int:
         """Keys waiting to be processed now (delayed ones not counted)."""
@@ -50,6 +67,14 @@ class WorkQueue(Generic[K]):
     @property
     def delayed(self) -> int:
         return len(self._later)
+
+    def waiting(self) -> int:
+        """Keys queued now or held back by a delay (a backoff, ``add_after``), each counted once."""
+        return len(self._queued | {key for _, _, key in self._later})
+
+    def longest_running(self) -> float:
+        """Seconds since the key that has been with a worker longest was handed out (0: none is)."""
+        return self._clock() - min(self._started.values()) if self._started else 0.0
 
     def add(self, key: K, *, background: bool = False) -> None:
         self.adds += 1
@@ -62,6 +87,7 @@ class WorkQueue(Generic[K]):
                 self._ready.append(key)
             return
         self._queued.add(key)
+        self._queued_at[key] = self._clock()
         (self._background if background else self._ready).append(key)
         self._wake.set()
 
@@ -76,6 +102,7 @@ class WorkQueue(Generic[K]):
         """Re-add ``key`` after its backoff; returns the delay."""
         n = self._failures.get(key, 0) + 1
         self._failures[key] = n
+        self.retries += 1
         delay = backoff(n, base=self.base, cap=self.cap)
         self.add_after(key, delay)
         return delay
@@ -100,9 +127,14 @@ class WorkQueue(Generic[K]):
             while self._ready or self._background:
                 key = self._ready.popleft() if self._ready else self._background.popleft()
                 self._queued.discard(key)
+                queued_at = self._queued_at.pop(key, None)
                 if key in self._processing:  # cannot happen: add() parks it in _dirty
                     continue
                 self._processing.add(key)
+                now = self._clock()
+                self._started[key] = now
+                if self._on_wait is not None and queued_at is not None:
+                    self._on_wait(now - queued_at)
                 return key
             self._wake = anyio.Event()
             with anyio.move_on_after(wait):
@@ -110,6 +142,7 @@ class WorkQueue(Generic[K]):
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
+        self._started.pop(key, None)
         if key in self._dirty:
             self._dirty.discard(key)
             self.add(key)

@@ -31,7 +31,8 @@ from exporter.service import (
     watch_plan,
 )
 from exporter.sources import StrongswanSource, WireGuardSource
-from gwkit.logs import LEVELS, setup_logging
+from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 from gwplan.model import DEVICE_NAME_RULE, is_device_name
 
 log = logging.getLogger("exporter")
@@ -117,8 +118,16 @@ def parser() -> argparse.ArgumentParser:
         metavar="PLAN",
         help="gateway plan JSON: names tunnels and peers; configured-but-absent ones appear with 0",
     )
-    p.add_argument("--scrape-timeout", type=_timeout, default=8.0, metavar="SECONDS", help="default 8")
-    p.add_argument("--log-level", default="INFO", choices=LEVELS)
+    p.add_argument(
+        "--scrape-timeout",
+        type=_timeout,
+        default=8.0,
+        metavar="SECONDS",
+        help="deadline of one scrape's daemon queries, below Prometheus' scrape timeout (default 8)",
+    )
+    p.add_argument("--log-level", default="INFO", choices=LEVELS, help="(default: %(default)s)")
+    add_log_format_flag(p)
+    add_version_flag(p)
     return p
 
 
@@ -181,7 +190,7 @@ def keep_heap() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)  # exits 2 with a message on bad usage
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, fmt=args.log_format)
     plan = PlanFile(args.plan, remind_every=REMIND_EVERY)
     log.info(
         "exporter.starting listen=%s:%d vici=%s charon=%s wireguard=%s plan=%s",

@@ -9,14 +9,20 @@ DEBUG``, so that DEBUG shows our own decisions.
 Use it once, first thing in ``main``::
 
     from gwkit.logs import setup_logging
-    setup_logging(args.log_level)        # "DEBUG", "INFO", "WARNING", "ERROR" (or a logging level int)
+    setup_logging(args.log_level, fmt=args.log_format)   # level: "DEBUG" ... "ERROR"; fmt: "text" or "json"
 
-``LEVELS`` is the tuple to give argparse as ``choices``. ``Reminder`` throttles the "still waiting"
+``--log-format json`` writes the same lines as one JSON object each, always with the same keys (``KEYS``:
+``time``, ``level``, ``logger``, ``event`` (the message's first word, the event name by this project's
+convention), ``message`` (the whole text, a traceback appended as in text)), for log pipelines that
+parse JSON. ``LEVELS`` and ``FORMATS`` are the tuples to give argparse as ``choices``
+(``add_log_format_flag`` adds the flag). ``Reminder`` throttles the "still waiting"
 lines a program writes while something it needs is missing (a plan file): at once, then every few seconds.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import sys
 import time
@@ -26,6 +32,9 @@ from typing import TextIO
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FORMATS = ("text", "json")
+KEYS = ("time", "level", "logger", "event", "message")
+"""The keys of every ``--log-format json`` line, in this order."""
 QUIET: tuple[str, ...] = ("asyncio", "kubernetes", "urllib3", "pyroute2", "httpx", "httpcore")
 """Libraries held at WARNING in every program."""
 
@@ -47,14 +56,47 @@ class UtcFormatter(logging.Formatter):
         return rfc3339(record.created)
 
 
-def setup_logging(level: str | int = "INFO", *, stream: TextIO | None = None) -> None:
-    """Send every log line (and ``warnings``) to ``stream`` (default: stderr) in the one format; replaces
-    handlers set up before. ``level``: a name from ``LEVELS`` or a ``logging`` level number; raises
-    ValueError for anything else."""
+class JsonFormatter(UtcFormatter):
+    """One JSON object per line with ``KEYS``: the text format's fields, and the event name on its own."""
+
+    def __init__(self) -> None:
+        super().__init__("%(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)  # the message, and a traceback when there is one
+        return json.dumps(
+            {
+                "time": rfc3339(record.created),
+                "level": record.levelname,
+                "logger": record.name,
+                "event": message.split(None, 1)[0] if message.strip() else "",
+                "message": message,
+            },
+            ensure_ascii=False,
+        )
+
+
+def add_log_format_flag(parser: argparse.ArgumentParser) -> None:
+    """``--log-format text|json`` (default text), for ``setup_logging``'s ``fmt``."""
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="log lines as text ('RFC3339-UTC LEVEL logger event.name key=value ...') or one JSON object "
+        "per line with the keys time, level, logger, event, message (default: %(default)s)",
+    )
+
+
+def setup_logging(level: str | int = "INFO", *, stream: TextIO | None = None, fmt: str = "text") -> None:
+    """Send every log line (and ``warnings``) to ``stream`` (default: stderr) in the one format (``fmt``:
+    ``text`` or ``json``); replaces handlers set up before. ``level``: a name from ``LEVELS`` or a
+    ``logging`` level number; raises ValueError for anything else."""
     if isinstance(level, str) and level.upper() not in LEVELS:
         raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: expected one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
-    handler.setFormatter(UtcFormatter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else UtcFormatter())
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

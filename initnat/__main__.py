@@ -34,7 +34,8 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from types import FrameType
 
-from gwkit.logs import LEVELS, setup_logging
+from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 from gwplan import Plan, PlanError, loads, plan_hash
 from initnat import dns, report, rules, sysctl, tables
 from initnat.conntrack import ConntrackError, Flusher, NetlinkFlusher, flush_marks
@@ -414,6 +415,10 @@ examples:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m initnat",
         description=(
@@ -466,8 +471,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="auto",
         help="iptables variant; auto decides like kube-proxy (the variant holding the rules)",
     )
-    p.add_argument("--log-level", default="INFO", choices=LEVELS)
-    return p.parse_args(argv)
+    p.add_argument("--log-level", default="INFO", choices=LEVELS, help="(default: %(default)s)")
+    add_log_format_flag(p)
+    add_version_flag(p)
+    return p
 
 
 def _seconds(low: float, high: float) -> Callable[[str], float]:
@@ -487,7 +494,7 @@ def _seconds(low: float, high: float) -> Callable[[str], float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, fmt=args.log_format)
     try:
         nic_mac = None
         if args.nic_mac is not None:

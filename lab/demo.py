@@ -62,7 +62,8 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import yaml
 
-from gwkit.logs import LEVELS, UtcFormatter, rfc3339, setup_logging
+from gwkit.logs import LEVELS, UtcFormatter, add_log_format_flag, rfc3339, setup_logging
+from gwkit.version import add_version_flag
 from lab import netns
 from lab.netns import LabError
 from lab.wait import WaitTimeout, wait_for
@@ -1237,6 +1238,8 @@ def parser() -> argparse.ArgumentParser:
         "SIGINT/SIGTERM (everything torn down).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_format_flag(p)
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
@@ -1305,7 +1308,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    setup_logging(getattr(args, "log_level", "INFO"))
+    setup_logging(getattr(args, "log_level", "INFO"), fmt=args.log_format)
     opts = Options()
     if args.command == "demo":
         opts = Options(

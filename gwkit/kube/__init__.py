@@ -12,6 +12,7 @@ from gwkit.kube.errors import (
     Invalid,
     KubeError,
     NotFound,
+    Unauthenticated,
     Unreachable,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "NotFound",
     "Obj",
     "Resource",
+    "Unauthenticated",
     "Unreachable",
     "WatchEvent",
     "load",

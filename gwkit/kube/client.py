@@ -9,27 +9,43 @@ with a ``resourceVersion`` precondition, merge and JSON patches, status subresou
 every write. That is this module (one ``httpx.AsyncClient``, HTTP/1.1 keep-alive).
 
 Objects are ``dict``s as the API sends them. Errors are translated once (``gwkit.kube.errors``). Nothing
-here retries: callers decide (the controller's queue requeues with backoff, the agent's writers retry).
+here retries, but for one case: a 401 makes the credential refresh itself (``refresh``: re-read the token
+file, re-run the exec plugin), and when that gave a different credential the request is sent once more (a
+401 means the server did nothing with it). Otherwise callers decide (the controller's queue requeues with
+backoff, the agent's writers retry).
+
+The credential is asked for before every request (``ClusterConfig.token``, a callable: how a rotated
+service-account token or an expired exec credential is picked up); one that may run a program (an exec
+plugin, ``blocking``) is asked in a worker thread unless it has a valid one cached.
+
+``observe`` (optional) is told of every request sent: ``(verb, resource, code, seconds)``, verb as the
+API's audit log names it (get, list, watch, create, update, patch, delete), resource as ``plural.group``
+with ``/subresource``, code the HTTP status or ``error`` when no answer came; a watch is told when its
+answer's head arrives. The controller's metrics hang on it; this module stays free of them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Literal
 from urllib.parse import quote
 
+import anyio.to_thread
 import httpx
 
 from gwkit.kube.config import ClusterConfig
-from gwkit.kube.errors import Fenced, Gone, KubeError, Unreachable, from_status
+from gwkit.kube.errors import ConfigError, Fenced, Gone, KubeError, Unauthenticated, Unreachable, from_status
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+Observer = Callable[[str, str, str, float], None]
+"""``(verb, resource, code, seconds)`` of one request (see the module's docstring)."""
 PatchType = Literal["application/merge-patch+json", "application/json-patch+json"]
 MERGE: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
@@ -101,8 +117,10 @@ class KubeClient:
         user_agent: str = "vpngw",
         max_connections: int = 50,
         write_guard: Callable[[], bool] | None = None,
+        observe: Observer | None = None,
     ) -> None:
         self.config = config
+        self.observe = observe
         self.timeout = timeout
         self.field_manager = field_manager
         self.write_guard = write_guard
@@ -116,6 +134,7 @@ class KubeClient:
                 timeout=httpx.Timeout(timeout),
                 headers={"User-Agent": user_agent, "Accept": "application/json"},
                 limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+                proxy=config.proxy,
             )
 
         self._http = client(max_connections)
@@ -139,12 +158,38 @@ class KubeClient:
 
     # --- plumbing -----------------------------------------------------------------------------------
 
-    def _headers(self, content_type: str | None = None, *, accept: str | None = None) -> dict[str, str]:
+    async def _token(self) -> str:
+        """The bearer token to send now ("" for none)."""
+        source = self.config.token
+        if source is None:
+            return ""
+        try:
+            if getattr(source, "blocking", False):
+                cached: str | None = source.cached()  # type: ignore[attr-defined]
+                return cached if cached is not None else await anyio.to_thread.run_sync(source)
+            return source()
+        except ConfigError as exc:
+            raise Unauthenticated(str(exc)) from None
+
+    async def _refreshed(self, stale: str) -> bool:
+        """After a 401 for ``stale``: whether the credential has something else to send now."""
+        refresh = getattr(self.config.token, "refresh", None)
+        if refresh is None:
+            return False
+        try:
+            changed: bool = await anyio.to_thread.run_sync(refresh, stale)
+        except ConfigError as exc:
+            raise Unauthenticated(str(exc)) from None
+        log.info("kube.credential_refreshed after=401 changed=%s source=%s", changed, self.config.source)
+        return changed
+
+    @staticmethod
+    def _headers(token: str, content_type: str | None = None, *, accept: str | None = None) -> dict[str, str]:
         h: dict[str, str] = {}
         if accept:
             h["Accept"] = accept
-        if self.config.token is not None:
-            h["Authorization"] = f"Bearer {self.config.token()}"
+        if token:
+            h["Authorization"] = f"Bearer {token}"
         if content_type:
             h["Content-Type"] = content_type
         return h
@@ -174,20 +219,34 @@ class KubeClient:
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         if content is not None and content_type is None:
             content_type = "application/json"
-        try:
-            res = await self._http.request(
-                method,
-                path,
-                params=dict(params or {}),
-                content=content,
-                headers=self._headers(content_type, accept=METADATA_LIST if metadata_only else None),
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                extensions=self._extensions(),
-            )
-        except httpx.TimeoutException as exc:
-            raise Unreachable(f"{method} {path}: timed out ({type(exc).__name__})") from None
-        except httpx.TransportError as exc:
-            raise Unreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        token = await self._token()
+        for attempt in (1, 2):
+            started, code = time.monotonic(), "error"
+            try:
+                res = await self._http.request(
+                    method,
+                    path,
+                    params=dict(params or {}),
+                    content=content,
+                    headers=self._headers(
+                        token, content_type, accept=METADATA_LIST if metadata_only else None
+                    ),
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                    extensions=self._extensions(),
+                )
+                code = str(res.status_code)
+            except httpx.TimeoutException as exc:
+                raise Unreachable(f"{method} {path}: timed out ({type(exc).__name__})") from None
+            except httpx.TransportError as exc:
+                raise Unreachable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+            finally:
+                if self.observe is not None:
+                    self.observe(
+                        verb_of(method, path), resource_of_path(path), code, time.monotonic() - started
+                    )
+            if res.status_code != 401 or attempt == 2 or not await self._refreshed(token):
+                break
+            token = await self._token()
         return _answer(res, method, path)
 
     # --- verbs ----------------------------------------------------------------------------------------
@@ -267,17 +326,24 @@ class KubeClient:
         # defaultBookmarkFrequency): 90 s of silence is a half-open connection, not a quiet resource.
         silence = timeout_seconds + 30.0
         timeout = httpx.Timeout(self.timeout, read=min(silence, BOOKMARK_SILENCE) if bookmarks else silence)
+        token = await self._token()
+        started, observed = time.monotonic(), False
         try:
             async with self._watches.stream(
                 "GET",
                 path,
                 params=params,
-                headers=self._headers(accept=METADATA_WATCH if metadata_only else None),
+                headers=self._headers(token, accept=METADATA_WATCH if metadata_only else None),
                 timeout=timeout,
                 extensions=self._extensions(),
             ) as stream:
+                if self.observe is not None:
+                    observed = True
+                    self.observe("watch", str(res), str(stream.status_code), time.monotonic() - started)
                 if stream.status_code >= 400:
                     await stream.aread()
+                    if stream.status_code == 401:
+                        await self._refreshed(token)  # the caller's next watch sends what it got
                     _answer(stream, "WATCH", path)
                 async for line in stream.aiter_lines():
                     if not line.strip():
@@ -295,8 +361,12 @@ class KubeClient:
                             obj.setdefault("apiVersion", res.api_version)
                         yield WatchEvent(kind, obj)
         except httpx.TimeoutException as exc:
+            if self.observe is not None and not observed:
+                self.observe("watch", str(res), "error", time.monotonic() - started)
             raise Unreachable(f"WATCH {path}: timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
+            if self.observe is not None and not observed:
+                self.observe("watch", str(res), "error", time.monotonic() - started)
             raise Unreachable(f"WATCH {path}: {type(exc).__name__}: {exc}") from None
 
     async def create(self, res: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> Obj:
@@ -351,6 +421,41 @@ class KubeClient:
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         return await self.request("DELETE", res.path(namespace, name), body=body)
+
+
+VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _segments(path: str) -> tuple[str, list[str]]:
+    """(group, the segments after the version) of an API path; ("", []) for one outside /api, /apis."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return "", []
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]  # a namespaced resource; /namespaces/NAME alone is the namespace itself
+    return group, rest
+
+
+def resource_of_path(path: str) -> str:
+    """``plural.group`` (``plural`` for the core group) of an API path, with ``/subresource`` when it
+    names one (``vpngateways.vpn.bnerd.net/status``); ``other`` for paths outside the resource API
+    (discovery, ``/version``): never a name, so a metric labelled with it stays bounded (pure)."""
+    group, rest = _segments(path)
+    if not rest:
+        return "other"
+    res = f"{rest[0]}.{group}" if group else rest[0]
+    return f"{res}/{rest[2]}" if len(rest) >= 3 else res
+
+
+def verb_of(method: str, path: str) -> str:
+    """The API's verb for a request: a GET of a collection is ``list`` (pure)."""
+    if method == "GET":
+        return "get" if len(_segments(path)[1]) >= 2 else "list"
+    return VERBS.get(method, method.lower())
 
 
 def _answer(res: httpx.Response, method: str, path: str) -> Obj:

@@ -9,7 +9,10 @@
     │   ├── Gone            410     a watch or list from a resourceVersion the server no longer has
     │   ├── Forbidden       403
     │   └── Invalid         422
-    └── Unreachable                 no answer (connection refused or reset, timeout, TLS)
+    ├── Unreachable                 no answer (connection refused or reset, timeout, TLS)
+    └── Unauthenticated             no credential to send (a token file unreadable, an exec plugin failed)
+
+    ConfigError                     no usable cluster configuration (not a KubeError: nothing was sent)
 
 ``retryable`` says whether the same request can succeed later without changing it: 409, 429, 5xx and
 no answer at all. Messages carry the server's own message (it names the object and the rule), never a
@@ -26,6 +29,15 @@ class KubeError(Exception):
     """A Kubernetes API call failed."""
 
     retryable = True
+
+
+class ConfigError(Exception):
+    """No usable cluster configuration; the message says which file and which field."""
+
+
+class Unauthenticated(KubeError):
+    """No credential could be had for a request (the exec plugin failed, the token file is unreadable);
+    the message is the ``ConfigError``'s. Retryable: a plugin's network or a rewritten file may be back."""
 
 
 class Unreachable(KubeError):

@@ -28,7 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gwkit.logs import LEVELS, setup_logging
+from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 from lab.controlplane.cluster import ControlPlane, ControlPlaneError, cleanup_stale
 from lab.controlplane.flags import NodeTimings
 from lab.wait import WaitTimeout, wait_for
@@ -62,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog="docs/controlplane.md: what is built, the flags and why, the measured start times.",
     )
+    add_log_format_flag(p)
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser(
         "up",
@@ -84,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
         help="seconds a node may be silent before it is NotReady (default %(default)s; production 50)",
     )
     up.add_argument("--ready-timeout", type=_positive, default=60.0, metavar="S", help="default 60")
-    up.add_argument("--log-level", default="INFO", choices=LEVELS)
+    up.add_argument("--log-level", default="INFO", choices=LEVELS, help="(default: %(default)s)")
     up.add_argument("--supervise", action="store_true", help=argparse.SUPPRESS)  # what --detach runs
     down = sub.add_parser(
         "down",
@@ -99,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     down.add_argument(
         "--timeout", type=_positive, default=60.0, metavar="S", help="wait this long (default 60)"
     )
-    down.add_argument("--log-level", default="INFO", choices=LEVELS)
+    down.add_argument("--log-level", default="INFO", choices=LEVELS, help="(default: %(default)s)")
     return p
 
 
@@ -294,7 +297,7 @@ def down(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, fmt=args.log_format)
     if args.command == "up":
         return up(args)
     return down(args)

@@ -13,7 +13,8 @@ import logging
 import signal
 from pathlib import Path
 
-from gwkit.logs import setup_logging
+from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 from lab.kubeapi.emulator import KubeAPI
 from lab.kubeapi.server import Settings
 
@@ -120,7 +121,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="the authorizer sees a Role/RoleBinding change this long after it (default 0: at once)",
     )
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", choices=LEVELS, help="(default: %(default)s)")
+    add_log_format_flag(p)
+    add_version_flag(p)
     return p
 
 
@@ -165,7 +168,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, fmt=args.log_format)
     try:
         return asyncio.run(serve(args))
     except KeyboardInterrupt:

@@ -16,7 +16,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from gwkit.logs import setup_logging
+from gwkit.logs import add_log_format_flag, setup_logging
+from gwkit.version import add_version_flag
 from lab.openstack.cloud import Cloud, cloud_seed, declare_nodes
 from lab.openstack.neutron import NeutronSettings, start_neutron
 from lab.openstack.nova import NovaEmulator
@@ -27,17 +28,24 @@ log = logging.getLogger("lab.openstack")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if not 0 <= args.clusters <= 4 or args.nodes < 0:
+        p.error("--clusters must be 0..4 and --nodes >= 0")
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.openstack", description=__doc__.split("\n\n")[0])
+    add_log_format_flag(p)
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the lab and keep it up until SIGINT/SIGTERM")
     up.add_argument("--clusters", type=int, default=2, help="customer cluster networks/routers (0-4)")
     up.add_argument("--nodes", type=int, default=3, help="Nova servers standing for Kubernetes nodes")
     up.add_argument("--debug", action="store_true", help="Neutron's debug log (in its run directory)")
     up.add_argument("--print-cloud", action="store_true", help="print the topology's ids as JSON")
-    args = p.parse_args(argv)
-    if not 0 <= args.clusters <= 4 or args.nodes < 0:
-        p.error("--clusters must be 0..4 and --nodes >= 0")
-    return args
+    return p
 
 
 def up(args: argparse.Namespace) -> int:
@@ -86,8 +94,8 @@ def up(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    setup_logging("INFO")
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    setup_logging("INFO", fmt=args.log_format)
     if args.command == "up":
         return up(args)
     return 2  # pragma: no cover - argparse refuses other commands

@@ -1,5 +1,6 @@
-"""monitoring/: alerting rules checked and unit-tested with Prometheus' own promtool (real binary), and
-the Grafana dashboard (valid JSON) referencing only metrics the exporter actually emits."""
+"""monitoring/: alerting rules checked and unit-tested with Prometheus' own promtool (real binary), every
+alert's runbook section present in docs/runbooks.md, and the Grafana dashboard (valid JSON) referencing
+only metrics the exporter and the controller actually emit."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.names import GatewayKey
+from controller.run import Metrics
+from controller.workqueue import WorkQueue
 from exporter.collector import families
 from exporter.family import Renderer
+from gwkit.kube.client import PODS
 from tests.unit.test_exporter_collector import ipsec_snapshot, wg_snapshot
 
-MONITORING = Path(__file__).resolve().parents[2] / "monitoring"
-METRIC = re.compile(r"\b((?:strongswan|wireguard)_[a-z_]+)\b")
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = ROOT / "monitoring"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+METRIC = re.compile(r"\b((?:strongswan|wireguard|vpngw)_[a-z_]+)\b")
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -36,6 +44,64 @@ def emitted() -> set[str]:
         for fam in text_string_to_metric_families(text):
             names |= {s.name for s in fam.samples}
     return names
+
+
+def controller_emitted() -> set[str]:
+    """The sample names of the controller's /metrics, with every labelled family touched once."""
+    m = Metrics(process=False)
+    m.watch_queue(WorkQueue[GatewayKey]())
+    m.reconciles.labels("error").inc()
+    m.gateways.labels("False").set(1)
+    m.writes.labels("patch").inc()
+    m.api_error(PODS, RuntimeError())
+    m.api_request("get", "pods", "200", 0.01)
+    m.cloud_call("network.create_port", 0.1, RuntimeError())
+    m.relisted(PODS)
+    text = generate_latest(m.registry).decode()
+    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def alerts() -> list[dict[str, object]]:
+    return [r for g in yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces to '-'."""
+    out = set()
+    for line in markdown.splitlines():
+        if m := re.match(r"#{1,6}\s+(.*?)\s*$", line):
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-"))
+    return out
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    have = anchors(RUNBOOKS.read_text())
+    rules = alerts()
+    assert len(rules) >= 13
+    for r in rules:
+        url = r["annotations"].get("runbook_url", "")  # type: ignore[attr-defined]
+        path, _, anchor = str(url).partition("#")
+        assert path == "docs/runbooks.md" and anchor, f"{r['alert']}: runbook_url {url!r}"
+        assert anchor in have, f"{r['alert']}: docs/runbooks.md has no section #{anchor}"
+    assert "vpncontrollernoleader" in have and "missing-section" not in have
+
+
+def test_the_controller_alerts_cover_the_issue_and_use_emitted_metrics() -> None:
+    (group,) = [g for g in yaml.safe_load((MONITORING / "alerts.yml").read_text())["groups"]
+                if g["name"] == "vpngw-controller"]  # fmt: skip
+    rules = {r["alert"]: r for r in group["rules"]}
+    assert {
+        "VpnControllerAbsent",
+        "VpnControllerNoLeader",
+        "VpnGatewaysNotReady",
+        "VpnControllerReconcileErrors",
+        "VpnControllerCloudErrors",
+    } <= set(rules)
+    assert rules["VpnControllerNoLeader"]["for"] == "1m"
+    have = controller_emitted()
+    for name, r in rules.items():
+        used = set(METRIC.findall(r["expr"]))
+        assert used and used <= have, f"{name}: {used - have} not emitted by the controller"
 
 
 def test_promtool_checks_the_rules() -> None:
@@ -78,18 +144,22 @@ def test_dashboard_is_valid_json_and_queries_only_emitted_metrics() -> None:
     dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     exprs = _exprs(dashboard)
     assert len(exprs) >= 25
-    have = emitted()
+    have = emitted() | controller_emitted()
     used: set[str] = set()
     for expr in exprs:
         found = set(METRIC.findall(expr))
-        assert found, f"panel expression without an exporter metric: {expr}"
+        assert found, f"panel expression without an exporter or controller metric: {expr}"
         used |= found
-    assert used <= have, f"dashboard queries metrics the exporter does not emit: {sorted(used - have)}"
+    assert used <= have, f"dashboard queries metrics nobody emits: {sorted(used - have)}"
     # The core of the issue's contract is on the dashboard.
     for name in (
         "strongswan_tunnel_up",
         "strongswan_tunnel_bytes_total",
         "wireguard_peer_receive_bytes_total",
+        "vpngw_controller_reconcile_total",
+        "vpngw_controller_queue_depth",
+        "vpngw_controller_api_request_duration_seconds_bucket",
+        "vpngw_controller_openstack_errors_total",
     ):
         assert name in used
 

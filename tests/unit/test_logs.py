@@ -4,13 +4,14 @@ libraries, and the "still waiting" reminder throttle."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 from collections.abc import Iterator
 
 import pytest
 
-from gwkit.logs import LEVELS, QUIET, Reminder, rfc3339, setup_logging
+from gwkit.logs import KEYS, LEVELS, QUIET, Reminder, rfc3339, setup_logging
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) \S+ ")
 
@@ -81,3 +82,34 @@ def test_reminder_at_once_then_every_period_and_again_on_a_new_reason() -> None:
     assert r.waited() == 0.0
     now[0] = 111.5
     assert r.due("plan invalid: version"), "after clear() the wait starts over"
+
+
+@pytest.mark.usefixtures("root_logging")
+def test_json_lines_have_the_same_keys_every_time() -> None:
+    out = io.StringIO()
+    setup_logging("INFO", stream=out, fmt="json")
+    log = logging.getLogger("controller.run")
+    log.info("gateway.reconciled gateway=%s writes=%d", "t/a", 3)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("gateway.crashed gateway=%s", "t/b")
+    log.warning("")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [tuple(d) for d in lines] == [KEYS] * 3  # one object per line, a traceback inside its message
+    first, crashed, empty = lines
+    assert first == {
+        "time": first["time"],
+        "level": "INFO",
+        "logger": "controller.run",
+        "event": "gateway.reconciled",
+        "message": "gateway.reconciled gateway=t/a writes=3",
+    }
+    assert LINE.match(first["time"] + " INFO x ")
+    assert crashed["event"] == "gateway.crashed" and "ValueError: boom" in crashed["message"]
+    assert empty["event"] == ""
+
+
+def test_an_unknown_log_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="log format 'xml'"):
+        setup_logging("INFO", fmt="xml")
