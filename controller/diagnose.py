@@ -474,9 +474,9 @@ def _check_config(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
         for part in parts or ["a part"]:
             name = part.split(" ", 1)[-1]
             why = [p for p in problems if f"/{name}:" in p or f"/{name} " in p or name in p] or problems
-            if "SecretMissing" in out.codes or "SecretNotOptedIn" in out.codes:
-                if all(NOT_OPTED_IN in w for w in why):
-                    continue  # said with the Secret it names
+            secret_said = {"SecretMissing", "SecretNotOptedIn"} & out.codes
+            if secret_said and all(NOT_OPTED_IN in w for w in why):
+                continue  # said with the Secret it names
             out.add(
                 R_CONFIG + 10,
                 Finding(

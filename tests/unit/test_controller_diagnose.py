@@ -37,7 +37,7 @@ HEALTHY_CONDS = [
     cond("CloudReady", True, "StaticNIC", "NIC2 fa:16:3e:00:00:01 192.0.2.2/26 via 192.0.2.1"),
     cond("PodReady", True, "PodReady", f"pod {HOME}-7d9f-abcde is ready on node-a"),
 ]
-TUNNELS = [
+TUNNELS: list[dict[str, Any]] = [
     {"name": "s1", "state": "Established", "lastError": None, "children": []},
     {"name": "s2", "state": "Established", "lastError": None, "children": []},
 ]
@@ -162,8 +162,8 @@ def test_sysctl_forbidden() -> None:
         message='Pod was rejected: forbidden sysctl: "net.ipv4.ip_forward" not allowlisted',
     )
     msg = (
-        f'pod {HOME}-7d9f-abcde is Failed: SysctlForbidden: Pod was rejected: forbidden sysctl: "net.ipv4.ip_forward"'
-        " not allowlisted"
+        f"pod {HOME}-7d9f-abcde is Failed: SysctlForbidden: Pod was rejected: forbidden sysctl: "
+        '"net.ipv4.ip_forward" not allowlisted'
     )
     found = diagnose(failing([cond("PodReady", False, "PodNotReady", msg)], pods=(rejected,)))
     assert codes(found) == ["SysctlForbidden"]
@@ -176,7 +176,8 @@ def test_pod_security_refusal() -> None:
     refusal = (
         f'pods "{HOME}-6499579b5c-rx7j5" is forbidden: violates PodSecurity "baseline:latest": non-default '
         'capabilities (containers "init-nat", "charon" must not include "NET_ADMIN", "NET_RAW" in '
-        "securityContext.capabilities.add), forbidden sysctls (net.ipv4.ip_forward, net.ipv4.conf.all.rp_filter)"
+        "securityContext.capabilities.add), forbidden sysctls (net.ipv4.ip_forward, "
+        "net.ipv4.conf.all.rp_filter)"
     )
     deployment = {
         "metadata": {"name": HOME},
@@ -203,7 +204,10 @@ def test_pod_security_refusal() -> None:
 
 
 def test_another_failed_create_is_named_with_the_apis_words() -> None:
-    quota = f'pods "{HOME}-x" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=10, limited: pods=10'
+    quota = (
+        f'pods "{HOME}-x" is forbidden: exceeded quota: compute, requested: pods=1, used: pods=10, '
+        "limited: pods=10"
+    )
     found = diagnose(
         failing(
             [cond("PodReady", False, "FailedCreate", f"the gateway pod cannot be created: {quota}")], pods=()
