@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -379,3 +380,71 @@ def test_json_output_and_no_secret_value() -> None:
     assert doc["problems"] is True and doc["ready"] is False
     assert doc["findings"][0]["code"] == "SecretMissing"
     assert set(doc["findings"][0]) == {"severity", "code", "what", "cause", "fix"}
+
+
+class ReadOnlyNetwork:
+    """openstacksdk's network proxy for ``OpenStackCloud.inspect``: listings by tag, and a failure on any
+    write (inspect must never adopt or tag)."""
+
+    def __init__(self, tagged: list[str]) -> None:
+        ns = SimpleNamespace
+        self.tagged = tagged
+        self.port = ns(
+            id="p1", status="ACTIVE", mac_address="fa:16:3e:00:00:01", device_id="srv1", tags=tagged,
+            device_owner="compute:nova",
+            fixed_ips=[{"ip_address": "192.0.2.2", "subnet_id": "sub"}], created_at="2026-12-01T10:00:00Z",
+        )  # fmt: skip
+        self.router_port = ns(device_id="r1", device_owner="network:router_interface",
+                              fixed_ips=[{"subnet_id": "sub", "ip_address": "192.0.2.1"}])  # fmt: skip
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"inspect called network.{name}: not a read it should make")
+
+    def find_network(self, name: str, ignore_missing: bool = True) -> Any:
+        return SimpleNamespace(id=f"{name}-id", name=name)
+
+    def subnets(self, **kw: Any) -> list[Any]:
+        return [SimpleNamespace(id="sub", ip_version=4, cidr="192.0.2.0/26", gateway_ip="192.0.2.1")]
+
+    def ports(self, **kw: Any) -> list[Any]:
+        if "tags" in kw:
+            return [self.port] if kw["tags"] == ",".join(self.tagged) else []
+        return [self.router_port, self.port]
+
+    def ips(self, **kw: Any) -> list[Any]:
+        fip = SimpleNamespace(id="f1", floating_ip_address="203.0.113.10", port_id="p1", tags=self.tagged)
+        return [fip] if kw.get("tags") == ",".join(self.tagged) else []
+
+    def security_groups(self, **kw: Any) -> list[Any]:
+        sg = SimpleNamespace(id="sg1", security_group_rules=[{}, {}, {}], tags=self.tagged)
+        return [sg] if kw.get("tags") == ",".join(self.tagged) else []
+
+    def routers(self, **kw: Any) -> list[Any]:
+        routes = [
+            {"destination": "198.18.0.5/32", "nexthop": "192.0.2.2"},
+            {"destination": "x", "nexthop": "y"},
+        ]
+        return [SimpleNamespace(id="r1", routes=routes), SimpleNamespace(id="r2", routes=routes)]
+
+
+def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None:
+    from controller.cloudplan import tags
+    from controller.openstack import OpenStackCloud, OpenStackSettings
+
+    network = ReadOnlyNetwork(list(tags(KEY, "vpngw")))
+    cloud = OpenStackCloud(
+        SimpleNamespace(network=network), OpenStackSettings("gw-net", "public"), guard=lambda: False
+    )
+    facts = cloud._inspect(KEY)
+    assert facts == {
+        "port": {"id": "p1", "status": "ACTIVE", "mac": "fa:16:3e:00:00:01", "address": "192.0.2.2",
+                 "device_id": "srv1"},
+        "ports": 1,
+        "floating_ips": [{"id": "f1", "address": "203.0.113.10", "port_id": "p1"}],
+        "security_group": {"id": "sg1", "rules": 3},
+        "routes": [{"router": "r1", "destination": "198.18.0.5/32"}],  # r2 is not on the gateway subnet
+    }  # fmt: skip
+    assert diagnose(healthy(cloud=facts)) == []
+    gone = diagnose(healthy(cloud={**facts, "floating_ips": []}))
+    assert codes(gone) == ["NoFloatingIP"]
+    assert codes(diagnose(healthy(cloud={**facts, "port": None}))) == ["NoPort"]
