@@ -288,7 +288,7 @@ def _check_multus(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
                 "cannot be created and NIC2 cannot be attached to the pod"
                 + (f" ({nad[0][:300]})" if nad else ""),
                 "install Multus and the CNI reference plugins (host-device) in the cluster "
-                "(docs/install.md, 'Multus and the kubelet's sysctls'); the controller retries by itself",
+                "(docs/install.md, 'Before installing'); the controller retries by itself",
             ),
             # Only when it is all OwnedObjects says: another refusal is reported on its own.
             *(["OwnedObjects"] if nad and len(nad) == len(refusals) else []),
@@ -638,6 +638,18 @@ def _check_agent(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
             ),
             "PodReady",
         )
+    elif snap.readyz is not None and snap.readyz.code not in (None, 200):
+        out.add(
+            R_AGENT + 5,
+            Finding(
+                "error",
+                "AgentNotReady",
+                "the status-agent is not ready (its /readyz)",
+                snap.readyz.body.strip()[:600],
+                f"kubectl -n {snap.gateway_namespace} logs POD -c status-agent (health.not_ready says why)",
+            ),
+            "PodReady",
+        )
     secret_errors = [p for p in error.split("; ") if p.startswith("secret ")]
     for p in secret_errors:
         out.add(
@@ -698,6 +710,44 @@ def _check_tunnels(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
             )
 
 
+SANDBOX = ("FailedCreatePodSandBox", "FailedCreatePodSandbox")
+
+
+def _warnings(snap: Snapshot, about: str | None = None) -> list[Obj]:
+    """The Warning Events (about an object whose name starts with ``about``), newest last."""
+    return [
+        e
+        for e in snap.events
+        if e.get("type") == "Warning"
+        and (about is None or str((e.get("involvedObject") or {}).get("name") or "").startswith(about))
+    ]
+
+
+def _check_sandbox(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
+    """NIC2 not attached: the pod's sandbox fails when Multus cannot apply the NAD (host-device finds no
+    interface with the MAC on the node: the port is not attached there, or another pod holds it)."""
+    pod = _newest_pod(snap.pods)
+    if pod is None or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+        return
+    sandbox = [e for e in _warnings(snap, _name(pod)) if e.get("reason") in SANDBOX]
+    if not sandbox:
+        return
+    node = (pod.get("spec") or {}).get("nodeName") or "its node"
+    out.add(
+        R_POD + 5,
+        Finding(
+            "error",
+            "PodSandboxFailed",
+            f"the gateway pod's network cannot be set up on {node} (FailedCreatePodSandBox)",
+            str(sandbox[-1].get("message") or "")[:600],
+            "when the message names Multus or host-device: NIC2 (the MAC in the NAD) must be on that node "
+            "(OpenStack: the port attached to its server, see CloudReady; static: the NIC there) and held "
+            "by no other pod; kubectl describe pod shows every attempt",
+        ),
+        "PodReady",
+    )
+
+
 def _check_pod(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
     c = conds.get("PodReady")
     if not _false(c) or "PodReady" in out.covered:
@@ -707,6 +757,9 @@ def _check_pod(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
     pod = _newest_pod(snap.pods)
     states = _container_states(pod) if pod else []
     detail = "; ".join(f"{n} {s}: {r} {m}".strip() for n, s, r, m in states)
+    if pod is not None:
+        said = [f"{e.get('reason')}: {e.get('message')}" for e in _warnings(snap, _name(pod))[-3:]]
+        detail += ("; " if detail else "") + "; ".join(f"Event {w}" for w in said)
     fixes = {
         "NoPod": f"kubectl -n {snap.gateway_namespace} describe deployment (its ReplicaSet's Events)",
         "NoNIC2": "see CloudReady: the cloud has not provided NIC2 yet",
@@ -721,7 +774,7 @@ def _check_pod(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
             "error",
             reason,
             f"the gateway pod is not ready (PodReady=False, {reason})",
-            (message + (f"; containers: {detail}" if detail else ""))[:600],
+            (message + (f"; {detail}" if detail else ""))[:600],
             fixes.get(
                 reason,
                 f"kubectl -n {snap.gateway_namespace} describe pod, "
@@ -781,6 +834,7 @@ CHECKS: tuple[Check, ...] = (
     _check_pod_creation,
     _check_nodes,
     _check_sysctls,
+    _check_sandbox,
     _check_secrets,
     _check_config,
     _check_cloud,

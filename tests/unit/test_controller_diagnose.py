@@ -448,3 +448,25 @@ def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None
     gone = diagnose(healthy(cloud={**facts, "floating_ips": []}))
     assert codes(gone) == ["NoFloatingIP"]
     assert codes(diagnose(healthy(cloud={**facts, "port": None}))) == ["NoPort"]
+
+
+def test_nic2_not_attached_and_an_agent_that_is_not_ready() -> None:
+    creating = pod(ready=False, phase="Pending")
+    sandbox = {
+        "type": "Warning",
+        "reason": "FailedCreatePodSandBox",
+        "involvedObject": {"kind": "Pod", "name": f"{HOME}-7d9f-abcde"},
+        "message": 'Failed to create pod sandbox: plugin type="multus" failed (add): [vpngw-gateways/x/x]: '
+        'error adding container to network "x": failed to find device with hardware address '
+        "fa:16:3e:00:00:01",
+    }
+    msg = f"pod {HOME}-7d9f-abcde is Pending"
+    found = diagnose(
+        failing([cond("PodReady", False, "PodNotReady", msg)], pods=(creating,), events=(sandbox,))
+    )
+    assert codes(found) == ["PodSandboxFailed"] and "hardware address" in found[0].cause
+    not_ready = Readyz(503, "not ready: no usable plan in /live/plan.json: waiting\n")
+    found = diagnose(
+        failing([cond("PodReady", False, "PodNotReady", msg)], pods=(pod(ready=False),), readyz=not_ready)
+    )
+    assert codes(found) == ["AgentNotReady"] and "no usable plan" in found[0].cause
