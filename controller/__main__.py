@@ -3,6 +3,8 @@
 * ``run``: the operator: reconciles VPNGateways (and legacy IPsecGateways) into their plan ConfigMap,
   Deployment, NAD, ServiceAccount, Role, RoleBinding and NetworkPolicy (``controller.run``).
 * ``crds``: print the CustomResourceDefinitions (multi-document YAML).
+* ``diagnose NAMESPACE/NAME``: why a gateway is not Ready, each problem with its cause and fix
+  (``controller.diagnosecli``; exit 1 when there is a problem).
 * ``render -f FILE ...``: validate one gateway and its peers and write the gateway plan (JSON) or an
   equivalent swanctl.conf.
 
@@ -29,6 +31,7 @@ from controller.api.crds import crds_yaml
 from controller.api.resources import CIDR, IPV4
 from controller.api.schema import show
 from controller.api.validate import InvalidInput, parse_cidrs
+from controller.diagnosecli import add_diagnose_parser, diagnose_command
 from controller.plan.render import RenderOptions, render_documents
 from controller.plan.swanctl import render_swanctl
 from controller.runcli import RunFailed, add_adopt_parser, add_run_parser, adopt_command, run_command
@@ -50,7 +53,8 @@ class UsageError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m controller",
-        description="VPN gateway controller tools: print the CRDs, render a gateway's plan offline.",
+        description="VPN gateway controller: run the operator, diagnose a gateway, print the CRDs, render a "
+        "gateway's plan offline.",
         epilog="Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid input.",
     )
     p.add_argument("--log-level", default="INFO", choices=LEVELS, help="(default: %(default)s)")
@@ -59,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_run_parser(sub)
     add_adopt_parser(sub)
+    add_diagnose_parser(sub)
     sub.add_parser(
         "crds",
         help="print the CustomResourceDefinitions as multi-document YAML",
@@ -254,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_command(args)
         if args.command == "adopt":
             return adopt_command(args)
+        if args.command == "diagnose":
+            return diagnose_command(args)
         if args.command == "chart":
             from controller.chartgen import generated_files
 

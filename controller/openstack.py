@@ -266,6 +266,62 @@ class OpenStackCloud:
             log.warning("cloud.transit_unknown step=%s error=%r", exc.step, str(exc))
             return None
 
+    async def inspect(self, key: GatewayKey) -> dict[str, Any]:
+        """What the cloud holds for ``key``, read only (``python -m controller diagnose``); raises
+        CloudError."""
+        return await anyio.to_thread.run_sync(self._inspect, key)
+
+    def _inspect(self, key: GatewayKey) -> dict[str, Any]:
+        """Found by tag as ``ensure`` finds them, but nothing adopted or tagged (``_find`` writes): the
+        port, its floating IPs, the security group (with its rule count) and the routes whose next hop is
+        the port's address on the routers of the gateway subnet. Plain data, ids and addresses only."""
+        net = self.conn.network
+        wanted = ",".join(self._tags(key))
+        with _Step("Inspect"):
+
+            def mine(listing: Callable[..., Any]) -> list[Any]:
+                found = [
+                    r
+                    for r in listing(tags=wanted)
+                    if not foreign_cluster(r.tags or [], self.settings.cluster)
+                ]
+                return sorted(found, key=lambda r: str(getattr(r, "created_at", "") or ""))
+
+            ports, fips, groups = mine(net.ports), mine(net.ips), mine(net.security_groups)
+            port = ports[0] if ports else None
+            address = str((port.fixed_ips or [{}])[0].get("ip_address") or "") if port is not None else ""
+            routes_on: list[dict[str, str]] = []
+            if address:
+                transit = self._transit_routers()
+                for router in net.routers():
+                    if router.id in transit:
+                        routes_on += [
+                            {"router": str(router.id), "destination": str(r.get("destination"))}
+                            for r in router.routes or []
+                            if r.get("nexthop") == address
+                        ]
+            group = groups[0] if groups else None
+        return {
+            "port": None
+            if port is None
+            else {
+                "id": str(port.id),
+                "status": str(port.status),
+                "mac": str(port.mac_address),
+                "address": address,
+                "device_id": str(port.device_id or ""),
+            },
+            "ports": len(ports),
+            "floating_ips": [
+                {"id": str(f.id), "address": str(f.floating_ip_address), "port_id": str(f.port_id or "")}
+                for f in fips
+            ],
+            "security_group": None
+            if group is None
+            else {"id": str(group.id), "rules": len(group.security_group_rules or [])},
+            "routes": routes_on,
+        }
+
     # --- steps ----------------------------------------------------------------------------------
 
     def _network(self) -> tuple[str, str, str, str, int, str | None]:

@@ -1,0 +1,251 @@
+"""``python -m controller diagnose [KIND/]NAMESPACE/NAME``: why a gateway is not Ready, and what to do.
+
+The thin reader: what the API (and, with ``--cloud openstack``, the cloud) holds about one gateway into a
+``controller.diagnose.Snapshot``, then the pure ``diagnose`` and its text or JSON. It only reads: GETs
+and LISTs on the API (Secrets as metadata only: no value crosses the wire), the status-agent's
+``/readyz`` on the pod's address (often unreachable from outside the cluster: then a note), and the
+OpenStack backend's read-only ``inspect`` (its writes refused by a guard that always says no).
+
+Exit codes: 0 no problem, 1 a problem found (or the gateway cannot be read), 2 bad usage (a malformed
+GATEWAY, an unreadable kubeconfig, a missing OpenStack flag), as ``adopt`` and ``run`` use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+
+from controller.diagnose import Readyz, Snapshot, as_json, diagnose, problems, secret_refs, secret_state, text
+from controller.names import GatewayKey
+from controller.reconcile import peers_of, pod_selector
+from controller.runcli import add_openstack_args, gateway_key, openstack_cloud
+from controller.settings import Settings, SettingsError
+from gwkit.kube import ConfigError, KubeClient, KubeError, load
+from gwkit.kube.client import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    EVENTS,
+    IPSECGATEWAYS,
+    NADS,
+    NAMESPACES,
+    NETWORKPOLICIES,
+    NODES,
+    PODS,
+    ROLEBINDINGS,
+    ROLES,
+    SECRETS,
+    SERVICEACCOUNTS,
+    VPNGATEWAYS,
+    VPNPEERS,
+    Resource,
+)
+from gwkit.kube.errors import NotFound
+
+log = logging.getLogger("controller")
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
+HOME_KINDS = (CONFIGMAPS, DEPLOYMENTS, SERVICEACCOUNTS, ROLES, ROLEBINDINGS, NETWORKPOLICIES)
+
+
+def add_diagnose_parser(sub: Any) -> None:
+    d = sub.add_parser(
+        "diagnose",
+        help="say why a gateway is not Ready: each problem with its cause and its fix",
+        description=(
+            "Read one gateway's CR, its peers and conditions, Events, the objects the controller made for it "
+            "(plan ConfigMap, Deployment, NAD, ...), its pod and containers, the nodes, the Secrets it "
+            "references (names and labels only), the status-agent's /readyz where reachable, and with "
+            "--cloud openstack its port, floating IP, security group and routes; print every problem with "
+            "its cause and fix, most important first. It only reads. Also `kubectl vpngw diagnose "
+            "NAMESPACE/NAME` with scripts/kubectl-vpngw on the PATH."
+        ),
+        epilog="Exit codes: 0 no problem found, 1 a problem found (or the gateway cannot be read), "
+        "2 bad usage.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    d.add_argument(
+        "gateway", metavar="GATEWAY", help="[KIND/]NAMESPACE/NAME; KIND VPNGateway or IPsecGateway"
+    )
+    d.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="human text, or one JSON document"
+    )
+    d.add_argument("--kubeconfig", type=Path, help="kubeconfig file (unset: in-cluster, else $KUBECONFIG)")
+    d.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
+    d.add_argument(
+        "--gateway-namespace",
+        default=os.environ.get("VPNGW_GATEWAY_NAMESPACE", Settings.gateway_namespace),
+        help="where the controller puts gateway pods and their objects ($VPNGW_GATEWAY_NAMESPACE)",
+    )
+    d.add_argument(
+        "--readyz-timeout",
+        type=float,
+        default=2.0,
+        help="seconds to wait for the status-agent's /readyz on the pod's address (0: do not ask)",
+    )
+    d.add_argument(
+        "--cloud",
+        choices=("static", "openstack"),
+        default=os.environ.get("VPNGW_CLOUD", "static"),
+        help="openstack: also read the gateway's port, floating IP, security group and routes with the "
+        "controller's credentials (the flags below; $VPNGW_CLOUD)",
+    )
+    add_openstack_args(d)
+
+
+def diagnose_command(args: argparse.Namespace) -> int:
+    key = gateway_key(args.gateway)
+    if not 0 <= args.readyz_timeout <= 60:  # also refuses nan
+        raise SettingsError("--readyz-timeout: must be 0-60")
+    try:
+        config = load(args.kubeconfig, context=args.context)
+    except ConfigError as exc:
+        raise SettingsError(str(exc)) from exc
+    cloud = openstack_cloud(args, args.instance, guard=lambda: False) if args.cloud == "openstack" else None
+    snap = anyio.run(gather, key, config, args.gateway_namespace, args.readyz_timeout, cloud)
+    found = diagnose(snap)
+    sys.stdout.write(as_json(snap, found) if args.output == "json" else text(snap, found))
+    log.info(
+        "diagnose.done gateway=%s findings=%d codes=%s", key, len(found), ",".join(f.code for f in found)
+    )
+    return EXIT_PROBLEM if problems(found) else EXIT_OK
+
+
+async def gather(
+    key: GatewayKey, config: Any, gateway_namespace: str, readyz_timeout: float, cloud: Any | None
+) -> Snapshot:
+    """Read everything ``diagnose`` looks at; what cannot be read goes to ``Snapshot.unreadable``."""
+    unreadable: dict[str, str] = {}
+
+    async def read(what: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        try:
+            return await call()
+        except KubeError as exc:
+            unreadable[what] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    async with KubeClient(config, user_agent="vpngw-diagnose") as kube:
+        res = VPNGATEWAYS if key.kind == "VPNGateway" else IPSECGATEWAYS
+        try:
+            gw: dict[str, Any] | None = await kube.get(res, key.name, key.namespace)
+        except NotFound:
+            gw = None
+        except KubeError as exc:
+            return Snapshot(
+                key, None, gateway_namespace, unreadable={"gateway": f"{type(exc).__name__}: {exc}"}
+            )
+        if gw is None:
+            return Snapshot(key, None, gateway_namespace)
+
+        async def listed(r: Resource, ns: str | None = None, **kw: Any) -> list[dict[str, Any]]:
+            items, _ = await kube.list(r, ns, **kw)
+            return items
+
+        namespace = await read("namespace", lambda: kube.get(NAMESPACES, key.namespace))
+        peers = (
+            await read("peers", lambda: listed(VPNPEERS, key.namespace)) if key.kind == "VPNGateway" else []
+        )
+        mine = peers_of(key, peers or [])
+        metas = await read("secrets", lambda: listed(SECRETS, key.namespace, metadata_only=True))
+        secrets = None
+        if metas is not None:
+            by_name = {str((m.get("metadata") or {}).get("name")): m for m in metas}
+            secrets = {name: secret_state(by_name.get(name)) for name in secret_refs([gw, *mine])}
+        nodes = await read("nodes", lambda: listed(NODES))
+        owned: dict[str, Any] = {}
+        for r in HOME_KINDS:
+            try:
+                owned[r.kind] = await kube.get(r, key.home_name, gateway_namespace)
+            except NotFound:
+                pass
+            except KubeError as exc:
+                unreadable[f"{r.kind} {gateway_namespace}/{key.home_name}"] = f"{type(exc).__name__}: {exc}"
+        nad_served: bool | None = None
+        try:
+            owned[NADS.kind] = await kube.get(NADS, key.home_name, gateway_namespace)
+            nad_served = True
+        except NotFound:
+            # The object missing, or the kind not served at all: a list tells them apart.
+            try:
+                await kube.list(NADS, gateway_namespace, limit=1)
+                nad_served = True
+            except NotFound:
+                nad_served = False
+            except KubeError as exc:
+                unreadable["NetworkAttachmentDefinitions"] = f"{type(exc).__name__}: {exc}"
+        except KubeError as exc:
+            unreadable["NetworkAttachmentDefinitions"] = f"{type(exc).__name__}: {exc}"
+        pods = (
+            await read("pods", lambda: listed(PODS, gateway_namespace, label_selector=pod_selector(key)))
+            or []
+        )
+        events: list[dict[str, Any]] = []
+        for ns, prefix in ((key.namespace, None), (gateway_namespace, key.home_name)):
+            items = await read(f"events in {ns}", lambda ns=ns: listed(EVENTS, ns))  # type: ignore[misc]
+            for e in items or []:
+                about = str((e.get("involvedObject") or {}).get("name") or "")
+                if about == key.name if prefix is None else about.startswith(prefix):
+                    events.append(e)
+    readyz = await probe_readyz(pods, readyz_timeout) if readyz_timeout > 0 else None
+    cloud_facts = None
+    if cloud is not None:
+        from controller.cloud import CloudError
+
+        try:
+            cloud_facts = await cloud.inspect(key)
+        except CloudError as exc:
+            unreadable["cloud"] = str(exc)
+    return Snapshot(
+        key=key,
+        gateway=gw,
+        gateway_namespace=gateway_namespace,
+        namespace=namespace,
+        peers=mine,
+        events=tuple(sorted(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))),
+        owned=owned,
+        pods=tuple(pods),
+        nodes=tuple(nodes) if nodes is not None else None,
+        nad_served=nad_served,
+        secrets=secrets,
+        readyz=readyz,
+        cloud=cloud_facts,
+        unreadable=unreadable,
+    )
+
+
+def readyz_url(pod: dict[str, Any]) -> str | None:
+    """The status-agent's readiness probe on the pod's address, from the pod's own spec."""
+    ip = (pod.get("status") or {}).get("podIP")
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        get = (
+            ((c.get("readinessProbe") or {}).get("httpGet") or {}) if c.get("name") == "status-agent" else {}
+        )
+        if ip and isinstance(get.get("port"), int):
+            host = f"[{ip}]" if ":" in str(ip) else ip
+            return f"http://{host}:{get['port']}{get.get('path') or '/readyz'}"
+    return None
+
+
+async def probe_readyz(pods: list[dict[str, Any]], timeout: float) -> Readyz | None:
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    if not live:
+        return None
+    pod = max(live, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
+    url = readyz_url(pod)
+    if url is None:
+        return None
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            res = await client.get(url)
+        return Readyz(res.status_code, res.text[:1024])
+    except httpx.HTTPError as exc:
+        # The pod's NetworkPolicy admits only the kubelet and the monitoring namespace: from outside the
+        # cluster this is the usual answer, not a problem.
+        return Readyz(None, f"{url}: not reachable from here ({type(exc).__name__})")

@@ -1,0 +1,194 @@
+"""``python -m controller diagnose`` as a process against the Kubernetes API emulator (``lab.kubeapi``,
+with the CRDs and Multus' NAD CRD installed by ``lab.cluster``; no controller runs: the world is written
+as the controller, the status-agent and the kubelet write it). A gateway whose peer's Secret is missing
+exits 1 naming it, with no Secret value printed; a healthy-looking one exits 0; kubectl runs it as a
+plugin (scripts/kubectl-vpngw)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.names import GatewayKey, selector_labels
+from lab.cluster import GATEWAY_NAMESPACE, Cluster, gateway_secret
+from tests.examples import example_docs
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "tenant-acme"
+KEY = GatewayKey("VPNGateway", NS, "acme")
+VALUE = "lab-only-secret-value"
+T = "2026-12-01T10:00:00Z"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with Cluster(tmp_path) as c:
+        c.add_node("node-a")
+        yield c
+
+
+def diagnose(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller", "diagnose", "--kubeconfig", str(cluster.kubeconfig), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": T,
+        "observedGeneration": 1,
+    }
+
+
+def set_status(cluster: Cluster, status: dict[str, Any]) -> None:
+    cluster.kube.patch(
+        "vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", {"status": status}, NS, subresource="status"
+    )
+
+
+def apply_example(cluster: Cluster, *, secrets: list[str]) -> None:
+    cluster.apply([gateway_secret(NS, name, {"psk": VALUE}) for name in secrets])
+    docs = example_docs("ipsec.yaml")
+    s2 = next(d for d in docs if d["metadata"]["name"] == "s2")
+    s2["spec"]["ipsec"]["pskSecretRef"] = {"name": "s2-psk", "key": "psk"}  # a key of its own
+    cluster.apply(docs)
+
+
+def test_a_missing_secret_is_named_with_its_fix_and_exits_1(cluster: Cluster) -> None:
+    apply_example(cluster, secrets=["acme-psk", "s1-psk"])  # s2-psk is missing
+    left_out = (
+        "plan sha256:0123456789ab: 1 tunnel(s), 2 grant(s); left out (peer s2): VPNPeer/tenant-acme/s2: "
+        "spec.ipsec.pskSecretRef.name: 's2-psk' names Secret s2-psk, which does not exist or is not opted "
+        "in for gateways (its owner labels it vpn.bnerd.net/gateway-secret=true): a gateway is never given "
+        "a Secret its owner did not mean for one"
+    )
+    set_status(
+        cluster,
+        {
+            "observedGeneration": 1,
+            "conditions": [
+                cond("Ready", False, "PartlyRendered", f"ConfigRendered: {left_out}"),
+                cond("ConfigRendered", False, "PartlyRendered", left_out),
+            ],
+        },
+    )
+    res = diagnose(cluster, "just-a-name")
+    assert res.returncode == 2 and "NAMESPACE/NAME" in res.stderr, "usage: a malformed GATEWAY"
+    res = diagnose(cluster, f"{NS}/acme")
+    assert res.returncode == 1, res.stderr
+    first = res.stdout.splitlines()[1]
+    assert "SecretMissing" in first and "Secret tenant-acme/s2-psk does not exist" in first, res.stdout
+    assert "VPNPeer/s2 spec.ipsec.pskSecretRef" in res.stdout
+    assert VALUE not in res.stdout + res.stderr
+
+
+def healthy_world(cluster: Cluster) -> None:
+    apply_example(cluster, secrets=["acme-psk", "s1-psk", "s2-psk"])
+    set_status(
+        cluster,
+        {
+            "observedGeneration": 1,
+            "nodeName": "node-a",
+            "conditions": [
+                cond("Ready", True, "Ready", "the gateway serves its plan"),
+                cond("ConfigRendered", True, "Rendered", "plan sha256:0123456789ab: 2 tunnel(s), 3 grant(s)"),
+                cond("CloudReady", True, "StaticNIC", "NIC2 fa:16:3e:00:00:01 192.0.2.2/26 via 192.0.2.1"),
+                cond("PodReady", True, "PodReady", "pod p is ready on node-a"),
+            ],
+            "tunnels": [
+                {"name": "s1", "state": "Established", "lastError": None, "children": []},
+                {"name": "s2", "state": "Established", "lastError": None, "children": []},
+            ],
+            "tunnelsSummary": "2/2 up",
+            "agent": {"connected": True, "daemon": "charon-5.9.8", "planHash": "sha256:0", "lastError": None},
+        },
+    )
+    home = KEY.home_name
+    cluster.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": home, "namespace": GATEWAY_NAMESPACE},
+                "data": {"plan.json": "{}"},
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{home}-7d9f-abcde",
+                    "namespace": GATEWAY_NAMESPACE,
+                    "labels": selector_labels(KEY),
+                },
+                "spec": {
+                    "nodeName": "node-a",
+                    "containers": [
+                        {
+                            "name": "status-agent",
+                            "image": "localhost/vpngw-gateway:0.1.0",
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 1}},
+                        }
+                    ],
+                },
+            },
+        ]
+    )
+    cluster.kube.patch(
+        "v1",
+        "Pod",
+        f"{home}-7d9f-abcde",
+        {
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+        },
+        GATEWAY_NAMESPACE,
+        subresource="status",
+    )
+
+
+def test_a_healthy_gateway_exits_0(cluster: Cluster) -> None:
+    healthy_world(cluster)
+    res = diagnose(cluster, f"VPNGateway/{NS}/acme", "--output", "json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["ready"] is True and doc["problems"] is False and doc["findings"] == []
+
+
+def test_kubectl_runs_it_as_a_plugin(cluster: Cluster, tmp_path: Path) -> None:
+    kubectl = shutil.which("kubectl", path=f"{ROOT / '.tools' / 'bin'}:{os.environ.get('PATH', '')}")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed (scripts/setup.sh puts it in .tools/bin)")
+    healthy_world(cluster)
+    env = {
+        **os.environ,
+        "PATH": f"{ROOT / 'scripts'}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "VPNGW_PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+    }
+    res = subprocess.run(
+        [kubectl, "vpngw", "diagnose", f"{NS}/acme"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no problems found" in res.stdout
