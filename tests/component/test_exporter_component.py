@@ -523,7 +523,11 @@ async def test_command_line_waits_for_a_missing_plan_not_ready_then_serves_it(tm
     assert health.endswith(b"\r\n\r\nok\n")
     assert waiting.startswith(b"HTTP/1.1 503 Service Unavailable")
     assert f"not ready: no valid plan at {path}: cannot read {path}: No such file".encode() in waiting
-    assert before == {"vpngw_exporter_plan_valid": 0.0}, "nothing to watch until the plan says what"
+    build = {k: v for k, v in before.items() if k.startswith("vpngw_build_info{")}
+    assert list(build.values()) == [1.0] and 'program="exporter"' in next(iter(build)), before
+    assert {k: v for k, v in before.items() if k not in build} == {"vpngw_exporter_plan_valid": 0.0}, (
+        "nothing to watch until the plan says what (beside the build's info)"
+    )
     assert ready.endswith(f"ready: plan {path} loaded\n".encode())
     assert after["vpngw_exporter_plan_valid"] == 1 and "strongswan_up" in after
     assert f"exporter.plan.waiting path={path} reason=" in text and "exporter.plan.loaded" in text
