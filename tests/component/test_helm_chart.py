@@ -46,6 +46,7 @@ CONTROLLER_KINDS = [
     "ClusterRole",
     "ClusterRoleBinding",
     "ConfigMap",
+    "CustomResourceDefinition",
     "Deployment",
     "Namespace",
     "NetworkPolicy",
@@ -93,14 +94,30 @@ def test_chart_lints_strictly(helm: str, values: Path | None) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_chart_crds_are_the_generated_ones() -> None:
+def test_chart_crds_are_the_generated_ones(helm: str) -> None:
+    """The rendered CRDs are `python -m controller crds` plus the chart's labels and the keep policy."""
     generated = subprocess.run(
         [sys.executable, "-m", "controller", "crds"], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout
-    shipped = (CHART / "crds" / "vpngw-crds.yaml").read_text()
-    assert list(yaml.safe_load_all(shipped)) == list(yaml.safe_load_all(generated)), (
-        "helm/vpngw/crds drifted from `python -m controller crds`: run `make chart`"
+    rendered = [d for d in render(helm) if d["kind"] == "CustomResourceDefinition"]
+    for crd in rendered:
+        meta = crd["metadata"]
+        assert meta.pop("annotations") == {"helm.sh/resource-policy": "keep"}, (
+            "helm uninstall must keep the CRDs"
+        )
+        labels = meta.pop("labels")
+        assert labels["app.kubernetes.io/managed-by"] == "Helm" and labels["helm.sh/chart"].startswith(
+            "vpngw-"
+        )
+    assert rendered == list(yaml.safe_load_all(generated)), (
+        "helm/vpngw/templates/crds.yaml drifted from `python -m controller crds`: run `make chart`"
     )
+
+
+def test_crds_install_false_renders_no_crd(helm: str) -> None:
+    docs = render(helm, "--set", "crds.install=false")
+    assert docs and not [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRDs are templates"
 
 
 @pytest.mark.parametrize("path", sorted(generated_files()))
