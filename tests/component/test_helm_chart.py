@@ -8,6 +8,7 @@ its code uses.
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.api.crds import crds
 from controller.chartgen import COPIES, generated_files, rules_file
 from controller.rbac import (
     CLUSTER,
@@ -50,6 +52,7 @@ CONTROLLER_KINDS = [
     "Deployment",
     "Namespace",
     "NetworkPolicy",
+    "Pod",  # `helm test`'s hook
     "Role",
     "RoleBinding",
     "Service",
@@ -246,3 +249,45 @@ def test_the_chart_refuses_a_kubernetes_without_cel_reason_and_field_path(helm: 
     old = run_helm(helm, "template", "t", str(CHART), "--kube-version", "1.27.9")
     assert old.returncode != 0 and "kubeVersion" in old.stderr
     assert _template(helm, "--kube-version", "1.28.0")
+
+
+def test_helm_test_checks_readyz_and_that_the_crds_are_served(helm: str) -> None:
+    """`helm test`'s pod, rendered (the real-install tier runs no kubelet, so no pod of the chart runs there):
+    a test hook in the controller's image (whose python runs the check) reaching the controller's Service,
+    admitted by the controller's NetworkPolicy, and expecting exactly the CRDs' group/versions and plurals."""
+    docs = render(helm)
+    (pod,) = [d for d in docs if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    assert pod["kind"] == "Pod" and pod["spec"]["restartPolicy"] == "Never"
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == one_controller(docs)["image"] and c["command"] == ["python", "-c"]
+    script = c["args"][0]
+    compile(script, "helm-test", "exec")
+    assert f"http://vpngw-controller.{NAMESPACE}.svc:8080/readyz" in script
+    (want_line,) = [line for line in script.splitlines() if line.startswith("want = ")]
+    want = ast.literal_eval(want_line.removeprefix("want = "))
+    served: dict[str, set[str]] = {}
+    for crd in crds():
+        for v in crd["spec"]["versions"]:
+            if v["served"]:
+                served.setdefault(f"{crd['spec']['group']}/{v['name']}", set()).add(
+                    crd["spec"]["names"]["plural"]
+                )
+    assert want == served
+    assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["capabilities"][
+        "drop"
+    ] == ["ALL"]
+    np = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "vpngw-controller"][0]
+    pod_labels = pod["metadata"]["labels"]
+    assert any(
+        all(
+            pod_labels.get(k) == v
+            for k, v in src.get("podSelector", {}).get("matchLabels", {"-": "-"}).items()
+        )
+        for rule in np["spec"]["ingress"]
+        for src in rule["from"]
+    ), "the controller's NetworkPolicy must admit the test pod"
+
+
+def one_controller(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (d,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "vpngw-controller"]
+    return dict(d["spec"]["template"]["spec"]["containers"][0])

@@ -244,11 +244,20 @@ def test_the_controllers_network_policy(helm: str) -> None:
         default["spec"]["podSelector"]["matchLabels"]
         == one(render(helm), "Deployment")["spec"]["selector"]["matchLabels"]
     )
-    (ingress,) = default["spec"]["ingress"]
+    ingress, helm_test = default["spec"]["ingress"]
     assert ingress["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     ]
     assert ingress["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    # `helm test`'s pod, in the release's namespace only (no namespaceSelector).
+    assert helm_test["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {"app.kubernetes.io/instance": "vpngw", "app.kubernetes.io/component": "helm-test"}
+            }
+        }
+    ]
+    assert helm_test["ports"] == [{"port": 8080, "protocol": "TCP"}]
     dns = ("kube-system", (("UDP", 53), ("TCP", 53)))
     # The static cloud: the API server only (the controller resolves nothing: observed, docs/e2e.md).
     assert _egress(default) == [(None, (("TCP", 443), ("TCP", 6443)))]
