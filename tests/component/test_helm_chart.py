@@ -291,3 +291,26 @@ def test_helm_test_checks_readyz_and_that_the_crds_are_served(helm: str) -> None
 def one_controller(docs: list[dict[str, Any]]) -> dict[str, Any]:
     (d,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "vpngw-controller"]
     return dict(d["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_chart_metadata_lists_the_crds_and_images_it_installs(helm: str) -> None:
+    """Artifact Hub's annotations are hand-written: they must name exactly the CRDs and images rendered."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    listed = yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
+    assert [(c["kind"], c["name"], c["version"], c["description"]) for c in listed] == [
+        (
+            c["spec"]["names"]["kind"],
+            c["metadata"]["name"],
+            c["spec"]["versions"][0]["name"],
+            c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"],
+        )
+        for c in crds()
+    ]
+    images = {i["name"]: i["image"] for i in yaml.safe_load(chart["annotations"]["artifacthub.io/images"])}
+    docs = render(helm)
+    controller = one_controller(docs)
+    assert images["controller"] == controller["image"]
+    assert f"--gateway-image={images['gateway']}" in controller["args"]
+    assert {"vpn", "ipsec", "wireguard"} <= set(chart["keywords"])
+    deployment = [d for d in docs if d["kind"] == "Deployment"][0]
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}

@@ -460,15 +460,19 @@ def test_the_notes_say_what_to_do_next_and_what_is_missing(helm: str) -> None:
     notes = _notes(helm)
     for what in (
         "kubectl get vpngateways",
-        "kubectl apply -f docs/examples/ipsec.yaml",
+        "kubectl explain vpngateway.spec",
+        f"helm test vpngw -n {NAMESPACE}",
         f"kubectl -n {NAMESPACE} logs deployment/vpngw-controller",
         "-c status-agent",
         "Multus",
         "--allowed-unsafe-sysctls=net.ipv4.ip_forward,net.ipv4.conf.all.rp_filter",
         "internalSourceCIDRs is empty",
-        "kubectl apply -f helm/vpngw/crds/",
+        "`helm upgrade` upgrades the CRDs too",
     ):
         assert what in notes, what
+    # What to do next, without paths of the project's repository (a user has the chart, not the repository).
+    assert "docs/" not in notes and "helm/vpngw" not in notes
+    assert "apply the new chart version's CRDs yourself" in _notes(helm, "--set", "crds.install=false")
     assert "gateway-status" not in notes  # the obsolete status-agent ClusterRole is gone
     privileged = _notes(helm, "--set", "gateway.sysctls=privileged-init")
     assert "--allowed-unsafe-sysctls" not in privileged and "privileged" in privileged
