@@ -253,7 +253,10 @@ def test_the_controllers_network_policy(helm: str) -> None:
     assert helm_test["from"] == [
         {
             "podSelector": {
-                "matchLabels": {"app.kubernetes.io/instance": "vpngw", "app.kubernetes.io/component": "helm-test"}
+                "matchLabels": {
+                    "app.kubernetes.io/instance": "vpngw",
+                    "app.kubernetes.io/component": "helm-test",
+                }
             }
         }
     ]
@@ -481,3 +484,27 @@ def test_the_notes_say_what_to_do_next_and_what_is_missing(helm: str) -> None:
     assert "cloud.static.nics" not in openstack
     static = _notes(helm, "-f", str(CHART / "ci" / "static-values.yaml"))
     assert "(2 configured)" in static and "internalSourceCIDRs is empty" not in static
+
+
+def test_cilium_policies_allow_the_api_server_by_entity(helm: str) -> None:
+    """networkPolicy.cilium: one CiliumNetworkPolicy for the controller, one for the instance's gateway pods,
+    each allowing egress to the entity kube-apiserver on the API server's endpoint ports; none by default."""
+    assert not [d for d in render(helm) if d["kind"] == "CiliumNetworkPolicy"]
+    docs = render(helm, "--set", "networkPolicy.cilium=true", "-f", str(CHART / "ci" / "static-values.yaml"))
+    cnps = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "CiliumNetworkPolicy"}
+    assert set(cnps) == {NAMESPACE, "vpngw-gateways"}
+    controller = one(docs, "Deployment")
+    assert (
+        cnps[NAMESPACE]["spec"]["endpointSelector"]["matchLabels"]
+        == controller["spec"]["selector"]["matchLabels"]
+    )
+    assert cnps["vpngw-gateways"]["spec"]["endpointSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "vpngw-gateway",  # controller/names.py labels()
+        "vpn.bnerd.net/operator": "vpngw",
+    }
+    for cnp in cnps.values():
+        (egress,) = cnp["spec"]["egress"]
+        assert egress["toEntities"] == ["kube-apiserver"]
+        assert egress["toPorts"] == [
+            {"ports": [{"port": "6443", "protocol": "TCP"}]}
+        ]  # static-values' apiServer
