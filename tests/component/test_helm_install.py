@@ -434,21 +434,26 @@ def test_the_openstack_credentials_secret_reaches_the_controller(helm: str, tmp_
 def test_the_network_policies_allow_the_api_servers_endpoints_the_cluster_reports(
     helm: str, tmp_path: Path
 ) -> None:
-    """Without networkPolicy.apiServer the chart reads default/kubernetes' Endpoints at install time (a
+    """Without networkPolicy.apiServer the chart reads default/kubernetes' EndpointSlice at install time (a
     CNI applies egress policy after kube-proxy's DNAT: the endpoints are what must be allowed), for the
     controller's own policy and, through its config, for every gateway pod's."""
     with Cluster(tmp_path / "k8s", gateway_namespace=False) as c:
         c.kube.create(
             {
-                "apiVersion": "v1",
-                "kind": "Endpoints",
-                "metadata": {"name": "kubernetes", "namespace": "default"},
-                "subsets": [
-                    {
-                        "addresses": [{"ip": "192.0.2.10"}, {"ip": "192.0.2.11"}],
-                        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
-                    }
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": "kubernetes",
+                    "namespace": "default",
+                    "labels": {"kubernetes.io/service-name": "kubernetes"},
+                },
+                "addressType": "IPv4",
+                "endpoints": [
+                    {"addresses": ["192.0.2.10"], "conditions": {"ready": True}},
+                    {"addresses": ["192.0.2.11"]},
+                    {"addresses": ["192.0.2.12"], "conditions": {"ready": False}},  # not an endpoint to allow
                 ],
+                "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
             }
         )
         res = run_helm(
