@@ -54,7 +54,10 @@ def rules_yaml(rights: Iterable[Right], what: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-_CRD_HEADER = "{{- /* Generated from controller/api/crds.py by `python -m controller chart` (make chart): do not edit. */}}\n"
+_CRD_HEADER = (
+    "{{- /* Generated from controller/api/crds.py by `python -m controller chart` (make chart): do not edit."
+    " */}}\n"
+)
 _CRD_METADATA = """  labels:
     {{- include "vpngw.labels" . | nindent 4 }}
   annotations:

@@ -276,7 +276,7 @@ def test_helm_test_checks_readyz_and_that_the_crds_are_served(helm: str) -> None
     assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["capabilities"][
         "drop"
     ] == ["ALL"]
-    np = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "vpngw-controller"][0]
+    np = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "vpngw-controller")
     pod_labels = pod["metadata"]["labels"]
     assert any(
         all(
@@ -312,5 +312,5 @@ def test_chart_metadata_lists_the_crds_and_images_it_installs(helm: str) -> None
     assert images["controller"] == controller["image"]
     assert f"--gateway-image={images['gateway']}" in controller["args"]
     assert {"vpn", "ipsec", "wireguard"} <= set(chart["keywords"])
-    deployment = [d for d in docs if d["kind"] == "Deployment"][0]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
