@@ -1,6 +1,10 @@
 """The Helm chart's generated files, from the one source of each. Pure: returns text, writes nothing.
 
-* ``crds/vpngw-crds.yaml``: the CRDs (``controller.api.crds``, the rules the controller validates with).
+* ``templates/crds.yaml``: the CRDs (``controller.api.crds``, the rules the controller validates with), as a
+  template rather than under crds/: Helm installs crds/ once and never upgrades it, while a template is
+  upgraded with the release (cert-manager's and Tailscale's charts do the same). Behind ``crds.install``,
+  with the chart's labels and ``helm.sh/resource-policy: keep``, so ``helm uninstall`` (or a release
+  rendered with ``crds.install=false``) never deletes the CRDs and with them every gateway.
 * ``files/controller-<scope>-rules.yaml``: the rules of each of the controller's Roles and ClusterRoles
   (``controller.rbac.SCOPES``), each right preceded by a comment saying which code uses it; the chart's
   templates include them verbatim, so the rendered manifests carry the comments too.
@@ -14,10 +18,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from controller.api.crds import crds_yaml
+import yaml
+
+from controller.api.crds import crds
 from controller.rbac import SCOPES, Right, Scope
 
-CRDS = "crds/vpngw-crds.yaml"
+CRDS = "templates/crds.yaml"
 
 
 def rules_file(scope: Scope) -> str:
@@ -48,6 +54,33 @@ def rules_yaml(rights: Iterable[Right], what: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+_CRD_HEADER = (
+    "{{- /* Generated from controller/api/crds.py by `python -m controller chart` (make chart): do not edit."
+    " */}}\n"
+)
+_CRD_METADATA = """  labels:
+    {{- include "vpngw.labels" . | nindent 4 }}
+  annotations:
+    helm.sh/resource-policy: keep
+"""
+
+
+def crds_template() -> str:
+    """The CRDs as one template: each under ``crds.install``, with the chart's labels and the keep policy.
+
+    The CRD bodies are plain YAML (no ``{{``: checked), so the template engine passes them through."""
+    docs = []
+    for crd in crds():
+        body = yaml.safe_dump(crd, sort_keys=False, default_flow_style=False, width=120)
+        if "{{" in body:
+            raise ValueError(f"{crd['metadata']['name']}: '{{{{' in a CRD would be read as a template action")
+        name_line = f"metadata:\n  name: {crd['metadata']['name']}\n"
+        if list(crd["metadata"]) != ["name"] or name_line not in body:
+            raise ValueError(f"{crd['metadata']['name']}: metadata other than the name; extend crds_template")
+        docs.append("---\n" + body.replace(name_line, name_line + _CRD_METADATA, 1))
+    return _CRD_HEADER + "{{- if .Values.crds.install }}\n" + "".join(docs) + "{{- end }}\n"
+
+
 def generated_files() -> dict[str, str]:
     """Path relative to the chart's directory -> the file's content."""
-    return {CRDS: crds_yaml(), **{rules_file(s): rules_yaml(s.rights, s.what) for s in SCOPES}}
+    return {CRDS: crds_template(), **{rules_file(s): rules_yaml(s.rights, s.what) for s in SCOPES}}

@@ -221,6 +221,8 @@ BUILTINS: tuple[ResourceType, ...] = (
         short_names=("netpol",),
         has_generation=True,
     ),
+    # The chart's lookup of the API server's endpoints (default/kubernetes), as a cluster serves them.
+    ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True, singular="endpointslice"),
     ResourceType(
         "coordination.k8s.io",
         "v1",

@@ -8,6 +8,7 @@ its code uses.
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.api.crds import crds
 from controller.chartgen import COPIES, generated_files, rules_file
 from controller.rbac import (
     CLUSTER,
@@ -46,9 +48,11 @@ CONTROLLER_KINDS = [
     "ClusterRole",
     "ClusterRoleBinding",
     "ConfigMap",
+    "CustomResourceDefinition",
     "Deployment",
     "Namespace",
     "NetworkPolicy",
+    "Pod",  # `helm test`'s hook
     "Role",
     "RoleBinding",
     "Service",
@@ -93,14 +97,30 @@ def test_chart_lints_strictly(helm: str, values: Path | None) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_chart_crds_are_the_generated_ones() -> None:
+def test_chart_crds_are_the_generated_ones(helm: str) -> None:
+    """The rendered CRDs are `python -m controller crds` plus the chart's labels and the keep policy."""
     generated = subprocess.run(
         [sys.executable, "-m", "controller", "crds"], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout
-    shipped = (CHART / "crds" / "vpngw-crds.yaml").read_text()
-    assert list(yaml.safe_load_all(shipped)) == list(yaml.safe_load_all(generated)), (
-        "helm/vpngw/crds drifted from `python -m controller crds`: run `make chart`"
+    rendered = [d for d in render(helm) if d["kind"] == "CustomResourceDefinition"]
+    for crd in rendered:
+        meta = crd["metadata"]
+        assert meta.pop("annotations") == {"helm.sh/resource-policy": "keep"}, (
+            "helm uninstall must keep the CRDs"
+        )
+        labels = meta.pop("labels")
+        assert labels["app.kubernetes.io/managed-by"] == "Helm" and labels["helm.sh/chart"].startswith(
+            "vpngw-"
+        )
+    assert rendered == list(yaml.safe_load_all(generated)), (
+        "helm/vpngw/templates/crds.yaml drifted from `python -m controller crds`: run `make chart`"
     )
+
+
+def test_crds_install_false_renders_no_crd(helm: str) -> None:
+    docs = render(helm, "--set", "crds.install=false")
+    assert docs and not [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRDs are templates"
 
 
 @pytest.mark.parametrize("path", sorted(generated_files()))
@@ -229,3 +249,68 @@ def test_the_chart_refuses_a_kubernetes_without_cel_reason_and_field_path(helm: 
     old = run_helm(helm, "template", "t", str(CHART), "--kube-version", "1.27.9")
     assert old.returncode != 0 and "kubeVersion" in old.stderr
     assert _template(helm, "--kube-version", "1.28.0")
+
+
+def test_helm_test_checks_readyz_and_that_the_crds_are_served(helm: str) -> None:
+    """`helm test`'s pod, rendered (the real-install tier runs no kubelet, so no pod of the chart runs there):
+    a test hook in the controller's image (whose python runs the check) reaching the controller's Service,
+    admitted by the controller's NetworkPolicy, and expecting exactly the CRDs' group/versions and plurals."""
+    docs = render(helm)
+    (pod,) = [d for d in docs if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    assert pod["kind"] == "Pod" and pod["spec"]["restartPolicy"] == "Never"
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == one_controller(docs)["image"] and c["command"] == ["python", "-c"]
+    script = c["args"][0]
+    compile(script, "helm-test", "exec")
+    assert f"http://vpngw-controller.{NAMESPACE}.svc:8080/readyz" in script
+    (want_line,) = [line for line in script.splitlines() if line.startswith("want = ")]
+    want = ast.literal_eval(want_line.removeprefix("want = "))
+    served: dict[str, set[str]] = {}
+    for crd in crds():
+        for v in crd["spec"]["versions"]:
+            if v["served"]:
+                served.setdefault(f"{crd['spec']['group']}/{v['name']}", set()).add(
+                    crd["spec"]["names"]["plural"]
+                )
+    assert want == served
+    assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["capabilities"][
+        "drop"
+    ] == ["ALL"]
+    np = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "vpngw-controller")
+    pod_labels = pod["metadata"]["labels"]
+    assert any(
+        all(
+            pod_labels.get(k) == v
+            for k, v in src.get("podSelector", {}).get("matchLabels", {"-": "-"}).items()
+        )
+        for rule in np["spec"]["ingress"]
+        for src in rule["from"]
+    ), "the controller's NetworkPolicy must admit the test pod"
+
+
+def one_controller(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (d,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "vpngw-controller"]
+    return dict(d["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_chart_metadata_lists_the_crds_and_images_it_installs(helm: str) -> None:
+    """Artifact Hub's annotations are hand-written: they must name exactly the CRDs and images rendered."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    listed = yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
+    assert [(c["kind"], c["name"], c["version"], c["description"]) for c in listed] == [
+        (
+            c["spec"]["names"]["kind"],
+            c["metadata"]["name"],
+            c["spec"]["versions"][0]["name"],
+            c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"],
+        )
+        for c in crds()
+    ]
+    images = {i["name"]: i["image"] for i in yaml.safe_load(chart["annotations"]["artifacthub.io/images"])}
+    docs = render(helm)
+    controller = one_controller(docs)
+    assert images["controller"] == controller["image"]
+    assert f"--gateway-image={images['gateway']}" in controller["args"]
+    assert {"vpn", "ipsec", "wireguard"} <= set(chart["keywords"])
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}

@@ -78,7 +78,9 @@ def test_the_schema_check_is_strict_enough_to_catch_a_misspelt_field(helm: str) 
 )
 def test_object_names_read_well(helm: str, release: str, extra: tuple[str, ...], fullname: str) -> None:
     docs = render(helm, *extra, *PROMETHEUS_OPERATOR, "--set", "controller.replicas=2", release=release)
-    names = {d["metadata"]["name"] for d in docs}
+    names = {
+        d["metadata"]["name"] for d in docs if d["kind"] != "CustomResourceDefinition"
+    }  # <plural>.<group>
     assert all(n == fullname or n.startswith(f"{fullname}-") for n in names), names
     assert f"{fullname}-gateways" in names, "the gateway namespace: one per installation"
     assert not any("vpngw-vpngw" in n for n in names), names
@@ -242,11 +244,23 @@ def test_the_controllers_network_policy(helm: str) -> None:
         default["spec"]["podSelector"]["matchLabels"]
         == one(render(helm), "Deployment")["spec"]["selector"]["matchLabels"]
     )
-    (ingress,) = default["spec"]["ingress"]
+    ingress, helm_test = default["spec"]["ingress"]
     assert ingress["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     ]
     assert ingress["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    # `helm test`'s pod, in the release's namespace only (no namespaceSelector).
+    assert helm_test["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/instance": "vpngw",
+                    "app.kubernetes.io/component": "helm-test",
+                }
+            }
+        }
+    ]
+    assert helm_test["ports"] == [{"port": 8080, "protocol": "TCP"}]
     dns = ("kube-system", (("UDP", 53), ("TCP", 53)))
     # The static cloud: the API server only (the controller resolves nothing: observed, docs/e2e.md).
     assert _egress(default) == [(None, (("TCP", 443), ("TCP", 6443)))]
@@ -449,15 +463,19 @@ def test_the_notes_say_what_to_do_next_and_what_is_missing(helm: str) -> None:
     notes = _notes(helm)
     for what in (
         "kubectl get vpngateways",
-        "kubectl apply -f docs/examples/ipsec.yaml",
+        "kubectl explain vpngateway.spec",
+        f"helm test vpngw -n {NAMESPACE}",
         f"kubectl -n {NAMESPACE} logs deployment/vpngw-controller",
         "-c status-agent",
         "Multus",
         "--allowed-unsafe-sysctls=net.ipv4.ip_forward,net.ipv4.conf.all.rp_filter",
         "internalSourceCIDRs is empty",
-        "kubectl apply -f helm/vpngw/crds/",
+        "`helm upgrade` upgrades the CRDs too",
     ):
         assert what in notes, what
+    # What to do next, without paths of the project's repository (a user has the chart, not the repository).
+    assert "docs/" not in notes and "helm/vpngw" not in notes
+    assert "apply the new chart version's CRDs yourself" in _notes(helm, "--set", "crds.install=false")
     assert "gateway-status" not in notes  # the obsolete status-agent ClusterRole is gone
     privileged = _notes(helm, "--set", "gateway.sysctls=privileged-init")
     assert "--allowed-unsafe-sysctls" not in privileged and "privileged" in privileged
@@ -466,3 +484,27 @@ def test_the_notes_say_what_to_do_next_and_what_is_missing(helm: str) -> None:
     assert "cloud.static.nics" not in openstack
     static = _notes(helm, "-f", str(CHART / "ci" / "static-values.yaml"))
     assert "(2 configured)" in static and "internalSourceCIDRs is empty" not in static
+
+
+def test_cilium_policies_allow_the_api_server_by_entity(helm: str) -> None:
+    """networkPolicy.cilium: one CiliumNetworkPolicy for the controller, one for the instance's gateway pods,
+    each allowing egress to the entity kube-apiserver on the API server's endpoint ports; none by default."""
+    assert not [d for d in render(helm) if d["kind"] == "CiliumNetworkPolicy"]
+    docs = render(helm, "--set", "networkPolicy.cilium=true", "-f", str(CHART / "ci" / "static-values.yaml"))
+    cnps = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "CiliumNetworkPolicy"}
+    assert set(cnps) == {NAMESPACE, "vpngw-gateways"}
+    controller = one(docs, "Deployment")
+    assert (
+        cnps[NAMESPACE]["spec"]["endpointSelector"]["matchLabels"]
+        == controller["spec"]["selector"]["matchLabels"]
+    )
+    assert cnps["vpngw-gateways"]["spec"]["endpointSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "vpngw-gateway",  # controller/names.py labels()
+        "vpn.bnerd.net/operator": "vpngw",
+    }
+    for cnp in cnps.values():
+        (egress,) = cnp["spec"]["egress"]
+        assert egress["toEntities"] == ["kube-apiserver"]
+        assert egress["toPorts"] == [
+            {"ports": [{"port": "6443", "protocol": "TCP"}]}
+        ]  # static-values' apiServer

@@ -19,6 +19,7 @@ verdict on every object and request (docs/controlplane.md).
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -43,6 +44,8 @@ pytestmark = pytest.mark.lab
 TENANT = "tenant-acme"  # the example's namespace, with a static NIC in STATIC_VALUES
 NODE = "vpn-a"
 EXAMPLE = ROOT / "docs" / "examples" / "ipsec.yaml"
+VALUES = ("-f", str(STATIC_VALUES), "--set", f"tenants.namespaces={{{TENANT}}}")
+GATEWAY_CRD = "vpngateways.vpn.bnerd.net"
 
 
 def get(cp: ControlPlane, *args: str) -> Any:
@@ -80,10 +83,7 @@ def installed(controlplane: ControlPlane, helm: str, node: NodeAgent, tmp_path: 
             "-n",
             NAMESPACE,
             "--create-namespace",
-            "-f",
-            str(STATIC_VALUES),
-            "--set",
-            f"tenants.namespaces={{{TENANT}}}",
+            *VALUES,
         )
         assert res.returncode == 0, res.stderr
         yield cp.service_account_kubeconfig(NAMESPACE, "vpngw-controller", path=tmp_path / "sa.kubeconfig")
@@ -94,7 +94,7 @@ def installed(controlplane: ControlPlane, helm: str, node: NodeAgent, tmp_path: 
         cp.kubectl("delete", "pods", "--all", "-n", GATEWAYS, "--grace-period=0", "--force", check=False)
         for ns in (TENANT, GATEWAYS, NAMESPACE):
             cp.kubectl("delete", "namespace", ns, "--ignore-not-found", "--timeout=90s", check=False)
-        for crd in crds():  # helm keeps what crds/ installed
+        for crd in crds():  # helm uninstall keeps them (helm.sh/resource-policy: keep)
             name = crd["metadata"]["name"]
             cp.kubectl("delete", "crd", name, "--timeout=30s", "--ignore-not-found", check=False)
         cp.kubectl(
@@ -130,7 +130,7 @@ def owned(cp: ControlPlane, kind: str, namespace: str) -> list[dict[str, Any]]:
 
 
 def test_the_chart_and_the_controller_on_the_real_control_plane(
-    controlplane: ControlPlane, installed: Path, tmp_path: Path
+    controlplane: ControlPlane, helm: str, installed: Path, tmp_path: Path
 ) -> None:
     cp = controlplane
     gw_ns = get(cp, "namespace", GATEWAYS)
@@ -205,3 +205,36 @@ def test_the_chart_and_the_controller_on_the_real_control_plane(
     finally:
         code = ctl.stop(signal.SIGTERM)
         assert code == 0, f"the controller exited {code} on SIGTERM:\n{ctl.log()[-4000:]}"
+
+    upgrade_changes_the_crds_and_uninstall_keeps_them(cp, helm, tmp_path)
+
+
+def upgrade_changes_the_crds_and_uninstall_keeps_them(cp: ControlPlane, helm: str, tmp_path: Path) -> None:
+    """The CRDs are templates: ``helm upgrade`` to a chart whose VPNGateway CRD changed serves the change
+    (Helm never upgrades a chart's crds/); ``helm uninstall`` keeps every CRD (helm.sh/resource-policy)."""
+    admin = str(cp.kubeconfig)
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    crds_template = chart / "templates" / "crds.yaml"
+    old, new = "description: An IPsec or WireGuard VPN gateway.\n", "description: A VPN gateway, upgraded.\n"
+    text = crds_template.read_text()
+    assert text.count(old) == 1, "the test's CRD edit no longer applies: pick another"
+    crds_template.write_text(text.replace(old, new))
+    res = run_helm(helm, "upgrade", "vpngw", str(chart), "--kubeconfig", admin, "-n", NAMESPACE, *VALUES)
+    assert res.returncode == 0, res.stderr
+    crd = get(cp, "crd", GATEWAY_CRD)
+    assert (
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] == "A VPN gateway, upgraded."
+    )
+    assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == "vpngw"  # the release owns it
+    explained = cp.kubectl("explain", "vpngateways", check=False)  # what the API server publishes (OpenAPI)
+    wait_for(
+        lambda: "A VPN gateway, upgraded." in cp.kubectl("explain", "vpngateways", check=False).stdout,
+        30,
+        f"the upgraded description served by kubectl explain (first: {explained.stdout[:200]!r})",
+    )
+
+    res = run_helm(helm, "uninstall", "vpngw", "--kubeconfig", admin, "-n", NAMESPACE, "--wait")
+    assert res.returncode == 0, res.stderr
+    kept = {c["metadata"]["name"] for c in crds() if get(cp, "crd", c["metadata"]["name"]) is not None}
+    assert kept == {c["metadata"]["name"] for c in crds()}, "helm uninstall deleted a CRD"

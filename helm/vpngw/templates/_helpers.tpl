@@ -142,20 +142,25 @@ $namespace ($$ is a literal $) and is a JSON object once they are substituted.
 
 {{/*
 The API server's endpoints ("IP/32:PORT") for the NetworkPolicies: networkPolicy.apiServer when set, else
-what the cluster's default/kubernetes Endpoints say at install or upgrade time (helm's lookup; a
-`helm template` without a cluster sees none: any address on 443 and 6443 then). JSON list.
+what the cluster's default/kubernetes EndpointSlice (the API server keeps it; the v1 Endpoints API is
+deprecated since Kubernetes 1.33) says at install or upgrade time (helm's lookup; a `helm template`
+without a cluster sees none: any address on 443 and 6443 then). IPv4 endpoints not marked unready. JSON list.
 */}}
 {{- define "vpngw.apiServer" -}}
 {{- $out := list -}}
 {{- if .Values.networkPolicy.apiServer -}}
 {{- $out = .Values.networkPolicy.apiServer -}}
 {{- else -}}
-{{- $ep := lookup "v1" "Endpoints" "default" "kubernetes" -}}
-{{- range ($ep.subsets | default list) -}}
-{{- $ports := .ports | default list -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" -}}
+{{- if eq ($slice.addressType | default "") "IPv4" -}}
+{{- $ports := $slice.ports | default list -}}
+{{- range ($slice.endpoints | default list) -}}
+{{- if ne (toString (dig "conditions" "ready" true .)) "false" -}}
 {{- range (.addresses | default list) -}}
-{{- $ip := .ip -}}
+{{- $ip := . -}}
 {{- range $ports -}}{{- $out = append $out (printf "%s/32:%d" $ip (int .port)) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
