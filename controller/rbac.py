@@ -67,6 +67,13 @@ CLUSTER = Scope(
             "controller.execute: conditions, nodeName, publicIP",
         ),
         Right(
+            VPN_GROUP,
+            ("vpnpeers/status",),
+            ("patch",),
+            "never used yet by the controller: RBAC lets it grant a gateway pod patch on its planned "
+            "VPNPeers' status (controller.desired.tenant_role) only if it holds it",
+        ),
+        Right(
             LEGACY_GROUP,
             ("ipsecgateways/status",),
             ("patch",),
@@ -227,6 +234,7 @@ UNUSED_BY_DESIGN = frozenset(
         ("", "secrets", "get"),
         ("", "configmaps", "get"),
         (VPN_GROUP, "vpngateways/finalizers", "update"),
+        (VPN_GROUP, "vpnpeers/status", "patch"),
         (LEGACY_GROUP, "ipsecgateways/finalizers", "update"),
     }
 )
