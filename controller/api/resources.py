@@ -849,8 +849,7 @@ PEER_STATUS = Obj(
             "Established, Connecting, Down, AuthFailed (IPsec: the authentication failed), or NotAdmitted "
             "(the controller left the peer out of its gateway's plan: see the Admitted condition). Written "
             "by the gateway's status-agent from the same data as the gateway's status.tunnels or "
-            "status.peers (NotAdmitted: by the controller).",
-            enum=("Established", "Connecting", "Down", "AuthFailed", "NotAdmitted"),
+            "status.peers (NotAdmitted: by the controller)."
         ),
         "reason": Str("Why the peer is not Established (charon's reason, a missing Secret...), if known."),
         "establishedAt": Str(f"IPsec: when the IKE_SA was established ({_RFC3339}); absent while down."),
