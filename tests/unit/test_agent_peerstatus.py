@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agent.fakes import ListSink
@@ -117,11 +118,11 @@ class PeerApi:
 
 async def settle() -> None:
     for _ in range(20):
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
 
 async def no_sleep(_: float) -> None:
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
 
 
 @pytest.mark.anyio
