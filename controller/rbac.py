@@ -70,8 +70,8 @@ CLUSTER = Scope(
             VPN_GROUP,
             ("vpnpeers/status",),
             ("patch",),
-            "never used yet by the controller: RBAC lets it grant a gateway pod patch on its planned "
-            "VPNPeers' status (controller.desired.tenant_role) only if it holds it",
+            "controller.execute: a peer's observedGeneration, and Admitted False for one left out of the "
+            "plan (and RBAC lets it grant a gateway pod patch on its planned VPNPeers' status only with it)",
         ),
         Right(
             LEGACY_GROUP,
@@ -234,7 +234,6 @@ UNUSED_BY_DESIGN = frozenset(
         ("", "secrets", "get"),
         ("", "configmaps", "get"),
         (VPN_GROUP, "vpngateways/finalizers", "update"),
-        (VPN_GROUP, "vpnpeers/status", "patch"),
         (LEGACY_GROUP, "ipsecgateways/finalizers", "update"),
     }
 )

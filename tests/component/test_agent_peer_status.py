@@ -1,8 +1,9 @@
 """Each planned VPNPeer's status, written by the gateway's status-agent through the Role the controller
 renders for it (the API emulator enforces RBAC): the controller runs with exactly its declared rights and
 creates the gateway's Roles; the agent (``python -m agent --kube-status``, its ServiceAccount's token)
-writes ``vpnpeers/<name>/status`` of exactly the peers of its plan, and the emulator refuses it a VPNPeer
-of the same namespace that is not in its plan."""
+writes ``vpnpeers/<name>/status`` of exactly the peers of its plan (the controller adds their
+observedGeneration), and the emulator refuses it a VPNPeer of the same namespace that is not in its
+plan."""
 
 from __future__ import annotations
 
@@ -69,13 +70,14 @@ def test_the_agent_writes_the_status_of_exactly_its_planned_peers(tmp_path: Path
 
             def peers() -> dict[str, Any] | None:
                 got = {n: (c.get(VPN, "VPNPeer", n, NS) or {}).get("status") for n in ("s1", "s2")}
-                return got if all(got.values()) else None
+                return got if all(s and "state" in s for s in got.values()) else None
 
             statuses = wait_for(lambda: peers() or proc.poll() is not None, 30, "the peers' statuses")
             assert proc.poll() is None, (tmp_path / "agent.log").read_text()
             assert isinstance(statuses, dict)
             for s in statuses.values():
                 assert s["state"] == "Down" and "charon unreachable" in s["reason"], s
+                assert s["observedGeneration"] == 1, "the controller's key, beside the agent's"
                 assert {c_["type"]: c_["status"] for c_ in s["conditions"]} == {
                     "Admitted": "True",
                     "Ready": "False",
