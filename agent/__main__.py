@@ -26,7 +26,7 @@ import anyio
 from agent.follow import PlanFollower
 from agent.health import HealthState, serve, split_listen
 from agent.runtime import Backend, PlanSource, Settings, StatusSink
-from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat
+from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat, WithPeerStatus
 from agent.sources import CopiedPlans, FilePlanSource, FileSecrets
 from gwkit.kube import ConfigError, KubeClient, load
 from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
@@ -291,6 +291,8 @@ async def main_async(settings: Settings) -> int:
             sink = kube
             if settings.status_file:
                 sink = _Both(FileStatusSink(settings.status_file), kube)
+            # Each planned VPNPeer's status too (its gateway's Role grants patch on exactly those).
+            sink = WithPeerStatus(sink, plan.gateway, KubeStatusApi(client), tg)
         elif settings.status_file:
             sink = FileStatusSink(settings.status_file)
         else:

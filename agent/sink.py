@@ -16,13 +16,16 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import anyio.abc
 
+from agent.peerstatus import peer_statuses
 from agent.runtime import StatusSink
 from gwkit.backoff import backoff as _backoff
 from gwkit.kube import ApiError, KubeClient, KubeError, Resource
@@ -303,3 +306,62 @@ class WithInitNat:
         # None when there is nothing to report: the status is merge-patched, so only an explicit null
         # takes an earlier report off the CR (found by review: it stayed there forever).
         await self.sink.publish({**status, "initNat": init_nat_report(doc)})
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+class WithPeerStatus:
+    """Each planned VPNPeer's own status beside the VPNGateway's: ``agent.peerstatus.peer_statuses`` of
+    every gateway status published, each patched into ``vpnpeers/<name>/status`` (the gateway's
+    namespace) by a ``KubeStatusSink`` of its own: the same coalescing, retry and backoff as the gateway's
+    status, and a write only when that peer's status changed.
+
+    Cadence: a peer's status changes when its gateway status does, and the backends publish that at once
+    on a state change but for counters alone at most once a resync (30 s; ``ipsec.status.publish_due``,
+    ``WireGuardAgent._publish``), so bytesIn/bytesOut on a VPNPeer trail by up to a resync (the exporter's
+    metrics have them live); an idle peer is never written again. Each writer also waits ``min_interval``
+    (2 s) after a write. A peer that leaves the plan loses its writer (the controller writes its
+    ``Admitted`` False); legacy IPsecGateway tunnels are not VPNPeers and get none."""
+
+    def __init__(
+        self,
+        sink: StatusSink,
+        gateway: GatewayRef,
+        api: StatusApi,
+        tg: anyio.abc.TaskGroup,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Sleep = anyio.sleep,
+    ) -> None:
+        self.sink = sink
+        self.gateway = gateway
+        self._api = api
+        self._tg = tg
+        self._clock = clock
+        self._sleep = sleep
+        self.writers: dict[str, tuple[KubeStatusSink, anyio.CancelScope]] = {}
+        self._last: dict[str, dict[str, Any]] = {}
+
+    async def publish(self, status: Mapping[str, Any]) -> None:
+        await self.sink.publish(status)
+        if self.gateway.kind != "VPNGateway" or ("tunnels" not in status and "peers" not in status):
+            return
+        docs = peer_statuses(status, previous=self._last, now=_rfc3339(self._clock()))
+        for name in set(self.writers) - set(docs):
+            self.writers.pop(name)[1].cancel()
+            self._last.pop(name, None)
+        for name, doc in docs.items():
+            if name not in self.writers:
+                ref = GatewayRef("VPNPeer", self.gateway.api_version, self.gateway.namespace, name)
+                writer = KubeStatusSink(ref, self._api, sleep=self._sleep)
+                self.writers[name] = (writer, await self._tg.start(_serve, writer))
+            await self.writers[name][0].publish(doc)
+            self._last[name] = doc
+
+
+async def _serve(writer: KubeStatusSink, *, task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+    with anyio.CancelScope() as scope:
+        task_status.started(scope)
+        await writer.run()

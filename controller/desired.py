@@ -12,7 +12,8 @@ with the gateway's namespace and uid in place of an ownerReference):
 * Deployment: the gateway pod (``controller.podspec``).
 
 And in the tenant's namespace (``object_name``, owned by the gateway): a Role and a RoleBinding for the
-pod's ServiceAccount: patch its own CR's status, read the Secrets its plan references, each by name and
+pod's ServiceAccount: patch its own CR's status and its planned VPNPeers' (``gwplan.peer_names``; a
+VPNPeer lives in its gateway's namespace), read the Secrets its plan references, each by name and
 only those their owners opted in (``names.LABEL_GATEWAY_SECRET``).
 
 Each object has a slot: its kind, or ``Tenant<kind>`` for the two in the tenant's namespace.
@@ -228,7 +229,8 @@ def granted_secrets(inputs: Inputs) -> list[str]:
 
 
 def tenant_role(inputs: Inputs) -> Obj:
-    """In the tenant's namespace: the pod patches its own CR's status and reads its Secrets, by name."""
+    """In the tenant's namespace: the pod patches its own CR's status and its planned VPNPeers' statuses,
+    and reads its Secrets, each by name."""
     key = inputs.key
     rules: list[Obj] = [
         {
@@ -246,6 +248,16 @@ def tenant_role(inputs: Inputs) -> Obj:
                 "resources": ["secrets"],
                 "resourceNames": secrets,
                 "verbs": ["get", "list", "watch"],
+            }
+        )
+    peers = gwplan.peer_names(inputs.plan)
+    if peers:  # each planned VPNPeer's own status (agent.sink.WithPeerStatus), scoped as the CR's is
+        rules.append(
+            {
+                "apiGroups": [key.group],
+                "resources": ["vpnpeers/status"],
+                "resourceNames": peers,
+                "verbs": ["patch"],
             }
         )
     return {

@@ -27,7 +27,7 @@ from controller.names import FINALIZER, LABEL_OWNER_UID, GatewayKey
 from controller.reconcile import Decision, outcome
 from controller.status import CONTROLLER_KEYS, StatusEvent, WriteFailure, event_object, whose
 from gwkit.kube import ApiError, Conflict, KubeClient, NotFound, Obj, Resource
-from gwkit.kube.client import BY_KIND, EVENTS, PODS
+from gwkit.kube.client import BY_KIND, EVENTS, PODS, VPNPEERS
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,24 @@ async def _write_status(
         await kube.patch(res, key.name, body, key.namespace, subresource="status")
     except NotFound:
         raise Requeue(f"{key} is gone") from None
+
+
+async def write_peer_statuses(
+    kube: KubeClient, namespace: str, patches: Mapping[str, Mapping[str, Any]]
+) -> int:
+    """The controller's part of its gateway's VPNPeers' statuses (``controller.peerstatus``); a courtesy,
+    as an Event is: a refused or failed write is logged and tried again at the next reconcile (the patch
+    is decided again from the stored status). Returns how many were written."""
+    written = 0
+    for name, patch in patches.items():
+        try:
+            await kube.patch(VPNPEERS, name, {"status": dict(patch)}, namespace, subresource="status")
+            written += 1
+        except NotFound:
+            pass  # deleted meanwhile
+        except Exception as exc:
+            log.warning("peer_status.failed peer=%s/%s error=%r", namespace, name, str(exc))
+    return written
 
 
 def same_decision_basis(seen: Mapping[str, Any], now: Mapping[str, Any]) -> bool:

@@ -67,6 +67,13 @@ CLUSTER = Scope(
             "controller.execute: conditions, nodeName, publicIP",
         ),
         Right(
+            VPN_GROUP,
+            ("vpnpeers/status",),
+            ("patch",),
+            "controller.execute: a peer's observedGeneration, and Admitted False for one left out of the "
+            "plan (and RBAC lets it grant a gateway pod patch on its planned VPNPeers' status only with it)",
+        ),
+        Right(
             LEGACY_GROUP,
             ("ipsecgateways/status",),
             ("patch",),

@@ -61,6 +61,7 @@ from controller.names import (
     key_of,
     owner_of,
 )
+from controller.peerstatus import peer_patches
 from controller.placement import ready
 from controller.reconcile import (
     TRANSIT_UNKNOWN,
@@ -633,6 +634,15 @@ class Operator:
             )
         finally:  # a later write's failure (a status 409) must not hide the writes made before it
             self._count_writes(counts)
+        if key.kind == "VPNGateway":
+            planned = set(gwplan.peer_names(rendered.in_force)) if rendered.in_force is not None else set()
+            patches = peer_patches(
+                snap.peers, planned, rendered.problems, rendered=rendered.plan is not None, now=now
+            )
+            if patches:
+                n = await execute.write_peer_statuses(self.kube, key.namespace, patches)
+                counts.writes += n
+                self.metrics.writes.labels("patch").inc(n)
         # The Deployment now pins the new node; the old pod on a dead node is deleted without its kubelet's
         # word once it cannot serve (the cloud fenced it off, or the node is gone or out of service):
         # else the Recreate Deployment waits for it forever (no kubelet confirms its deletion).

@@ -309,6 +309,18 @@ class Plan:
     version: str = PLAN_VERSION
 
 
+def peer_names(plan: Plan) -> list[str]:
+    """The VPNPeers in the plan (a VPNGateway's tunnels or WireGuard peers), sorted: the gateway pod
+    writes each one's status, and its Role grants exactly these. An IPsecGateway's tunnels are no
+    VPNPeers: none."""
+    if plan.gateway.kind != "VPNGateway":
+        return []
+    names = [t.name for t in plan.ipsec.tunnels] if plan.ipsec is not None else []
+    if plan.wireguard is not None:
+        names += [p.name for p in plan.wireguard.peers]
+    return sorted(set(names))
+
+
 def secret_names(plan: Plan) -> list[str]:
     """Every Secret the plan references, sorted: the gateway pod reads each (by name) through the API, and
     its Role grants exactly these."""

@@ -11,7 +11,9 @@ read back must be exactly the merge of what was written:
   list-sas snapshot: an Established tunnel with counters and a rekeying child, a Failed one with nulls),
   and the WireGuard one (``WireGuardAgent._publish``: Connected, NeverConnected and Failed peers), each with
   ``initNat`` (``agent.sink.WithInitNat`` over an init-nat status file) and through ``KubeStatusApi``;
-* then the healthy agent status after the failing one (its nulls delete keys: a merge patch).
+* then the healthy agent status after the failing one (its nulls delete keys: a merge patch);
+* and each VPNPeer's own status (``agent.peerstatus.peer_statuses`` of those same agent statuses, as
+  ``agent.sink.WithPeerStatus`` derives it), written to a VPNPeer of that name, failing then healthy.
 
 ``round_trips`` runs against the API emulator (tests/component/test_status_schema.py) and the real
 kube-apiserver (tests/integration/test_status_schema_real.py): a field missing from the schema fails both.
@@ -33,6 +35,7 @@ from agent.fakes import ListSink, StaticPlans
 from agent.health import HealthState
 from agent.ipsec.keeper import Keeper
 from agent.ipsec.status import tunnels_status
+from agent.peerstatus import peer_statuses
 from agent.runtime import Secrets
 from agent.sink import KubeStatusApi, WithInitNat
 from agent.wireguard.run import WireGuardAgent
@@ -40,7 +43,7 @@ from controller import execute
 from controller.names import key_of
 from controller.reconcile import Report, outcome
 from controller.status import Condition, WriteFailure
-from gwkit.kube.client import IPSECGATEWAYS, NAMESPACES, VPNGATEWAYS, KubeClient, Resource
+from gwkit.kube.client import IPSECGATEWAYS, NAMESPACES, VPNGATEWAYS, VPNPEERS, KubeClient, Resource
 from gwkit.kube.config import from_kubeconfig
 from gwkit.kube.errors import Conflict
 from gwkit.wireguard.model import DeviceState, PeerState
@@ -276,4 +279,40 @@ async def round_trips(kubeconfig: Path, namespace: str) -> dict[str, dict[str, A
                 await agent_api.patch_status(ref, doc_)
                 await check("status-agent's " + ("failing" if failing else "healthy"), doc_)
             out[name] = expected
+            if doc is not legacy_gw:
+                peer_doc = next(d for d in example_docs("wireguard.yaml" if doc is wg_gw else "ipsec.yaml")
+                                if d["kind"] == "VPNPeer" and d["spec"]["type"] == "site")  # fmt: skip
+                out.update(await _peer_round_trips(kube, namespace, ref, peer_doc, statuses))
         return out
+
+
+async def _peer_round_trips(
+    kube: KubeClient,
+    namespace: str,
+    gateway: GatewayRef,
+    peer_doc: Mapping[str, Any],
+    statuses: list[dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Each peer of ``statuses`` (the agent's failing, then healthy, gateway status) as a VPNPeer of its
+    gateway, its derived status written and read back after each write."""
+    api = KubeStatusApi(kube)
+    expected: dict[str, dict[str, Any]] = {}
+    previous: dict[str, dict[str, Any]] = {}
+    for when, status in zip(("2026-12-01T10:00:00Z", "2026-12-01T10:05:00Z"), statuses, strict=True):
+        for peer, doc in peer_statuses(status, previous=previous, now=when).items():
+            if peer not in expected:
+                body = copy.deepcopy(dict(peer_doc))
+                body["metadata"] = {"name": peer}
+                body["spec"]["gatewayRef"] = {"name": gateway.name}
+                await create_when_served(kube, VPNPEERS, body, namespace)
+            await api.patch_status(GatewayRef("VPNPeer", gateway.api_version, namespace, peer), doc)
+            expected[peer] = merge(expected.get(peer, {}), doc)
+            got = (await kube.get(VPNPEERS, peer, namespace)).get("status") or {}
+            assert got == expected[peer], (
+                f"VPNPeer {peer}: the status read back differs from what was written (pruned by the schema?)"
+                f":\nwrote {json.dumps(doc, indent=1, sort_keys=True)}"
+                f"\nread {json.dumps(got, indent=1, sort_keys=True)}"
+            )
+            previous[peer] = doc
+    assert {e["state"] for e in expected.values()} >= {"Established"}
+    return {f"VPNPeer/{k}": v for k, v in expected.items()}

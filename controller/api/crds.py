@@ -53,7 +53,7 @@ _PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
             "name": "State",
             "type": "string",
             "jsonPath": ".status.state",
-            "description": "The peer's tunnel state (empty until the status-agent writes it).",
+            "description": "Established, Connecting, Down, AuthFailed or NotAdmitted (status.state).",
         },
         _AGE,
         {"name": "Endpoint", "type": "string", "jsonPath": ".spec.endpoint", "priority": 1},

@@ -846,12 +846,29 @@ GATEWAY_STATUS = Obj(
 PEER_STATUS = Obj(
     {
         "state": Str(
-            "The peer's tunnel state as its gateway's status-agent sees it (IPsec: Established, "
-            "Connecting, Down, Failed; WireGuard: Connected, Stale, NeverConnected, Failed). Not written "
-            "yet: the gateway's status.tunnels or status.peers has it."
+            "Established, Connecting, Down, AuthFailed (IPsec: the authentication failed), or NotAdmitted "
+            "(the controller left the peer out of its gateway's plan: see the Admitted condition). Written "
+            "by the gateway's status-agent from the same data as the gateway's status.tunnels or "
+            "status.peers (NotAdmitted: by the controller)."
+        ),
+        "reason": Str("Why the peer is not Established (charon's reason, a missing Secret...), if known."),
+        "establishedAt": Str(f"IPsec: when the IKE_SA was established ({_RFC3339}); absent while down."),
+        "latestHandshake": Str(f"WireGuard: the latest handshake ({_RFC3339}); absent if never."),
+        **{
+            k: Int(f"{v.description} Updated at least once a resync (30 s) while it moves.")
+            for k, v in _counters.items()
+        },
+        "observedGeneration": Int("The metadata.generation the controller last reconciled."),
+        "conditions": Arr(
+            condition,
+            "Admitted (the controller put the peer in its gateway's plan; False with the reason when it "
+            "did not) and Ready (the tunnel is up).",
+            list_type="map",
+            map_keys=("type",),
         ),
     },
-    description="The observed state of the peer.",
+    description="The observed state of the peer: the status-agent of its gateway writes it while the peer "
+    "is in the plan; the controller writes Admitted False when it is not.",
 )
 CLUSTER_LINK_STATUS = Obj(description="Unused: nothing writes a ClusterLink's status.")
 

@@ -201,6 +201,14 @@ def test_apply_to_every_tunnel_established_and_ready_and_grants_decide_who_reach
     assert [c["state"] for c in tunnels["s1"]["children"]] == ["Established", "Established"], (
         "multi-subnet s1"
     )
+    peer = world.wait(
+        lambda: (
+            ((world.c.get(VPN, "VPNPeer", "s1", NS) or {}).get("status") or {}).get("state") == "Established"
+        ),
+        15,
+        "VPNPeer s1's own status.state Established (the status-agent)",
+    )
+    assert peer
     table = world.wait(lambda: ready_row(world), 30, "kubectl get vpngateways: Ready")
     assert "node-a" in table and "192.0.2.2" in table, table
     pod = world.pod_object()
@@ -466,6 +474,9 @@ code("list-secrets", "GET", f"/api/v1/namespaces/{tenant}/secrets")
 code("own-status", "PATCH", f"{gw}/acme/status", content=b"{}", headers=merge)
 code("own-spec", "PATCH", f"{gw}/acme", content=b"{}", headers=merge)
 code("other-status", "PATCH", f"{gw}/ghost/status", content=b"{}", headers=merge)
+peers = f"/apis/vpn.bnerd.net/v1alpha1/namespaces/{tenant}/vpnpeers"
+code("peer-status", "PATCH", f"{peers}/s1/status", content=b"{}", headers=merge)
+code("other-peer-status", "PATCH", f"{peers}/ghost/status", content=b"{}", headers=merge)
 code("delete-pods", "DELETE", f"/api/v1/namespaces/{ns}/pods/x")
 code("tenant-pods", "GET", f"/api/v1/namespaces/{tenant}/pods")
 print(json.dumps(out))
@@ -514,12 +525,14 @@ def test_the_pods_identity_asking_for_more_than_its_role_is_refused(world: E2EWo
         "own-status": 200,
         "own-spec": 403,
         "other-status": 403,
+        "peer-status": 200,
+        "other-peer-status": 403,
         "delete-pods": 403,
         "tenant-pods": 403,
     }, codes
     user = f"system:serviceaccount:{HOME_NS}:{HOME}"
     refused = sorted(r.path for r in world.c.kube.requests(user=user, since=since) if r.code == 403)
-    assert len(refused) == 8 and all(r.startswith(("/api/v1/", "/apis/vpn.bnerd.net/")) for r in refused), (
+    assert len(refused) == 9 and all(r.startswith(("/api/v1/", "/apis/vpn.bnerd.net/")) for r in refused), (
         refused
     )
 

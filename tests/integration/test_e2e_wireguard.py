@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from lab import netns
-from lab.kubelet.world import E2EWorld, secret_doc
+from lab.kubelet.world import VPN, E2EWorld, secret_doc
 from lab.peers import keypair
 from lab.world import GW_NIC2_ADDR, SERVICE_CIDR, Host
 from tests.integration.test_e2e_ipsec import exporter_metrics
@@ -139,6 +139,14 @@ def test_two_wireguard_peers_handshake_connect_and_a_removed_peer_is_cut(world: 
     sites, _ = bring_up(world, ("s1", "s2"))
     peers = world.wg_peers("acme-wg", NS)
     assert all(p.get("latestHandshake") for p in peers.values()), peers
+    own = world.wait(
+        lambda: (
+            ((world.c.get(VPN, "VPNPeer", "s1", NS) or {}).get("status") or {}).get("state") == "Established"
+        ),
+        15,
+        "VPNPeer s1's own status.state Established (the status-agent)",
+    )
+    assert own
     pod = world.pod("acme-wg", NS)
     assert pod is not None
     assert {c["name"] for c in world.pod_object("acme-wg", NS)["status"]["containerStatuses"]} == {  # type: ignore[index]

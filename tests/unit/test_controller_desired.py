@@ -207,7 +207,13 @@ def test_the_gateway_pods_roles_allow_exactly_what_its_pod_does() -> None:
             "resourceNames": ["acme-psk", "s1-psk"],
             "verbs": ["get", "list", "watch"],
         },
-    ], "in the tenant's namespace: its CR's status and its Secrets"
+        {
+            "apiGroups": ["vpn.bnerd.net"],
+            "resources": ["vpnpeers/status"],
+            "resourceNames": ["s1", "s2"],
+            "verbs": ["patch"],
+        },
+    ], "in the tenant's namespace: its CR's status, its planned peers' statuses and its Secrets"
     sa = [{"kind": "ServiceAccount", "name": HOME, "namespace": GW_NS}]
     for slot, role in (("RoleBinding", HOME), ("TenantRoleBinding", "vpngw-acme")):
         rb = objs[slot]
@@ -397,6 +403,7 @@ def test_a_legacy_gateway_gets_its_own_names_and_its_kinds_status_right() -> Non
     home = GatewayKey("IPsecGateway", "tenant-old", "legacy").home_name
     assert {o["metadata"]["name"] for o in objs.values()} == {"ipsecgw-legacy", home}
     assert objs["TenantRole"]["rules"][0]["resources"] == ["ipsecgateways/status"]
+    assert not any("vpnpeers/status" in r["resources"] for r in objs["TenantRole"]["rules"]), "no VPNPeers"
     assert objs["TenantRole"]["rules"][0]["apiGroups"] == ["ipsec.bnerd.net"]
     assert objs["TenantRole"]["metadata"]["ownerReferences"][0]["kind"] == "IPsecGateway"
     assert objs["ConfigMap"]["metadata"]["labels"]["vpn.bnerd.net/gateway-kind"] == "IPsecGateway"
