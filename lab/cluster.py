@@ -49,7 +49,17 @@ def node(
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        # The well-known labels every kubelet registers (pkg/kubelet/kubelet_node_status.go, initialNode):
+        # the chart's default nodeSelector is kubernetes.io/os=linux.
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                **(labels or {}),
+            },
+        },
         "spec": spec,
     }
 

@@ -280,7 +280,18 @@ def render(world: E2EWorld, values: dict[str, Any]) -> str:
         pytest.fail("helm is missing: run scripts/setup.sh (it installs helm into .tools/bin)")
     path = world.workdir / "lab-values.yaml"
     path.write_text(yaml.safe_dump(values))
-    res = run_helm(HELM, "template", RELEASE, str(CHART), "-n", NAMESPACE, "--include-crds", "-f", str(path))
+    res = run_helm(
+        HELM,
+        "template",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--include-crds",
+        "--skip-tests",
+        "-f",
+        str(path),
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout
 
