@@ -17,7 +17,6 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -26,7 +25,7 @@ import httpx
 from controller.diagnose import Readyz, Snapshot, as_json, diagnose, problems, secret_refs, secret_state, text
 from controller.names import GatewayKey
 from controller.reconcile import peers_of, pod_selector
-from controller.runcli import add_openstack_args, gateway_key, openstack_cloud
+from controller.runcli import add_kube_args, add_openstack_args, gateway_key, openstack_cloud
 from controller.settings import Settings, SettingsError
 from gwkit.kube import ConfigError, KubeClient, KubeError, load
 from gwkit.kube.client import (
@@ -77,8 +76,7 @@ def add_diagnose_parser(sub: Any) -> None:
     d.add_argument(
         "-o", "--output", choices=("text", "json"), default="text", help="human text, or one JSON document"
     )
-    d.add_argument("--kubeconfig", type=Path, help="kubeconfig file (unset: in-cluster, else $KUBECONFIG)")
-    d.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
+    add_kube_args(d)
     d.add_argument(
         "--gateway-namespace",
         default=os.environ.get("VPNGW_GATEWAY_NAMESPACE", Settings.gateway_namespace),

@@ -78,8 +78,7 @@ def add_run_parser(sub: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     env = os.environ.get
-    r.add_argument("--kubeconfig", type=Path, help="kubeconfig file (unset: in-cluster, else $KUBECONFIG)")
-    r.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
+    add_kube_args(r)
     r.add_argument(
         "--namespace", default=env(ENV["namespace"]), help=f"watch only this namespace (${ENV['namespace']})"
     )
@@ -191,6 +190,14 @@ def add_run_parser(sub: Any) -> None:
     )
 
 
+def add_kube_args(
+    p: Any, kubeconfig_help: str = "kubeconfig file (unset: in-cluster, else $KUBECONFIG)"
+) -> None:
+    """``--kubeconfig`` and ``--context``, the same on every subcommand that talks to the cluster."""
+    p.add_argument("--kubeconfig", type=Path, help=kubeconfig_help)
+    p.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
+
+
 def add_openstack_args(r: Any) -> None:
     """The OpenStack flags ``run`` and ``adopt`` share (and the installation's name, which tags)."""
     env = os.environ.get
@@ -245,12 +252,7 @@ def add_adopt_parser(sub: Any) -> None:
         help="adopt a port attached to a server that is not one of the cluster's nodes (or when the nodes "
         "cannot be read): the reconcile moves it to the gateway's node",
     )
-    a.add_argument(
-        "--kubeconfig",
-        type=Path,
-        help="the cluster, for its nodes and identity (unset: in-cluster or $KUBECONFIG)",
-    )
-    a.add_argument("--context", help="the kubeconfig context to use (unset: its current-context)")
+    add_kube_args(a, "the cluster, for its nodes and identity (unset: in-cluster or $KUBECONFIG)")
     a.add_argument(
         "--cluster-id",
         default=os.environ.get("VPNGW_CLUSTER_ID", ""),
