@@ -3,9 +3,14 @@ are in tests/integration/conftest.py; polling is lab.wait)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import signal
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from controller.names import LABEL_TENANT, TENANT_ENABLED
@@ -61,3 +66,28 @@ def tenant_namespace(cp: ControlPlane, name: str) -> None:
         f"{LABEL_TENANT}={TENANT_ENABLED}",
         "pod-security.kubernetes.io/enforce=restricted",
     )
+
+
+@contextlib.contextmanager
+def agent_as_pod(
+    kube: Any, home: str, service_account: str, plan_json: str, workdir: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The status-agent as the gateway pod runs it, with its ServiceAccount's token from ``kube`` (the API
+    emulator) and no charon, writing status; its log in ``workdir/agent.log``; SIGTERMed on exit."""
+    token = kube.mint_token(home, service_account)
+    kubeconfig = kube.write_kubeconfig(workdir / "agent.kubeconfig", token, home, "agent")
+    (workdir / "plan.json").write_text(plan_json)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    argv = [
+        *(sys.executable, "-m", "agent", "--plan", str(workdir / "plan.json")),
+        *("--secrets-dir", str(workdir), "--vici-socket", str(workdir / "no-charon.vici")),
+        *("--kube-status", "--poll-interval", "0.05"),
+    ]
+    with (workdir / "agent.log").open("wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)

@@ -7,10 +7,6 @@ plan."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +19,7 @@ from lab.cluster import Cluster, home_of, wait_for
 from tests.component.test_controller_operator import CONFIG, NS, apply_with_secrets, converged
 from tests.component.test_controller_rbac import bind
 from tests.examples import example_docs
+from tests.helpers import agent_as_pod
 
 VPN = "vpn.bnerd.net/v1alpha1"
 
@@ -54,19 +51,8 @@ def test_the_agent_writes_the_status_of_exactly_its_planned_peers(tmp_path: Path
         plan = c.owned("v1", "ConfigMap", "acme", NS)
         assert sa is not None and plan is not None
         agent_user = f"system:serviceaccount:{home}:{sa['metadata']['name']}"
-        token = c.kube.mint_token(home, sa["metadata"]["name"])
-        kubeconfig = c.kube.write_kubeconfig(tmp_path / "agent.kubeconfig", token, home, "agent")
-        (tmp_path / "plan.json").write_text(plan["data"]["plan.json"])
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        argv = [
-            *(sys.executable, "-m", "agent", "--plan", str(tmp_path / "plan.json")),
-            *("--secrets-dir", str(tmp_path), "--vici-socket", str(tmp_path / "no-charon.vici")),
-            *("--kube-status", "--poll-interval", "0.05"),
-        ]
-        log = (tmp_path / "agent.log").open("wb")
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
+        kubeconfig = tmp_path / "agent.kubeconfig"
+        with agent_as_pod(c.kube, home, sa["metadata"]["name"], plan["data"]["plan.json"], tmp_path) as proc:
 
             def peers() -> dict[str, Any] | None:
                 got = {n: (c.get(VPN, "VPNPeer", n, NS) or {}).get("status") for n in ("s1", "s2")}
@@ -85,10 +71,6 @@ def test_the_agent_writes_the_status_of_exactly_its_planned_peers(tmp_path: Path
             # The agent's token may not write a peer outside its plan, even in its gateway's namespace.
             assert anyio.run(_patch_status, kubeconfig, "stranger") == 403
             assert anyio.run(_patch_status, kubeconfig, "s1") == 200, "the same request for a planned peer"
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(10)
-            log.close()
         written = {
             (r.resource, r.name) for r in c.kube.requests(user=agent_user, verb="patch") if r.code < 300
         }

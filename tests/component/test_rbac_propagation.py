@@ -8,10 +8,6 @@ published arrives once the authorizer sees the binding - none is lost."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +16,7 @@ from lab.cluster import Cluster, home_of, wait_for
 from tests.component.test_controller_operator import CONFIG, NS, apply_with_secrets, converged
 from tests.component.test_controller_rbac import SA, bind
 from tests.examples import example_docs
+from tests.helpers import agent_as_pod
 
 DELAY = 4.0
 """Seconds before the authorizer sees an RBAC change (real servers: well under a second, more under
@@ -43,19 +40,7 @@ def test_roles_the_authorizer_does_not_see_yet_lose_no_write(tmp_path: Path) -> 
         assert sa is not None and plan is not None
         agent_user = f"system:serviceaccount:{home}:{sa['metadata']['name']}"
         bound_at = time.monotonic()  # no later than the bindings the agent writes through were made
-        token = c.kube.mint_token(home, sa["metadata"]["name"])
-        kubeconfig = c.kube.write_kubeconfig(tmp_path / "agent.kubeconfig", token, home, "agent")
-        (tmp_path / "plan.json").write_text(plan["data"]["plan.json"])
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        argv = [
-            *(sys.executable, "-m", "agent", "--plan", str(tmp_path / "plan.json")),
-            *("--secrets-dir", str(tmp_path), "--vici-socket", str(tmp_path / "no-charon.vici")),
-            *("--kube-status", "--poll-interval", "0.05"),
-        ]
-        log = (tmp_path / "agent.log").open("wb")
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
+        with agent_as_pod(c.kube, home, sa["metadata"]["name"], plan["data"]["plan.json"], tmp_path) as proc:
 
             def reported() -> dict[str, Any] | None:
                 gw = c.get(VPN, "VPNGateway", "acme", NS)
@@ -64,10 +49,6 @@ def test_roles_the_authorizer_does_not_see_yet_lose_no_write(tmp_path: Path) -> 
             gw = wait_for(lambda: reported() or proc.poll() is not None, DELAY + 20, "the agent's status")
             arrived = time.monotonic()
             assert proc.poll() is None, (tmp_path / "agent.log").read_text()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(10)
-            log.close()
         assert isinstance(gw, dict)
         patches = c.kube.requests(user=agent_user, verb="patch")
         refused = [r for r in patches if r.code == 403]
