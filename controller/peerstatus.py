@@ -22,15 +22,35 @@ NOT_ADMITTED = "NotAdmitted"
 _COMPARED = ("type", "status", "reason", "message")
 
 
-def _why(name: str, problems: Sequence[Problem], rendered: bool) -> tuple[str, str]:
-    """(reason, message) of a peer left out: its own problems, else the gateway's."""
+MESSAGE_MAX, SUMMARY_MAX = 1024, 256
+"""Bounds on what a left-out peer's status carries (found by review: with the gateway's whole problem
+list in three places, a tenant's thousands of peers cost etcd and the controller's cache a GB). The
+whole list is on the gateway's ConfigRendered condition and in ``diagnose``."""
+READY_MESSAGE = "left out of its gateway's plan: the Admitted condition says why"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _why(name: str, problems: Sequence[Problem], rendered: bool) -> tuple[str, list[str]]:
+    """(reason, messages) of a peer left out: its own problems, else the gateway's."""
     mine = [p for p in problems if p.item.kind == "peer" and p.item.name == name]
     if mine:
-        return mine[0].reason or "Invalid", "; ".join(str(p) for p in mine)[:32768]
+        return mine[0].reason or "Invalid", [str(p) for p in mine]
     if not rendered:
-        gw = [p for p in problems if p.item.kind == "gateway"]
-        return "GatewayNotRendered", ("; ".join(str(p) for p in gw) or "its gateway renders no plan")[:32768]
-    return "NotInPlan", "the controller left this peer out of its gateway's plan"
+        gw = [str(p) for p in problems if p.item.kind == "gateway"]
+        return "GatewayNotRendered", gw or ["its gateway renders no plan"]
+    return "NotInPlan", ["the controller left this peer out of its gateway's plan"]
+
+
+def _message(messages: Sequence[str]) -> str:
+    more = (
+        f" (and {len(messages) - 1} more: the gateway's ConfigRendered condition)"
+        if len(messages) > 1
+        else ""
+    )
+    return _clip(messages[0], MESSAGE_MAX - len(more)) + more
 
 
 def _same_conditions(stored: Any, want: Sequence[Mapping[str, Any]]) -> bool:
@@ -68,19 +88,20 @@ def peer_patches(
         if isinstance(generation, int) and stored.get("observedGeneration") != generation:
             patch["observedGeneration"] = generation
         if name not in planned:
-            reason, message = _why(name, problems, rendered)
+            reason, messages = _why(name, problems, rendered)
+            summary = _clip(messages[0], SUMMARY_MAX)
             conditions = [
-                {"type": "Admitted", "status": "False", "reason": reason, "message": message},
-                {"type": "Ready", "status": "False", "reason": NOT_ADMITTED, "message": message},
+                {"type": "Admitted", "status": "False", "reason": reason, "message": _message(messages)},
+                {"type": "Ready", "status": "False", "reason": NOT_ADMITTED, "message": READY_MESSAGE},
             ]
             if (
                 stored.get("state") != NOT_ADMITTED
-                or stored.get("reason") != message
+                or stored.get("reason") != summary
                 or not _same_conditions(stored.get("conditions"), conditions)
             ):
                 patch.update(
                     state=NOT_ADMITTED,
-                    reason=message,
+                    reason=summary,
                     # Out of the plan, nothing flows: the agent's last counters and times are gone.
                     establishedAt=None,
                     latestHandshake=None,

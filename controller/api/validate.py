@@ -274,6 +274,16 @@ def _peer_path(peer: VPNPeer) -> str:
     return "spec.ipsec.remoteSubnets" if peer.ipsec is not None else "spec.wireguard.allowedIPs"
 
 
+def _whose(n: Neighbour, namespace: str) -> str:
+    """The other gateway's range as a tenant may read it: named (with its range) in the tenant's own
+    namespace, else neither: another tenant's gateways, namespaces and ranges are not told (a tenant
+    trying wider ranges would map them all). The platform team finds it: ``kubectl get vpngateways -A
+    -o custom-columns=NS:.metadata.namespace,NAME:.metadata.name,CIDR:.spec.serviceCIDR``."""
+    if n.resource.split("/")[1:2] == [namespace]:
+        return f"{n.resource}'s serviceCIDR {n.service_cidr}"
+    return "the serviceCIDR of a gateway in another namespace"
+
+
 def validate_gateway(
     gateway: Gateway, peers: Sequence[VPNPeer], internal_source_cidrs: Sequence[str]
 ) -> list[Problem]:
@@ -433,8 +443,8 @@ def _gateway_itself(gateway: Gateway, service: _Net, around: Surroundings) -> li
             for c in around.transit_cidrs
         ),
         *(
-            (n.service_cidr, f"overlaps {n.resource}'s serviceCIDR {n.service_cidr}, which it had first: "
-             "gateways on one transit network need disjoint serviceCIDRs", "ServiceCIDRTaken")
+            (n.service_cidr, f"overlaps {_whose(n, gateway.meta.namespace)}, which it had first: gateways on "
+             "one transit network need disjoint serviceCIDRs", "ServiceCIDRTaken")
             for n in around.neighbours
         ),
     ]  # fmt: skip

@@ -4,6 +4,7 @@ status already says it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from controller.api.schema import FieldError
@@ -54,3 +55,19 @@ def test_with_no_plan_the_gateways_problem_is_why() -> None:
     out = peer_patches([peer("s1")], set(), [gw], rendered=False, now=T0)["s1"]
     admitted = next(c for c in out["conditions"] if c["type"] == "Admitted")
     assert admitted["reason"] == "GatewayNotRendered" and "is not enabled" in admitted["message"]
+
+
+def test_a_left_out_peers_status_stays_small_whatever_the_problems() -> None:
+    """Found by review: the whole problem list went into three fields of every left-out peer; a tenant's
+    thousands of peers then cost etcd and the controller's watch cache a GB."""
+    many = [
+        Problem(
+            "VPNGateway/t/acme", FieldError(f"spec.exposures[{i}].target", "x" * 500), Item("gateway", "acme")
+        )
+        for i in range(200)
+    ]
+    out = peer_patches([peer("s1")], set(), many, rendered=False, now=T0)["s1"]
+    assert len(json.dumps(out)) < 2048, len(json.dumps(out))
+    admitted = next(c for c in out["conditions"] if c["type"] == "Admitted")
+    assert admitted["message"].startswith(str(many[0])[:100]) and "and 199 more" in admitted["message"]
+    assert len(out["reason"]) <= 256

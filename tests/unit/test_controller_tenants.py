@@ -80,18 +80,26 @@ def test_of_two_new_gateways_the_older_keeps_the_range() -> None:
     assert neighbours(old, [new]) == ()
 
 
-def test_a_taken_service_cidr_refuses_the_gateway_naming_the_other() -> None:
-    other = Claim(key("first", "tenant-b"), "198.18.0.0/16", True, "2026-01-01T00:00:00Z")
+@pytest.mark.parametrize("namespace", ["tenant-acme", "tenant-b"])
+def test_a_taken_service_cidr_refuses_the_gateway_naming_the_other_only_in_its_own_namespace(
+    namespace: str,
+) -> None:
+    """Another tenant's gateway, namespace and range are not told (found by review: a tenant trying wider
+    serviceCIDRs would map every other tenant's); a gateway of the same namespace is named."""
+    other = Claim(key("first", namespace), "198.18.0.0/16", True, "2026-01-01T00:00:00Z")
     mine = my_claim(key("acme", "tenant-acme"), snapshot(IPSEC).gateway, None)
     assert mine is not None
     snap = snapshot(IPSEC, neighbours=neighbours(mine, [other]))
     d = run(snap, SETTINGS)
     cond = conditions(d)["ConfigRendered"]
     assert (cond["status"], cond["reason"]) == ("False", "ServiceCIDRTaken")
-    assert (
-        "overlaps VPNGateway/tenant-b/first's serviceCIDR 198.18.0.0/16, which it had first"
-        in cond["message"]
-    )
+    if namespace == "tenant-acme":
+        told = "overlaps VPNGateway/tenant-acme/first's serviceCIDR 198.18.0.0/16, which it had first"
+        assert told in cond["message"]
+    else:
+        told = "overlaps the serviceCIDR of a gateway in another namespace, which it had first"
+        assert told in cond["message"]
+        assert "tenant-b" not in cond["message"] and "198.18.0.0/16" not in cond["message"]
     assert "ConfigMap" not in written(d), "nothing rendered"
 
 
