@@ -170,3 +170,55 @@ async def test_a_legacy_gateways_tunnels_are_no_vpnpeers() -> None:
         await settle()
         assert api.writes == [] and sink.writers == {}
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_counters_alone_are_written_at_most_every_interval_and_a_state_change_at_once() -> None:
+    """Found by review: every busy peer's counters were patched each resync (thousands of writes a
+    minute for a big gateway); now at most every ``counters_every`` s per peer, bounded over the
+    gateway by ``counters_rate``."""
+    api, now = PeerApi(), [0.0]
+    async with anyio.create_task_group() as tg:
+        sink = WithPeerStatus(
+            ListSink(), GW, api, tg, clock=lambda: now[0], sleep=no_sleep, counters_every=300
+        )
+        await sink.publish({"tunnels": [tunnel("Established", bytesIn=1)]})
+        await settle()
+        now[0] = 30.0
+        await sink.publish({"tunnels": [tunnel("Established", bytesIn=2)]})
+        await settle()
+        assert [s["bytesIn"] for _, _, s in api.writes] == [1], "counters alone, not yet due"
+        now[0] = 301.0
+        await sink.publish({"tunnels": [tunnel("Established", bytesIn=3)]})
+        await settle()
+        assert [s["bytesIn"] for _, _, s in api.writes] == [1, 3], "due: written"
+        now[0] = 302.0
+        await sink.publish({"tunnels": [tunnel("Down", bytesIn=4)]})
+        await settle()
+        assert [(s["state"], s["bytesIn"]) for _, _, s in api.writes][-1] == ("Down", 4), (
+            "a state change at once"
+        )
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_with_many_peers_the_counters_interval_stretches_to_the_gateways_rate() -> None:
+    api, now = PeerApi(), [0.0]
+    many = [{**tunnel("Established", bytesIn=1), "name": f"s{i}"} for i in range(2000)]
+    async with anyio.create_task_group() as tg:
+        sink = WithPeerStatus(
+            ListSink(), GW, api, tg, clock=lambda: now[0], sleep=no_sleep, counters_rate=2.0
+        )
+        await sink.publish({"tunnels": many})
+        await settle()
+        first = len(api.writes)
+        now[0] = 400.0  # past 300 s, short of 2000 peers / 2 per s = 1000 s
+        await sink.publish({"tunnels": [{**t, "bytesIn": 2} for t in many]})
+        await settle()
+        assert len(api.writes) == first, "not due at this gateway's size"
+        now[0] = 1001.0
+        await sink.publish({"tunnels": [{**t, "bytesIn": 3} for t in many]})
+        for _ in range(50):
+            await settle()
+        assert len(api.writes) == 2 * first
+        tg.cancel_scope.cancel()
