@@ -113,7 +113,14 @@ def load(
     env = os.environ if environ is None else environ
     if kubeconfig is not None:
         return from_kubeconfig(kubeconfig, context=context)
-    if context is None and env.get("KUBERNETES_SERVICE_HOST") and (service_account_dir / "token").exists():
+    # controller-runtime's order (pkg/client/config loadConfig): $KUBECONFIG, then in-cluster, then
+    # ~/.kube/config; found by review: in-cluster won over a $KUBECONFIG set in a pod.
+    if (
+        context is None
+        and not env.get("KUBECONFIG")
+        and env.get("KUBERNETES_SERVICE_HOST")
+        and (service_account_dir / "token").exists()
+    ):
         return in_cluster(env, service_account_dir)
     paths = kubeconfig_paths(env)
     found = [p for p in paths if p.exists()]
@@ -253,7 +260,10 @@ def _read(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"kubeconfig {path}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"kubeconfig {path}: not YAML: {exc}") from exc
+        # Where, never the snippet PyYAML quotes: the line may hold a token (found by review).
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"kubeconfig {path}: not YAML{at}") from None
 
 
 def from_kubeconfig(paths: Path | Sequence[Path], *, context: str | None = None) -> ClusterConfig:

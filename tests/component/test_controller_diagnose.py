@@ -187,8 +187,16 @@ def test_kubectl_runs_it_as_a_plugin(cluster: Cluster, tmp_path: Path) -> None:
         "VPNGW_PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT),
     }
+    # Run from a directory holding a package named controller (an unpacked support bundle, say): the
+    # plugin must not import it (found by review: `python -m` put the current directory first).
+    bundle = tmp_path / "bundle"
+    (bundle / "controller").mkdir(parents=True)
+    (bundle / "controller" / "__init__.py").write_text("")
+    (bundle / "controller" / "__main__.py").write_text("print('HIJACKED')\n")
     res = subprocess.run(
-        [kubectl, "vpngw", "diagnose", f"{NS}/acme"], capture_output=True, text=True, env=env, timeout=60
-    )
+        [kubectl, "vpngw", "diagnose", f"{NS}/acme"],
+        capture_output=True, text=True, env=env, timeout=60, cwd=bundle,
+    )  # fmt: skip
+    assert "HIJACKED" not in res.stdout, "the plugin ran the current directory's controller package"
     assert res.returncode == 0, res.stdout + res.stderr
     assert "no problems found" in res.stdout

@@ -173,7 +173,34 @@ def test_a_context_never_means_in_cluster(tmp_path: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBECONFIG": str(kc)}
     assert load(environ=env, context="x", service_account_dir=sa).server == "https://k"
     with pytest.raises(ConfigError, match="in-cluster CA"):  # no ca.crt here: but it was in-cluster it tried
-        load(environ=env, service_account_dir=sa)
+        load(environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOME": str(tmp_path)}, service_account_dir=sa)
+
+
+def test_kubeconfig_from_the_environment_wins_over_in_cluster_as_in_controller_runtime(
+    tmp_path: Path,
+) -> None:
+    """controller-runtime's loadConfig: --kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config (found by
+    review: in-cluster won over $KUBECONFIG set in a pod)."""
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    kc = write(
+        tmp_path / "config",
+        doc(clusters={"c": {"server": "https://k"}}, contexts={"x": {"cluster": "c"}}, current="x"),
+    )
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBECONFIG": str(kc)}
+    assert load(environ=env, service_account_dir=sa).server == "https://k"
+
+
+def test_a_kubeconfig_that_is_not_yaml_says_where_and_never_quotes_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "config"
+    bad.write_text("users:\n- name: u\n  user:\n    token: abc: SECRETTOKEN123: x\n")
+    with pytest.raises(ConfigError) as err:
+        from_kubeconfig(bad)
+    assert "not YAML at line 4" in str(err.value) and "SECRETTOKEN123" not in str(err.value)
+    assert err.value.__cause__ is None and err.value.__suppress_context__, (
+        "a traceback would print the snippet"
+    )
 
 
 def test_no_file_at_all_says_where_it_looked(tmp_path: Path) -> None:
