@@ -278,7 +278,7 @@ def test_psk_mismatch() -> None:
         {
             "name": "s2",
             "state": "Failed",
-            "lastError": "AUTHENTICATION_FAILED: the peer's authentication did not verify (PSK mismatch?) "
+            "lastError": "AUTHENTICATION_FAILED: an IKE_AUTH claiming this peer's identity did not verify "
             "(tried to check IKE_SA s2 authentication of 's2.lab.example' with pre-shared key failed)",
             "children": [],
         },
