@@ -320,6 +320,13 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def scraped_ports(settings: Settings) -> tuple[int, ...]:
+    """The pod's ports Prometheus scrapes (the chart's PodMonitor lists the same, by name): the exporter's
+    (``metrics``: the tunnels) and the status-agent's (``health``: its ``/metrics``, vpngw_build_info and
+    its process; its probes are there too, which tell nothing secret)."""
+    return (settings.pod.metrics_port, settings.pod.health_port)
+
+
 def network_policy(inputs: Inputs) -> Obj:
     np = inputs.settings.network_policy
     ns_label = "kubernetes.io/metadata.name"
@@ -353,7 +360,7 @@ def network_policy(inputs: Inputs) -> Obj:
             "ingress": [
                 {
                     "from": [{"namespaceSelector": {"matchLabels": {ns_label: np.monitoring_namespace}}}],
-                    "ports": [{"protocol": "TCP", "port": inputs.settings.pod.metrics_port}],
+                    "ports": [{"protocol": "TCP", "port": port} for port in scraped_ports(inputs.settings)],
                 }
             ],
             "egress": egress,

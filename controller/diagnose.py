@@ -13,7 +13,8 @@ strings:
   NetworkAttachmentDefinition the API does not serve);
 * the status-agent's keys (``status.agent.connected`` / ``lastError`` "charon unreachable: ...",
   ``status.tunnels[].lastError`` "AUTHENTICATION_FAILED: ..." from ``agent.ipsec.status``,
-  ``status.peers[].state`` ``Failed``) and its ``/readyz`` body ("not ready: <reason>");
+  ``status.peers[].state`` ``Failed``) and its ``/readyz`` body ("not ready: <reason>"), read on the
+  pod's IP or through the API server's pod proxy (the output says which; neither: a note);
 * the objects themselves (the pod's phase, reason and container states, the Deployment's conditions, the
   nodes, the referenced Secrets' names and labels, Events).
 
@@ -53,12 +54,20 @@ class Finding:
         return asdict(self)
 
 
+READYZ_DIRECT = "the pod's IP"
+READYZ_PROXY = "the API server's pod proxy"
+
+
 @dataclass(frozen=True)
 class Readyz:
-    """The status-agent's ``/readyz`` answer: ``code`` None when it could not be reached (``body`` why)."""
+    """The status-agent's ``/readyz`` answer: ``code`` None when it could not be reached (``body`` why,
+    for each way tried)."""
 
     code: int | None
     body: str
+    via: str = READYZ_DIRECT
+    """The way that answered: ``READYZ_DIRECT`` (the pod's IP, from where diagnose runs) or
+    ``READYZ_PROXY`` (``GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy/readyz``, as ``kubectl get --raw``)."""
 
 
 @dataclass(frozen=True)
@@ -650,6 +659,19 @@ def _check_agent(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
             ),
             "PodReady",
         )
+    if snap.readyz is not None and snap.readyz.code is None:
+        out.add(
+            R_AGENT + 30,
+            Finding(
+                "info",
+                "ReadyzUnreachable",
+                "the status-agent's /readyz could not be read (its detail is missing here, not a problem)",
+                snap.readyz.body.strip()[:600],
+                "run diagnose where the pod's IP is reachable, or with the right to "
+                f"`get pods/proxy` in namespace {snap.gateway_namespace} (the API server's pod proxy; "
+                f"kubectl auth can-i get pods/proxy -n {snap.gateway_namespace})",
+            ),
+        )
     secret_errors = [p for p in error.split("; ") if p.startswith("secret ")]
     for p in secret_errors:
         out.add(
@@ -875,6 +897,8 @@ def text(snap: Snapshot, findings: Sequence[Finding]) -> str:
         state = "not found" if "gateway" not in snap.unreadable else "unreadable"
     count = sum(1 for f in findings if f.severity != "info")
     lines = [f"{snap.key}: {state}; {count or 'no'} problem{'s' if count != 1 else ''} found"]
+    if snap.readyz is not None and snap.readyz.code is not None:
+        lines.append(f"status-agent /readyz: HTTP {snap.readyz.code}, read through {snap.readyz.via}")
     for i, f in enumerate(findings, 1):
         lines += [
             f"{i}. [{f.severity}] {f.code}: {f.what}",
@@ -892,5 +916,8 @@ def as_json(snap: Snapshot, findings: Sequence[Finding]) -> str:
         "ready": ready is not None and ready.get("status") == "True",
         "problems": problems(findings),
         "findings": [f.to_dict() for f in findings],
+        "readyz": None
+        if snap.readyz is None
+        else {"code": snap.readyz.code, "via": snap.readyz.via if snap.readyz.code is not None else None},
     }
     return json.dumps(doc, indent=2) + "\n"

@@ -3,7 +3,9 @@
 The thin reader: what the API (and, with ``--cloud openstack``, the cloud) holds about one gateway into a
 ``controller.diagnose.Snapshot``, then the pure ``diagnose`` and its text or JSON. It only reads: GETs
 and LISTs on the API (Secrets as metadata only: no value crosses the wire), the status-agent's
-``/readyz`` on the pod's address (often unreachable from outside the cluster: then a note), and the
+``/readyz`` on the pod's address, else (often unreachable from outside the cluster, and the gateway's
+NetworkPolicy admits neither) through the API server's pod proxy (the user's ``get pods/proxy`` in the
+gateway namespace; the output says which answered, and neither is a note), and the
 OpenStack backend's read-only ``inspect`` (its writes refused by a guard that always says no).
 
 Exit codes: 0 no problem, 1 a problem found (or the gateway cannot be read), 2 bad usage (a malformed
@@ -13,16 +15,29 @@ GATEWAY, an unreadable kubeconfig, a missing OpenStack flag), as ``adopt`` and `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import anyio
 import httpx
 
-from controller.diagnose import Readyz, Snapshot, as_json, diagnose, problems, secret_refs, secret_state, text
+from controller.diagnose import (
+    READYZ_DIRECT,
+    READYZ_PROXY,
+    Readyz,
+    Snapshot,
+    as_json,
+    diagnose,
+    problems,
+    secret_refs,
+    secret_state,
+    text,
+)
 from controller.names import GatewayKey
 from controller.reconcile import peers_of, pod_selector
 from controller.runcli import add_kube_args, add_openstack_args, gateway_key, openstack_cloud
@@ -61,7 +76,8 @@ def add_diagnose_parser(sub: Any) -> None:
         description=(
             "Read one gateway's CR, its peers and conditions, Events, the objects the controller made for it "
             "(plan ConfigMap, Deployment, NAD, ...), its pod and containers, the nodes, the Secrets it "
-            "references (names and labels only), the status-agent's /readyz where reachable, and with "
+            "references (names and labels only), the status-agent's /readyz (on the pod's IP, else through "
+            "the API server's pod proxy), and with "
             "--cloud openstack its port, floating IP, security group and routes; print every problem with "
             "its cause and fix, most important first. It only reads. Also `kubectl vpngw diagnose "
             "NAMESPACE/NAME` with scripts/kubectl-vpngw on the PATH."
@@ -86,7 +102,8 @@ def add_diagnose_parser(sub: Any) -> None:
         "--readyz-timeout",
         type=float,
         default=2.0,
-        help="seconds to wait for the status-agent's /readyz on the pod's address (0: do not ask)",
+        help="seconds to wait for the status-agent's /readyz on the pod's address, then through the API "
+        "server's pod proxy (needs get pods/proxy in the gateway namespace; 0: do not ask)",
     )
     d.add_argument(
         "--cloud",
@@ -191,7 +208,7 @@ async def gather(
                 about = str((e.get("involvedObject") or {}).get("name") or "")
                 if about == key.name if prefix is None else about.startswith(prefix):
                     events.append(e)
-    readyz = await probe_readyz(pods, readyz_timeout) if readyz_timeout > 0 else None
+        readyz = await probe_readyz(pods, readyz_timeout, kube) if readyz_timeout > 0 else None
     cloud_facts = None
     if cloud is not None:
         from controller.cloud import CloudError
@@ -218,20 +235,45 @@ async def gather(
     )
 
 
-def readyz_url(pod: dict[str, Any]) -> str | None:
-    """The status-agent's readiness probe on the pod's address, from the pod's own spec."""
+def readyz_target(pod: dict[str, Any]) -> tuple[str, int, str] | None:
+    """(pod IP, port, path) of the status-agent's readiness probe, from the pod's own spec."""
     ip = (pod.get("status") or {}).get("podIP")
     for c in (pod.get("spec") or {}).get("containers") or []:
         get = (
             ((c.get("readinessProbe") or {}).get("httpGet") or {}) if c.get("name") == "status-agent" else {}
         )
         if ip and isinstance(get.get("port"), int):
-            host = f"[{ip}]" if ":" in str(ip) else ip
-            return f"http://{host}:{get['port']}{get.get('path') or '/readyz'}"
+            return str(ip), int(get["port"]), str(get.get("path") or "/readyz")
     return None
 
 
-async def probe_readyz(pods: list[dict[str, Any]], timeout: float) -> Readyz | None:
+def readyz_url(pod: dict[str, Any]) -> str | None:
+    """The status-agent's readiness probe on the pod's address."""
+    target = readyz_target(pod)
+    if target is None:
+        return None
+    ip, port, path = target
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}{path}"
+
+
+def proxy_path(pod: dict[str, Any]) -> str | None:
+    """The same probe through the API server: ``/api/v1/namespaces/NS/pods/NAME:PORT/proxy/PATH`` (what
+    ``kubectl get --raw`` asks; the right it needs is ``get pods/proxy``)."""
+    target = readyz_target(pod)
+    md = pod.get("metadata") or {}
+    if target is None or not md.get("name") or not md.get("namespace"):
+        return None
+    _, port, path = target
+    ns, name = quote(str(md["namespace"]), safe=""), quote(str(md["name"]), safe="")
+    return f"/api/v1/namespaces/{ns}/pods/{name}:{port}/proxy{path if path.startswith('/') else '/' + path}"
+
+
+async def probe_readyz(
+    pods: list[dict[str, Any]], timeout: float, kube: KubeClient | None = None
+) -> Readyz | None:
+    """The newest live pod's ``/readyz``: on its IP, else (``kube``) through the API server's pod proxy;
+    neither: ``Readyz(None, why each failed)``."""
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
     if not live:
         return None
@@ -242,8 +284,39 @@ async def probe_readyz(pods: list[dict[str, Any]], timeout: float) -> Readyz | N
     try:
         async with httpx.AsyncClient(timeout=timeout) as client:
             res = await client.get(url)
-        return Readyz(res.status_code, res.text[:1024])
+        return Readyz(res.status_code, res.text[:1024], READYZ_DIRECT)
     except httpx.HTTPError as exc:
         # The pod's NetworkPolicy admits only the kubelet and the monitoring namespace: from outside the
         # cluster this is the usual answer, not a problem.
-        return Readyz(None, f"{url}: not reachable from here ({type(exc).__name__})")
+        direct = f"{url}: not reachable from here ({type(exc).__name__})"
+    path = proxy_path(pod)
+    if kube is None or path is None:
+        return Readyz(None, direct)
+    via = await _through_proxy(kube, path, timeout)
+    return via if isinstance(via, Readyz) else Readyz(None, f"{direct}; {via}")
+
+
+async def _through_proxy(kube: KubeClient, path: str, timeout: float) -> Readyz | str:
+    """The agent's answer relayed by the API server, or why there is none: the API server's own refusal
+    (a ``Status``: 403 without ``get pods/proxy``, 503 ``error trying to reach service`` when it cannot
+    dial the pod either, 400 ``address not allowed``) is told apart from the agent's answer (text)."""
+    # gwkit.kube's requests decode JSON answers; the agent's are text: its connection, token and TLS.
+    try:
+        token = await kube._token()
+        res = await kube._http.get(
+            path, headers=kube._headers(token, accept="*/*"), timeout=timeout, extensions=kube._extensions()
+        )
+    except (httpx.HTTPError, KubeError) as exc:
+        return f"GET {path}: {type(exc).__name__}: {exc}"
+    status: Any = None
+    if res.headers.get("content-type", "").startswith("application/json"):
+        with contextlib.suppress(ValueError):
+            status = res.json()
+    if isinstance(status, dict) and status.get("kind") == "Status":
+        why = (
+            f"GET {path}: HTTP {res.status_code} {status.get('reason') or ''}: {status.get('message') or ''}"
+        )
+        if res.status_code == 403:
+            why += " (diagnose needs `get pods/proxy` in the gateway namespace for this detail)"
+        return why
+    return Readyz(res.status_code, res.text[:1024], READYZ_PROXY)

@@ -114,16 +114,24 @@ def _container(
     return c
 
 
+def _log_flags(settings: Settings) -> list[str]:
+    """The programs' ``--log-format``: only when not their default (text), so a text installation's pod
+    template, and with it every running gateway pod, stays as it was."""
+    return [] if settings.pod.log_format == "text" else ["--log-format", settings.pod.log_format]
+
+
 def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[list[Obj], list[Obj]]:
     """(init containers, containers)."""
     pod = settings.pod
+    logs = _log_flags(settings)
+    initnat = ["python3", "-m", "initnat", *logs]
     privileged_init = pod.sysctls == "privileged-init"
     nat_mounts = [_mount("plan", PLAN_DIR, read_only=True), _mount("run", "/run"), _mount("live", LIVE_DIR)]
     init = [
         _container(
             "init-nat",
             settings,
-            ["python3", "-m", "initnat", "--plan", f"{PLAN_DIR}/plan.json", "--status-file", INITNAT_STATUS],
+            [*initnat, "--plan", f"{PLAN_DIR}/plan.json", "--status-file", INITNAT_STATUS],
             securityContext=_security(user=0, caps=INITNAT_CAPS, privileged=privileged_init),
             volumeMounts=nat_mounts,
         )
@@ -133,7 +141,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
     agent_caps = ["NET_ADMIN"] if wireguard else None
     daemon_mounts = [_mount("vici", VICI_DIR)] if not wireguard else [_mount("wireguard", WIREGUARD_DIR)]
     agent_cmd = [
-        "python3", "-m", "agent",
+        "python3", "-m", "agent", *logs,
         "--plan", LIVE_PLAN,
         "--plan-fallback", f"{PLAN_DIR}/plan.json",
         "--follow-configmap", key.home_name,
@@ -152,6 +160,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         "python3",
         "-m",
         "exporter",
+        *logs,
         "--listen",
         f"0.0.0.0:{pod.metrics_port}",
         "--plan",
@@ -166,7 +175,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         _container(
             "init-nat-watch",  # a pod's container names are unique across init and main containers
             settings,
-            ["python3", "-m", "initnat", "--plan", LIVE_PLAN, "--watch", "--status-file", INITNAT_STATUS],
+            [*initnat, "--plan", LIVE_PLAN, "--watch", "--status-file", INITNAT_STATUS],
             role="init-nat",
             securityContext=_security(user=0, caps=INITNAT_CAPS),
             volumeMounts=nat_mounts,

@@ -325,6 +325,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
             max_gateways_per_node=args.max_gateways_per_node,
             sysctls=args.gateway_sysctls,
             wireguard=args.wireguard_mode,
+            log_format=getattr(args, "log_format", "text"),  # the controller's own --log-format
         ),
         network_policy=NetworkPolicySettings(
             monitoring_namespace=args.monitoring_namespace,

@@ -27,6 +27,7 @@ default). ``$mac``, ``$name`` (the NAD's name) and ``$namespace`` are substitute
 
 SysctlMode = Literal["pod", "privileged-init", "none"]
 WireGuardMode = Literal["kernel", "wireguard-go"]
+LogFormat = Literal["text", "json"]
 
 
 class SettingsError(ValueError):
@@ -84,6 +85,10 @@ class GatewayPod:
     health_port: int = 8081
     metrics_port: int = 9100
     termination_grace_seconds: int = 10
+    log_format: LogFormat = "text"
+    """``--log-format`` of the pod's programs (init-nat, status-agent, exporter): the controller's own, so one
+    installation's log lines are all parsed the same way. ``text`` adds no flag (the programs' default),
+    so the pod template of a text installation is the same as before the setting existed."""
 
 
 @dataclass(frozen=True)

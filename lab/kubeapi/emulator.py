@@ -231,6 +231,11 @@ class KubeAPI:
         (``Settings.rbac_delay`` at start)."""
         self.server.set_rbac_delay(seconds)
 
+    def set_pod_network(self, netns: str | None) -> None:
+        """pods/proxy dials pod IPs inside this network namespace (``ip netns`` name; None: the emulator's
+        own), as an API server reaches the cluster's pod network where the user's machine does not."""
+        self.server.pod_network = netns
+
     def stall_watches(self) -> int:
         """Every open watch goes half-open: the connection stays, nothing more is sent (no event, no
         bookmark, no end), as behind a middlebox that lost it. Only the client's read timeout ends it."""
@@ -487,6 +492,9 @@ class KubeAPIThread:
 
     def set_rbac_delay(self, seconds: float) -> None:
         self.call(self._a.set_rbac_delay, seconds)
+
+    def set_pod_network(self, netns: str | None) -> None:
+        self.call(self._a.set_pod_network, netns)
 
     def add_mutator(self, mutate: Mutator) -> None:
         self.call(self._a.add_mutator, mutate)

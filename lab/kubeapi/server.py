@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import math
+import os
 import random
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -106,7 +109,7 @@ def parse_request(method: str, path: str, query: Mapping[str, str]) -> RequestIn
     resource = rest[0]
     name = rest[1] if len(rest) > 1 else ""
     sub = rest[2] if len(rest) > 2 else ""
-    if len(rest) > 3:
+    if len(rest) > 3 and sub != "proxy":  # a proxy subresource carries the backend's path after it
         return RequestInfo(False, http_verb, path)
     if query.get("watch") in ("1", "true", "True"):
         watch = True
@@ -244,6 +247,9 @@ class ApiServer:
         store.on_change = self._wake_gc
         self._rbac_cache: rbac.LaggingCache | None = None
         self.rbac_delay = settings.rbac_delay
+        self.pod_network: str | None = None
+        """The network namespace (``ip netns`` name) pods/proxy dials pod IPs in; None: the emulator's own
+        (a real API server reaches the pod network, which the user's machine often cannot)."""
         self._rbac_watchers: list[Watcher] = []
 
     # --- background: the garbage collector, namespace and CRD cleanup ------------------------------------
@@ -443,6 +449,47 @@ class ApiServer:
                 status,
             )
 
+    async def _proxy_to_pod(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
+        """``GET .../pods/[SCHEME:]NAME[:PORT]/proxy/PATH``: the pod's answer, as kube-apiserver relays it
+        (kubernetes ``pkg/registry/core/pod/strategy.go`` ``ResourceLocation``, ``pkg/registry/core/pod/
+        rest/subresources.go`` ``ProxyREST``; apimachinery ``pkg/util/proxy/transport.go``). It dials the
+        pod's IP in ``pod_network`` (the netns the cluster's pods are reachable in; None: its own)."""
+        if request.method not in ("GET", "HEAD"):
+            raise ApiError(405, "MethodNotAllowed", "not modelled: pods/proxy with a method but GET and HEAD")
+        parts = name.split(":")
+        scheme, pod_name, port = (
+            ("", parts[0], "") if len(parts) == 1
+            else ("", parts[0], parts[1]) if len(parts) == 2
+            else (parts[0], parts[1], parts[2]) if len(parts) == 3
+            else ("!", "", "")
+        )  # fmt: skip
+        if scheme not in ("", "http", "https") or not pod_name:
+            raise bad_request(f'invalid pod request "{name}"')
+        if scheme == "https":
+            raise ApiError(400, "BadRequest", "not modelled: pods/proxy over https")
+        pod = self.store.get(self.store.rtype("", "pods"), ns, pod_name, "v1")
+        ip = str((pod.get("status") or {}).get("podIP") or "")
+        if not _proxyable(ip):
+            raise bad_request("address not allowed")
+        if not port:  # the first container port, else the scheme's
+            ports = [p for c in pod["spec"].get("containers") or [] for p in c.get("ports") or []]
+            port = str(ports[0]["containerPort"]) if ports else "80"
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise bad_request(f'invalid pod request "{name}"')
+        tail = request.path.split("/proxy", 1)[1] or "/"
+        target = f"{tail}?{request.query_string}" if request.query_string else tail
+        try:
+            code, headers, body = await _http_get(self.pod_network, ip, int(port), target)
+        except OSError as exc:
+            raise ApiError(
+                503,
+                "ServiceUnavailable",
+                f"error trying to reach service: dial tcp {ip}:{port}: {_go_error(exc)}",
+            ) from None
+        ctype = headers.get("content-type", "text/plain; charset=utf-8")
+        return web.Response(body=b"" if request.method == "HEAD" else body, status=code,
+                            headers={"Content-Type": ctype})  # fmt: skip
+
     # --- non-resource paths ---------------------------------------------------------------------------------
 
     def _non_resource(self, request: web.Request) -> web.StreamResponse:
@@ -525,7 +572,7 @@ class ApiServer:
             raise path_not_found()
         if info.namespace and not rtype.namespaced and not (rtype.key == ("", "namespaces")):
             raise path_not_found()
-        if info.subresource and info.subresource not in rtype.subresources:
+        if info.subresource and info.subresource not in rtype.subresources and not _pod_proxy(rtype, info):
             raise path_not_found()
         return rtype
 
@@ -573,6 +620,8 @@ class ApiServer:
             return await self._scale(request, rtype, ns, name, info, dry_run)
         if info.subresource == "finalize":
             raise method_not_allowed()
+        if _pod_proxy(rtype, info):
+            return await self._proxy_to_pod(request, ns, name)
         if rtype.namespaced and not ns and info.verb not in ("list", "watch"):
             raise path_not_found()
 
@@ -1295,3 +1344,79 @@ async def _run(callback: Callable[[float], Awaitable[None]], arg: float) -> None
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _pod_proxy(rtype: ResourceType, info: RequestInfo) -> bool:
+    return info.subresource == "proxy" and rtype.key == ("", "pods") and bool(info.name)
+
+
+def _proxyable(ip: str) -> bool:
+    """kubernetes ``pkg/proxy/util`` ``IsProxyableIP``: Go's ``IsGlobalUnicast`` (not unspecified, the
+    IPv4 broadcast, loopback, multicast or link-local unicast)."""
+    try:
+        a = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    broadcast = a == ipaddress.IPv4Address("255.255.255.255")
+    return not (a.is_unspecified or broadcast or a.is_loopback or a.is_multicast or a.is_link_local)
+
+
+def _go_error(exc: OSError) -> str:
+    """A dial error in Go's words (``connect: connection refused``)."""
+    if isinstance(exc, TimeoutError):
+        return "i/o timeout"
+    return f"connect: {os.strerror(exc.errno).lower()}" if exc.errno else str(exc)
+
+
+PROXY_TIMEOUT = 5.0
+PROXY_LIMIT = 1 << 20
+
+
+async def _http_get(netns: str | None, ip: str, port: int, target: str) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 GET to ``ip:port`` (a socket made in ``netns``), read to its end (Connection: close)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+
+    def dial() -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(PROXY_TIMEOUT)
+            sock.connect((ip, port))
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    if netns is None:
+        sock = await asyncio.to_thread(dial)
+    else:
+        from lab.kubelet.nsnet import in_netns
+
+        sock = await asyncio.to_thread(in_netns, netns, dial)
+    host = f"[{ip}]" if family == socket.AF_INET6 else ip
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(PROXY_LIMIT), PROXY_TIMEOUT)
+        while len(raw) < PROXY_LIMIT:
+            more = await asyncio.wait_for(reader.read(PROXY_LIMIT - len(raw)), PROXY_TIMEOUT)
+            if not more:
+                break
+            raw += more
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    code = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        out, rest = b"", body
+        while rest:
+            size, _, rest = rest.partition(b"\r\n")
+            n = int(size.split(b";")[0], 16)
+            if n == 0:
+                break
+            out, rest = out + rest[:n], rest[n + 2 :]
+        body = out
+    return code, headers, body

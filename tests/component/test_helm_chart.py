@@ -314,3 +314,44 @@ def test_chart_metadata_lists_the_crds_and_images_it_installs(helm: str) -> None
     assert {"vpn", "ipsec", "wireguard"} <= set(chart["keywords"])
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+
+
+def test_log_format_reaches_the_controller_and_through_it_the_gateway_pods(helm: str, tmp_path: Path) -> None:
+    """``logFormat`` is the controller's ``--log-format``; the controller's settings, read from the rendered
+    command line and ConfigMap as the pod would, give the gateway pods the same (``GatewayPod.log_format``,
+    tests/unit/test_gateway_log_format.py: their programs' command lines)."""
+    from controller.__main__ import build_parser
+    from controller.runcli import settings_of
+
+    for values, want in (((), "text"), (("--set", "logFormat=json"), "json")):
+        docs = render(helm, *values)
+        args = build_parser().parse_args(one_controller(docs)["args"])
+        assert args.command == "run" and args.log_format == want
+        config = tmp_path / f"config-{want}.yaml"
+        config.write_text(one(docs, "ConfigMap", "vpngw-controller")["data"]["config.yaml"])
+        args.config = config
+        assert settings_of(args).pod.log_format == want
+    res = run_helm(helm, "template", "vpngw", str(CHART), "-n", NAMESPACE, "--set", "logFormat=yaml")
+    assert res.returncode != 0 and "logFormat" in res.stderr and "'text', 'json'" in res.stderr, res.stderr
+
+
+def test_the_pod_monitor_scrapes_exactly_the_ports_the_gateway_network_policy_admits(helm: str) -> None:
+    """The PodMonitor names container ports; the controller's NetworkPolicy for each gateway pod admits the
+    monitoring namespace by port number. Each scraped port must be admitted (else Prometheus times out on
+    it, and nothing says why), and nothing is admitted that is not scraped."""
+    from tests.unit.test_controller_desired import IPSEC, WIREGUARD, by_kind, run, snapshot
+
+    monitor = one(render(helm, *PROMETHEUS_OPERATOR), "PodMonitor")
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert {e["path"] for e in endpoints} == {"/metrics"}
+    for docs in (IPSEC, WIREGUARD):
+        objs = by_kind(run(snapshot(docs)))
+        pod = objs["Deployment"]["spec"]["template"]["spec"]
+        ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c.get("ports") or []}
+        scraped = {ports[e["port"]] for e in endpoints}  # KeyError: a port the pod does not have
+        (rule,) = objs["NetworkPolicy"]["spec"]["ingress"]
+        assert rule["from"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ]
+        assert {p["port"] for p in rule["ports"]} == scraped == set(ports.values())
+        assert {p["protocol"] for p in rule["ports"]} == {"TCP"}

@@ -243,9 +243,9 @@ def test_the_network_policy_admits_monitoring_in_and_only_dns_and_the_api_server
     assert np["ingress"] == [
         {
             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
-            "ports": [{"protocol": "TCP", "port": 9100}],
+            "ports": [{"protocol": "TCP", "port": 9100}, {"protocol": "TCP", "port": 8081}],
         }
-    ]
+    ]  # the exporter's and the status-agent's /metrics (the chart's PodMonitor: test_helm_chart.py)
     (api,) = np["egress"]  # every peer endpoint and target is an address: no DNS at all
     assert api == {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
     named = edit(IPSEC, 2, ["spec", "endpoint"], "vpn.s2.example")  # a hostname endpoint: charon resolves it

@@ -470,3 +470,23 @@ def test_nic2_not_attached_and_an_agent_that_is_not_ready() -> None:
         failing([cond("PodReady", False, "PodNotReady", msg)], pods=(pod(ready=False),), readyz=not_ready)
     )
     assert codes(found) == ["AgentNotReady"] and "no usable plan" in found[0].cause
+
+
+def test_the_readyz_path_that_answered_is_said_and_neither_is_a_note() -> None:
+    direct = healthy()
+    assert "status-agent /readyz: HTTP 200, read through the pod's IP" in text(direct, diagnose(direct))
+    proxied = healthy(readyz=Readyz(200, "ready: charon-5.9.8 connected\n", "the API server's pod proxy"))
+    assert diagnose(proxied) == []
+    assert "HTTP 200, read through the API server's pod proxy" in text(proxied, [])
+    assert json.loads(as_json(proxied, []))["readyz"] == {"code": 200, "via": "the API server's pod proxy"}
+    why = (
+        "http://10.0.0.5:8081/readyz: not reachable from here (ConnectTimeout); GET /api/v1/namespaces/"
+        f"{GW_NS}/pods/p:8081/proxy/readyz: HTTP 403 Forbidden: ..."
+    )
+    neither = healthy(readyz=Readyz(None, why))
+    found = diagnose(neither)
+    assert codes(found) == ["ReadyzUnreachable"] and found[0].severity == "info"
+    assert found[0].cause == why and f"get pods/proxy -n {GW_NS}" in found[0].fix
+    assert not problems(found), "a detail missing is not a problem of the gateway"
+    assert "read through" not in text(neither, found)
+    assert json.loads(as_json(neither, found))["readyz"] == {"code": None, "via": None}
