@@ -485,6 +485,8 @@ class Outcome:
         parts = [
             "first Established "
             + (f"{self.first_established:.1f} s after the start" if self.first_established else "never"),
+            "mistyped PSK -> AuthFailed, diagnosed, fixed, Established "
+            + (f"{self.wrong_psk:.1f} s" if self.wrong_psk is not None else "not measured"),
             "grant revoked -> flow cut " + (f"{self.cut:.2f} s" if self.cut is not None else "not measured"),
             f"charon killed -> tunnels back on the CR {[round(r, 1) for r in self.recoveries]} s",
         ]

@@ -235,6 +235,7 @@ def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log
     fixed = peers_table({"s1": "Established", "s2": "Established", "s3": "Established"})
     assert re.search(failed + r"(?:.*\n)*" + fixed, text), f"kubectl get vpnpeers -A after the fix\n{text}"
     assert re.search(r"s3 -> web \(\S+\): reached \(granted\)", text)
+    assert re.search(r"; mistyped PSK -> AuthFailed, diagnosed, fixed, Established \d+\.\d s;", text)
     assert "s1 -> db (198.18.0." in text and re.search(r"s2 -> db \(\S+\): refused \(not granted\)", text)
     assert re.search(r"s1 -> web \(\S+\): reached \(granted\)", text)
     assert "vpnpeer.vpn.bnerd.net/s1 patched" in text
