@@ -436,8 +436,10 @@ def user_commands(kubeconfig: Path, kubectl_dir: Path, example: Example, log_dir
     return "\n".join(
         [
             "demo: kubectl against the emulated cluster, from another terminal while the demo runs:",
-            f"    export KUBECONFIG={kubeconfig} PATH={kubectl_dir}:$PATH",
+            f"    export KUBECONFIG={kubeconfig} PATH={kubectl_dir}:{PLUGIN_DIR}:$PATH",
             f"    kubectl get vpngateways,vpnpeers -n {ns}",
+            "    kubectl get vpnpeers -A                              # each peer's STATE",
+            f"    kubectl vpngw diagnose {ns}/{gw} --readyz-timeout 0   # scripts/kubectl-vpngw",
             f"    kubectl get pods -n {GATEWAY_NAMESPACE} -w             # gateway pods run there",
             f"    kubectl get vpngateway {gw} -n {ns} -o yaml        # status.tunnels, conditions",
             f"    kubectl get deployments,configmaps,networkpolicies -n {GATEWAY_NAMESPACE}",
