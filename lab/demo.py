@@ -14,10 +14,16 @@ What it does, step by step, each step printed with its time:
 3. ``kubectl apply -f docs/examples/ipsec.yaml``; shows the controller reconciling (its log lines), the
    pod's containers starting (its status), the tunnels Established and the gateway Ready (``kubectl get
    vpngateways,vpnpeers``);
-4. traffic from each site to every exposure: the granted ones reached, the others refused;
-5. ``kubectl patch`` revoking a grant while a flow under it runs: the flow cut, with the measured time;
-6. charon's container killed (SIGKILL), restarted by the lab kubelet, every tunnel Established again;
-7. then it keeps running (until Ctrl-C, SIGTERM, ``--duration`` or ``--kills``): a short status table
+4. a third site, s3, whose firewall was given another PSK than the Secret its VPNPeer references (both
+   random, never printed): ``kubectl get vpnpeers -A`` shows s1 and s2 Established and s3 AuthFailed;
+   ``kubectl vpngw diagnose`` (scripts/kubectl-vpngw, the kubectl plugin that runs ``python -m controller
+   diagnose``) names the cause (``PSKMismatch``, exit 1); the Secret replaced with the site's PSK, s3 is
+   Established in seconds (the status-agent follows its Secrets through the API) and a site like the
+   others from here on;
+5. traffic from each site to every exposure: the granted ones reached, the others refused;
+6. ``kubectl patch`` revoking a grant while a flow under it runs: the flow cut, with the measured time;
+7. charon's container killed (SIGKILL), restarted by the lab kubelet, every tunnel Established again;
+8. then it keeps running (until Ctrl-C, SIGTERM, ``--duration`` or ``--kills``): a short status table
    every few seconds (tunnel state from the CR, bytes from the pod's exporter, a request through each
    tunnel: the counters move), and the charon kill again every ``--kill-every`` seconds.
 
@@ -91,6 +97,8 @@ API_CHOICE = (
 )
 """Which API the demo runs, and why (start to ready, medians measured 2026-12-03 at load average 5:
 docs/controlplane.md, "Which the demo runs")."""
+PLUGIN_DIR = ROOT / "scripts"
+"""Where ``kubectl-vpngw`` (the kubectl plugin: ``kubectl vpngw diagnose``) is."""
 SOCKET_ROOM = len("/lab/s60/charon/charon.vici")
 """The longest path below the log directory that must fit an AF_UNIX socket address (108 bytes)."""
 T = TypeVar("T")
@@ -198,6 +206,17 @@ class Site:
     grants: tuple[str, ...]
 
 
+WRONG_PSK = Site(
+    name="s3",
+    endpoint="198.51.100.10",
+    id="s3.lab.example",
+    subnets=("203.0.113.32/28",),
+    psk_secret=("s3-psk", "psk"),
+    grants=("web",),
+)
+"""The site the demo adds with a PSK mismatch (the lab's third site: lab/world.py addresses it)."""
+
+
 @dataclass(frozen=True)
 class Example:
     """What the demo needs to know of the example it applies."""
@@ -256,6 +275,35 @@ def revocation(example: Example) -> tuple[Site, str] | None:
     for s in example.sites:
         if len(s.grants) >= 2:
             return s, s.grants[-1]
+    return None
+
+
+def peer_doc(example: Example, site: Site) -> dict[str, Any]:
+    """The VPNPeer of ``site`` on the example's gateway, as a tenant writes it."""
+    return {
+        "apiVersion": "vpn.bnerd.net/v1alpha1",
+        "kind": "VPNPeer",
+        "metadata": {"name": site.name, "namespace": example.namespace},
+        "spec": {
+            "gatewayRef": {"name": example.gateway},
+            "type": "site",
+            "endpoint": site.endpoint,
+            "ipsec": {
+                "id": site.id,
+                "remoteSubnets": list(site.subnets),
+                "pskSecretRef": {"name": site.psk_secret[0], "key": site.psk_secret[1]},
+            },
+            "authorization": {"exposures": list(site.grants)},
+        },
+    }
+
+
+def diagnose_problem(returncode: int, output: str, code: str, about: str) -> str | None:
+    """What is wrong with diagnose's answer about a known fault (exit 1 and the finding ``code`` about
+    ``about`` in its text), or None when it named it."""
+    named = re.search(rf"^\d+\. \[error\] {re.escape(code)}: .*\b{re.escape(about)}\b", output, re.MULTILINE)
+    if returncode != 1 or named is None:
+        return f"exit status {returncode}, {'naming' if named else 'not naming'} {code} for {about}"
     return None
 
 
@@ -388,8 +436,10 @@ def user_commands(kubeconfig: Path, kubectl_dir: Path, example: Example, log_dir
     return "\n".join(
         [
             "demo: kubectl against the emulated cluster, from another terminal while the demo runs:",
-            f"    export KUBECONFIG={kubeconfig} PATH={kubectl_dir}:$PATH",
+            f"    export KUBECONFIG={kubeconfig} PATH={kubectl_dir}:{PLUGIN_DIR}:$PATH",
             f"    kubectl get vpngateways,vpnpeers -n {ns}",
+            "    kubectl get vpnpeers -A                              # each peer's STATE",
+            f"    kubectl vpngw diagnose {ns}/{gw} --readyz-timeout 0   # scripts/kubectl-vpngw",
             f"    kubectl get pods -n {GATEWAY_NAMESPACE} -w             # gateway pods run there",
             f"    kubectl get vpngateway {gw} -n {ns} -o yaml        # status.tunnels, conditions",
             f"    kubectl get deployments,configmaps,networkpolicies -n {GATEWAY_NAMESPACE}",
@@ -409,6 +459,8 @@ class Outcome:
     """Seconds from the grant's revocation to the cut of the flow under it."""
     first_established: float | None = None
     """Seconds from the start to every tunnel Established on the CR."""
+    wrong_psk: float | None = None
+    """Seconds of the wrong-PSK step (site s3 added, AuthFailed, diagnosed, fixed, Established)."""
     failure: str | None = None
     stopped: Stopped | None = None
     final: list[dict[str, Any]] = field(default_factory=list)
@@ -435,6 +487,8 @@ class Outcome:
         parts = [
             "first Established "
             + (f"{self.first_established:.1f} s after the start" if self.first_established else "never"),
+            "mistyped PSK -> AuthFailed, diagnosed, fixed, Established "
+            + (f"{self.wrong_psk:.1f} s" if self.wrong_psk is not None else "not measured"),
             "grant revoked -> flow cut " + (f"{self.cut:.2f} s" if self.cut is not None else "not measured"),
             f"charon killed -> tunnels back on the CR {[round(r, 1) for r in self.recoveries]} s",
         ]
@@ -696,6 +750,14 @@ class Demo:
             self.example.exposures[exposure],
         )
 
+    def peer_state(self, name: str) -> str | None:
+        """``status.state`` of the VPNPeer ``name`` in the example's namespace (kubectl's STATE column)."""
+        from lab.kubelet.world import VPN
+
+        peer = self.w.c.get(VPN, "VPNPeer", name, self.example.namespace) or {}
+        state = (peer.get("status") or {}).get("state")
+        return str(state) if state is not None else None
+
     # --- the steps ----------------------------------------------------------------------------------------
 
     def start_sites(self) -> None:
@@ -801,6 +863,118 @@ class Demo:
         from lab.cluster import GATEWAY_NAMESPACE
 
         self.kubectl("get", "pods", "-n", GATEWAY_NAMESPACE, "-l", f"vpn.bnerd.net/gateway={ex.gateway}")
+
+    def wrong_psk(self) -> float:
+        """Step 4: a site whose firewall has another PSK than its Secret; ``kubectl get vpnpeers`` and
+        ``kubectl vpngw diagnose`` say so; the Secret fixed, the site is one like the others. Returns the
+        step's seconds."""
+        from lab.cluster import gateway_secret
+
+        ex, s = self.example, WRONG_PSK
+        began = time.monotonic()
+        site = self.w.add_ipsec_site(list(s.subnets))
+        self.sites[s.name] = site
+        if site.addresses[0] != s.endpoint:
+            raise DemoFailed(f"the demo's site {s.name} is at {s.endpoint}, the lab's at {site.addresses[0]}")
+        theirs, ours = secrets.token_urlsafe(24), secrets.token_urlsafe(24)  # never printed, never logged
+        self.w.configure_ipsec_site(site, psk=theirs, site_id=s.id, gateway_id=ex.gateway_id)
+        charon = site.charon
+        secret_name, key = s.psk_secret
+        self.step(
+            f"site {s.name}: its own charon (pid {charon.pid if charon else '?'}) at {s.endpoint}, LAN "
+            f"{', '.join(s.subnets)}; its firewall was given another PSK than the one the tenant puts in "
+            f"Secret {secret_name} (both random, not shown): a mistyped key, as happens"
+        )
+        self.kubectl(
+            "create",
+            "-f",
+            "-",
+            input=yaml.safe_dump(gateway_secret(ex.namespace, secret_name, {key: ours})),
+            shown=f"create -f -   # Secret {secret_name}, value not shown",
+        )
+        applied = time.monotonic()
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(peer_doc(ex, s)),
+            shown=f"apply -f -   # VPNPeer {s.name}: site {s.endpoint}, id {s.id}, PSK: Secret {secret_name}",
+        )
+        others = [p.name for p in ex.sites]
+        self.wait(
+            lambda: (
+                self.peer_state(s.name) == "AuthFailed"
+                and all(self.peer_state(n) == "Established" for n in others)
+            ),
+            30,
+            f"VPNPeer {s.name} AuthFailed, the others Established",
+        )
+        self.step(
+            f"VPNPeer {s.name} is AuthFailed {time.monotonic() - applied:.1f} s after the apply (the "
+            "gateway's status-agent writes each peer's state); the others stay Established"
+        )
+        self.kubectl("get", "vpnpeers", "-A")
+        self.diagnose(ex, "PSKMismatch", f"tunnel {s.name}")
+        self.step(
+            f"the fix diagnose names: Secret {secret_name} replaced with the PSK the site has (the "
+            "status-agent follows its Secrets through the API and loads the key into charon)"
+        )
+        fixed = time.monotonic()
+        self.kubectl(
+            "replace",
+            "-f",
+            "-",
+            input=yaml.safe_dump(gateway_secret(ex.namespace, secret_name, {key: theirs})),
+            shown=f"replace -f -   # Secret {secret_name} with the site's PSK, value not shown",
+        )
+        names = [*others, s.name]
+        self.wait(
+            lambda: self.all_established(names) and all(self.peer_state(n) == "Established" for n in names),
+            30,
+            f"VPNPeer {s.name} and its tunnel Established after the fix",
+        )
+        self.step(f"VPNPeer {s.name} is Established {time.monotonic() - fixed:.1f} s after the Secret's fix")
+        self.kubectl("get", "vpnpeers", "-A")
+        self.example = Example(ex.gateway, ex.namespace, ex.gateway_id, ex.exposures, (*ex.sites, s))
+        took = time.monotonic() - began
+        log.info("demo.measured what=wrong_psk_step seconds=%.3f", took)
+        return took
+
+    def diagnose(self, ex: Example, code: str, about: str) -> None:
+        """``kubectl vpngw diagnose NS/NAME`` as a user runs it (the plugin on the PATH, $KUBECONFIG); its
+        answer printed; DemoFailed unless it exits 1 naming ``code`` about ``about``."""
+        target = f"{ex.namespace}/{ex.gateway}"
+        # --readyz-timeout 0: the pods' addresses are the lab node's (its network namespace), not this one's;
+        # from here a request to one leaves the machine, and whatever answers there is not the status-agent.
+        args = ["diagnose", target, "--readyz-timeout", "0"]
+        self.say(
+            f"$ kubectl vpngw {' '.join(args)}   # scripts/kubectl-vpngw, the kubectl plugin: python -m "
+            "controller diagnose; /readyz not asked: the pod's address is the lab node's, not reachable here"
+        )
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.w.c.kubeconfig),
+            "PATH": f"{PLUGIN_DIR}{os.pathsep}{KUBECTL_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+            "VPNGW_PYTHON": sys.executable,
+        }
+        try:
+            p = subprocess.run(
+                [str(KUBECTL_DIR / "kubectl"), "vpngw", *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DemoFailed(f"kubectl vpngw diagnose: {exc}") from None
+        text = p.stdout.rstrip() or p.stderr.rstrip()
+        if text:
+            self.say("\n".join(f"  {line}" for line in text.splitlines()))
+        self.say(f"  (exit status {p.returncode}{': a problem found' if p.returncode == 1 else ''})")
+        problem = diagnose_problem(p.returncode, p.stdout, code, about)
+        if problem is not None:
+            raise DemoFailed(f"kubectl vpngw diagnose {target}: {problem}")
 
     def traffic(self) -> None:
         self.step("traffic from each site's LAN through its tunnel to every exposure (TCP, one round trip)")
@@ -1126,6 +1300,7 @@ def _demo(d: Demo, o: Outcome, opts: Options) -> None:
     d.create_secrets()
     applied = d.apply()
     d.bring_up(applied, o)
+    o.wrong_psk = d.wrong_psk()
     d.traffic()
     d.revoke(o)
     d.kill_charon(o)

@@ -2,7 +2,9 @@
 
 The demo builds the whole world (the lab's namespaces, the API emulator, the controller as a process, the
 lab kubelet, remote sites with their own charon), applies docs/examples/ipsec.yaml with kubectl and shows
-the tunnels coming up, traffic, a grant revoked, charon's container killed and restarted, counters moving.
+the tunnels coming up, a third site with a mistyped PSK (``kubectl get vpnpeers`` AuthFailed, ``kubectl vpngw
+diagnose`` naming it, the Secret fixed), traffic, a grant revoked, charon's container killed and restarted,
+counters moving.
 Here it runs as a script's background job (``sh -c 'demo & wait'``) in a session of its own: a short
 ``--duration`` run to its end; SIGINT to its process group and SIGTERM to it (130 / 143); a process it
 runs SIGKILLed under it (exit 1, named). Every run must leave nothing behind: no namespace of its lab or of
@@ -32,7 +34,13 @@ from lab.kubelet.world import KUBECTL
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) lab\.demo demo\.\S+")
-TABLE_ROW = re.compile(r"^  (s1|s2) +Established +\S+ +(\d+) +(\d+)  \1 -> web: reached$", re.MULTILINE)
+TABLE_ROW = re.compile(r"^  (s1|s2|s3) +Established +\S+ +(\d+) +(\d+)  \1 -> web: reached$", re.MULTILINE)
+
+
+def peers_table(states: dict[str, str]) -> str:
+    """The pattern of ``kubectl get vpnpeers -A`` as the demo prints it, a row per peer with its STATE."""
+    rows = "".join(rf"  tenant-acme +{name} +acme +site +{state} +\S+\n" for name, state in states.items())
+    return r"\$ kubectl get vpnpeers -A\n  NAMESPACE +NAME +GATEWAY +TYPE +STATE +AGE\n" + rows
 
 
 class Demo:
@@ -70,10 +78,11 @@ class Demo:
                 return
             self._buf += chunk
             *done, self._buf = self._buf.split(b"\n")
-            for raw in done:
-                line = raw.decode(errors="replace") + "\n"
-                self.text += line
-                yield line
+            # Every complete line into the text before the caller looks: one that stops at a match keeps
+            # the lines after it (a line at a time, they were lost with the abandoned generator).
+            if done:
+                self.text += "".join(raw.decode(errors="replace") + "\n" for raw in done)
+                yield self.text
 
     def until(self, pattern: str, timeout: float) -> re.Match[str]:
         if m := re.search(pattern, self.text, re.MULTILINE):
@@ -151,10 +160,10 @@ def counters(text: str, site: str) -> list[tuple[int, int]]:
     return [(int(i), int(o)) for s, i, o in TABLE_ROW.findall(text) if s == site]
 
 
-def secret_values(kubeconfig: str) -> list[str]:
+def secret_values(kubeconfig: str, names: tuple[str, ...]) -> list[str]:
     """The PSKs the demo drew, read as a user would (kubectl with the printed kubeconfig)."""
     out = []
-    for name in ("acme-psk", "s1-psk"):
+    for name in names:
         res = subprocess.run(
             [
                 str(KUBECTL),
@@ -182,7 +191,9 @@ def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log
     try:
         kubeconfig = demo.until(r"export KUBECONFIG=(\S+) ", 60).group(1)
         demo.until(r"every tunnel Established on the CR", 60)
-        psks = secret_values(kubeconfig)  # the user's kubectl reaches the emulated cluster while it runs
+        psks = secret_values(kubeconfig, ("acme-psk", "s1-psk"))  # the user's kubectl, while it runs
+        demo.until(r"VPNPeer s3 is Established", 60)
+        psks += secret_values(kubeconfig, ("s3-psk",))  # fixed: the site's PSK
         code = demo.finish(timeout=120)
     finally:
         demo.kill()
@@ -203,6 +214,28 @@ def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log
         assert re.search(rf"pod: container {container}: running", text), container
     assert re.search(r"vpngateway\.vpn\.bnerd\.net/acme +ipsec +node-a +192\.0\.2\.2 +True", text), text
     assert re.search(r"acme +True +s1,s2 +Established,Established", text), "the tunnels, with kubectl"
+    # s3's firewall has another PSK than its Secret: its VPNPeer AuthFailed (the status-agent's write), the
+    # others Established; diagnose names the cause and only it, exit 1; the Secret fixed, s3 Established.
+    assert "secret/s3-psk created" in text and "vpnpeer.vpn.bnerd.net/s3 created" in text
+    failed = peers_table({"s1": "Established", "s2": "Established", "s3": "AuthFailed"})
+    assert re.search(failed, text), f"kubectl get vpnpeers -A: s3 AuthFailed, the others Established\n{text}"
+    diagnosed = re.search(
+        r"^\$ kubectl vpngw diagnose tenant-acme/acme --readyz-timeout 0 .*\n"
+        r"  VPNGateway/tenant-acme/acme: (?:Ready|not Ready); 1 problem found\n"
+        r"  1\. \[error\] PSKMismatch: tunnel s3: IKE authentication failed.*\n"
+        r"     cause: AUTHENTICATION_FAILED: .*\n"
+        r"     fix: .*\n"
+        r"  \(exit status 1: a problem found\)$",
+        text,
+        re.MULTILINE,
+    )
+    assert diagnosed, f"kubectl vpngw diagnose: exit 1, PSKMismatch for s3 and nothing else\n{text}"
+    assert "secret/s3-psk replaced" in text
+    assert re.search(r"VPNPeer s3 is Established \d+\.\d s after the Secret's fix", text)
+    fixed = peers_table({"s1": "Established", "s2": "Established", "s3": "Established"})
+    assert re.search(failed + r"(?:.*\n)*" + fixed, text), f"kubectl get vpnpeers -A after the fix\n{text}"
+    assert re.search(r"s3 -> web \(\S+\): reached \(granted\)", text)
+    assert re.search(r"; mistyped PSK -> AuthFailed, diagnosed, fixed, Established \d+\.\d s;", text)
     assert "s1 -> db (198.18.0." in text and re.search(r"s2 -> db \(\S+\): refused \(not granted\)", text)
     assert re.search(r"s1 -> web \(\S+\): reached \(granted\)", text)
     assert "vpnpeer.vpn.bnerd.net/s1 patched" in text
@@ -230,7 +263,7 @@ def test_the_demo_runs_the_operator_flow_to_its_end_and_leaves_only_its_logs(log
     assert "IKE_SA" in (log_dir / "lab" / "s1" / "charon" / "charon.log").read_text()
     assert "verb=patch" in (log_dir / "api-requests.log").read_text()
     assert "kubelet.container.started" in (log_dir / "lab.log").read_text()
-    assert len(psks) == 2 and all(len(p) >= 24 for p in psks) and psks[0] != psks[1]
+    assert len(psks) == 3 and all(len(p) >= 24 for p in psks) and len(set(psks)) == 3
     for p in psks:
         assert p not in text, "a PSK in the demo's output"
         for path in log_dir.rglob("*"):
