@@ -21,6 +21,7 @@ from lab.demo import (
     container_changes,
     controller_line,
     default_log_dir,
+    diagnose_problem,
     exit_text,
     kubelet_options,
     read_example,
@@ -246,3 +247,20 @@ def test_outcome_verdict_and_exit_status() -> None:
     stopped = Outcome(final=up, stopped=Stopped(signal.SIGTERM))
     assert stopped.exit_status() == 143 and "stopped by SIGTERM" in stopped.summary()
     assert "teardown LEFT ['netns x']" in Outcome(final=up, leftovers=["netns x"]).summary()
+
+
+@pytest.mark.parametrize(
+    ("code", "output", "want"),
+    [
+        (1, "1 problem found\n\n1. [error] PSKMismatch: tunnel s3: IKE authentication failed\n", None),
+        (0, "no problems found\n", "exit status 0, not naming PSKMismatch for s3"),
+        (1, "1. [error] PSKMismatch: tunnel s33: IKE authentication failed\n", "exit status 1, not naming"),
+        (1, "1. [error] SecretMissing: tunnel s3: no Secret\n", "exit status 1, not naming"),
+        (2, "1. [error] PSKMismatch: tunnel s3: x\n", "exit status 2, naming PSKMismatch for s3"),
+    ],
+)
+def test_the_demo_accepts_only_diagnose_naming_the_fault_it_made(
+    code: int, output: str, want: str | None
+) -> None:
+    got = diagnose_problem(code, output, "PSKMismatch", "s3")
+    assert got == want if want is None else (got is not None and got.startswith(want))
