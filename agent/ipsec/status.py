@@ -290,8 +290,8 @@ _REASONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         ),
         (
             r"MAC mismatched|verification of .* failed|authentication of '.*' with pre-shared key failed",
-            "AUTHENTICATION_FAILED: an IKE_AUTH claiming this peer's identity did not verify (a PSK mismatch, "
-            "or not this peer: anyone may claim an identity)",
+            "AUTHENTICATION_FAILED: an IKE_AUTH claiming this peer's identity did not verify "
+            "(a PSK mismatch, or not this peer: anyone may claim an identity)",
         ),
         (r"no shared key found for", "AUTHENTICATION_FAILED: no shared key for these identities"),
         (r"received (NO_PROPOSAL_CHOSEN) notify", "NO_PROPOSAL_CHOSEN: no common IKE/ESP proposal"),
