@@ -355,3 +355,52 @@ def test_the_pod_monitor_scrapes_exactly_the_ports_the_gateway_network_policy_ad
         ]
         assert {p["port"] for p in rule["ports"]} == scraped == set(ports.values())
         assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
+
+
+ADDED_SINCE_0_1_0: tuple[tuple[str, ...], ...] = (
+    ("logFormat",),
+    ("crds",),
+    ("networkPolicy", "cilium"),
+)
+"""values.yaml keys chart 0.1.0 did not have (add each key you add). ``helm upgrade --reuse-values`` from a
+0.1.0 release renders the new templates with that release's values, where they are absent."""
+
+
+def chart_with_values(tmp_path: Path, values: dict[str, Any]) -> Path:
+    """A copy of the chart whose values.yaml (its defaults) is ``values``: what ``--reuse-values`` does
+    (Helm replaces the new chart's defaults with the old release's coalesced values)."""
+    copy = tmp_path / "vpngw"
+    shutil.copytree(CHART, copy)
+    (copy / "values.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    return copy
+
+
+def test_a_release_without_the_settings_added_since_0_1_0_renders_as_with_their_defaults(
+    helm: str, tmp_path: Path
+) -> None:
+    """`helm upgrade --reuse-values` from chart 0.1.0: every template reads a newer key with its values.yaml
+    default (before: ``nil pointer evaluating interface {}.install`` in templates/crds.yaml, and the schema
+    required logFormat), so the objects are exactly what the defaults render, the CRDs included."""
+    old = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in ADDED_SINCE_0_1_0:
+        parent = old
+        for key in path[:-1]:
+            parent = parent[key]
+        del parent[path[-1]]  # KeyError: the key is not in values.yaml (any more)
+    chart = chart_with_values(tmp_path, old)
+
+    def rendered(where: Path) -> list[dict[str, Any]]:
+        res = run_helm(
+            helm, "template", "vpngw", str(where), "-n", NAMESPACE, "--include-crds", *PROMETHEUS_OPERATOR
+        )
+        assert res.returncode == 0, res.stderr
+        return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+    docs = rendered(chart)
+    assert len([d for d in docs if d["kind"] == "CustomResourceDefinition"]) == 4
+    assert "--log-format=text" in one_controller(docs)["args"]
+    assert docs == rendered(CHART)
+    res = run_helm(helm, "install", "vpngw", str(chart), "-n", NAMESPACE, "--dry-run=client")
+    assert res.returncode == 0, res.stderr
+    notes = res.stdout.split("NOTES:", 1)[1]
+    assert "`helm upgrade` upgrades the CRDs too" in notes and "--reset-then-reuse-values" in notes
