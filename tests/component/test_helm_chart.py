@@ -404,3 +404,17 @@ def test_a_release_without_the_settings_added_since_0_1_0_renders_as_with_their_
     assert res.returncode == 0, res.stderr
     notes = res.stdout.split("NOTES:", 1)[1]
     assert "`helm upgrade` upgrades the CRDs too" in notes and "--reset-then-reuse-values" in notes
+
+
+def test_the_chart_version_says_the_crds_moved_and_the_app_version_is_the_projects() -> None:
+    """0.1.0 shipped the CRDs in crds/; a chart with them in templates/ (crds.install, --skip-crds no longer
+    skips them) is another chart version. appVersion is the version every program reports (gwkit.version:
+    pyproject.toml's) and the images' tag (images/build.sh), which the image defaults derive from."""
+    import tomllib
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (CHART / "templates" / "crds.yaml").exists() and not (CHART / "crds").exists()
+    major, minor, _ = (int(x) for x in str(chart["version"]).split("."))
+    assert (major, minor) >= (0, 2), chart["version"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == project
