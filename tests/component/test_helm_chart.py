@@ -418,3 +418,35 @@ def test_the_chart_version_says_the_crds_moved_and_the_app_version_is_the_projec
     assert (major, minor) >= (0, 2), chart["version"]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert chart["appVersion"] == project
+
+
+def test_gateways_are_pinned_to_linux_nodes_by_default(helm: str, tmp_path: Path) -> None:
+    """The controller pins gateway pods itself (nodeName, no scheduler): gateway.nodeSelector's default
+    kubernetes.io/os=linux reaches its --config, and its placement never picks an untainted Windows node
+    (AKS' default). A selector set in a values file adds to it (Helm merges maps); null removes it."""
+    from controller.__main__ import build_parser
+    from controller.placement import place
+    from controller.runcli import settings_of
+    from lab.cluster import node
+
+    def selector(*values: str) -> dict[str, str]:
+        docs = render(helm, *values)
+        args = build_parser().parse_args(one_controller(docs)["args"])
+        config = tmp_path / "config.yaml"
+        config.write_text(one(docs, "ConfigMap", "vpngw-controller")["data"]["config.yaml"])
+        args.config = config
+        return dict(settings_of(args).pod.node_selector)
+
+    linux = {"kubernetes.io/os": "linux"}
+    assert selector() == linux
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    windows = {**node("aks-win-0", labels={"kubernetes.io/os": "windows"}), **ready}
+    lab = {**node("z-linux"), **ready}  # the lab's nodes carry the label, as every kubelet registers it
+    chosen = place(None, [windows, lab], {}, selector=selector(), tolerations=[])
+    assert chosen.node == "z-linux", chosen
+    assert place(None, [windows], {}, selector=selector(), tolerations=[]).node is None
+    assert selector("-f", str(CHART / "ci" / "static-values.yaml")) == {
+        **linux,
+        "node-role.kubernetes.io/vpn": "",
+    }
+    assert selector("--set", "gateway.nodeSelector.kubernetes\\.io/os=null") == {}
