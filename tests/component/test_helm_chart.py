@@ -361,6 +361,7 @@ ADDED_SINCE_0_1_0: tuple[tuple[str, ...], ...] = (
     ("logFormat",),
     ("crds",),
     ("networkPolicy", "cilium"),
+    ("monitoring", "runbookBaseURL"),
 )
 """values.yaml keys chart 0.1.0 did not have (add each key you add). ``helm upgrade --reuse-values`` from a
 0.1.0 release renders the new templates with that release's values, where they are absent."""
@@ -450,3 +451,25 @@ def test_gateways_are_pinned_to_linux_nodes_by_default(helm: str, tmp_path: Path
         "node-role.kubernetes.io/vpn": "",
     }
     assert selector("--set", "gateway.nodeSelector.kubernetes\\.io/os=null") == {}
+
+
+def test_runbook_urls_are_made_absolute_with_runbook_base_url(helm: str) -> None:
+    """Alertmanager cannot open a relative runbook_url: monitoring.runbookBaseURL prefixes each one; the
+    rest of every rule (Prometheus' own {{ }} templates too) is alerts.yml's."""
+    alerts = yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text())
+    base = "https://git.example.com/vpngw/blob/v0.1.0"
+    for given in (base, base + "/"):
+        spec = one(
+            render(helm, *PROMETHEUS_OPERATOR, "--set", f"monitoring.runbookBaseURL={given}"),
+            "PrometheusRule",
+        )["spec"]
+        urls = [r["annotations"].pop("runbook_url") for g in spec["groups"] for r in g["rules"]]
+        want = [r["annotations"].get("runbook_url") for g in alerts["groups"] for r in g["rules"]]
+        assert urls == [f"{base}/{u}" for u in want] and all(u.startswith("docs/runbooks.md#") for u in want)
+        for g in alerts["groups"]:
+            for r in g["rules"]:
+                r["annotations"].pop("runbook_url", None)
+        assert spec == alerts
+        alerts = yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text())
+    res = run_helm(helm, "template", "t", str(CHART), "--set", "monitoring.runbookBaseURL=docs/")
+    assert res.returncode != 0 and "runbookBaseURL" in res.stderr, res.stderr

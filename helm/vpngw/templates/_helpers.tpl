@@ -87,6 +87,11 @@ yes
 {{- end -}}
 {{- end -}}
 
+{{/* monitoring.runbookBaseURL (default empty: the runbook URLs stay relative), without a trailing "/". */}}
+{{- define "vpngw.runbookBaseURL" -}}
+{{- dig "runbookBaseURL" "" (.Values.monitoring | default dict) | trimSuffix "/" -}}
+{{- end -}}
+
 {{- define "vpngw.image" -}}
 {{- printf "%s:%s" .image.repository (.image.tag | default .chart.AppVersion | toString) -}}
 {{- end -}}
