@@ -473,3 +473,41 @@ def test_runbook_urls_are_made_absolute_with_runbook_base_url(helm: str) -> None
         alerts = yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text())
     res = run_helm(helm, "template", "t", str(CHART), "--set", "monitoring.runbookBaseURL=docs/")
     assert res.returncode != 0 and "runbookBaseURL" in res.stderr, res.stderr
+
+
+def notes_of(helm: str, *args: str) -> str:
+    res = run_helm(helm, "install", "vpngw", str(CHART), "-n", NAMESPACE, "--dry-run=client", *args)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split("NOTES:", 1)[1]
+
+
+def test_the_notes_give_the_operating_commands_and_warn_of_unpublished_images(helm: str) -> None:
+    notes = notes_of(helm)
+    (get,) = [line for line in notes.splitlines() if "kubectl get vpngateways,vpnpeers -A" in line]
+    columns = {
+        c["spec"]["names"]["kind"]: {
+            col["name"].upper() for col in c["spec"]["versions"][0]["additionalPrinterColumns"]
+        }
+        for c in crds()
+    }
+    assert "TUNNELS" in get and "TUNNELS" in columns["VPNGateway"]
+    assert "STATE" in get and "STATE" in columns["VPNPeer"]
+    assert (
+        "kubectl vpngw diagnose <namespace>/<name>" in notes and (ROOT / "scripts" / "kubectl-vpngw").exists()
+    )
+    assert "python -m controller diagnose <namespace>/<name>" in notes
+    from controller.__main__ import build_parser
+
+    assert build_parser().parse_args(["diagnose", "tenant-acme/acme"]).command == "diagnose"
+    assert "WARNING" in notes and "ImagePullBackOff" in notes
+    for which in ("controller", "gateway"):
+        assert f"images.{which}.repository=localhost/vpngw-{which}" in notes
+    published = notes_of(
+        helm,
+        *("--set", "images.controller.repository=registry.example/vpngw-controller"),
+        *("--set", "images.gateway.repository=registry.example/vpngw-gateway"),
+    )
+    assert "WARNING" not in published and "ImagePullBackOff" not in published
+    one_local = notes_of(helm, "--set", "images.controller.repository=registry.example/vpngw-controller")
+    assert "images.gateway.repository=localhost/vpngw-gateway" in one_local
+    assert "images.controller.repository" not in one_local
