@@ -511,3 +511,16 @@ def test_the_notes_give_the_operating_commands_and_warn_of_unpublished_images(he
     one_local = notes_of(helm, "--set", "images.controller.repository=registry.example/vpngw-controller")
     assert "images.gateway.repository=localhost/vpngw-gateway" in one_local
     assert "images.controller.repository" not in one_local
+
+
+def test_the_readme_says_who_owns_the_crds_how_to_skip_them_and_the_tested_helm(helm: str) -> None:
+    readme = " ".join((CHART / "README.md").read_text().split())
+    assert "only skip a chart's `crds/` directory" in readme and "`crds.install=false`" in readme
+    for skip in ("`--skip-crds`", "`skipCrds: true`", "`install.crds: Skip`"):
+        assert skip in readme, skip
+    assert (
+        "exactly one installs with `crds.install=true`" in readme and "invalid ownership metadata" in readme
+    )
+    tested = run_helm(helm, "version", "--template", "{{ .Version }}").stdout.strip().removeprefix("v")
+    assert f"Tested with Helm {tested} " in readme, tested
+    assert "Helm 3 is untested here" in readme
