@@ -367,6 +367,17 @@ ADDED_SINCE_0_1_0: tuple[tuple[str, ...], ...] = (
 0.1.0 release renders the new templates with that release's values, where they are absent."""
 
 
+def defaults_of_0_1_0() -> dict[str, Any]:
+    """values.yaml without the keys added since chart 0.1.0."""
+    old = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in ADDED_SINCE_0_1_0:
+        parent = old
+        for key in path[:-1]:
+            parent = parent[key]
+        del parent[path[-1]]  # KeyError: the key is not in values.yaml (any more)
+    return dict(old)
+
+
 def chart_with_values(tmp_path: Path, values: dict[str, Any]) -> Path:
     """A copy of the chart whose values.yaml (its defaults) is ``values``: what ``--reuse-values`` does
     (Helm replaces the new chart's defaults with the old release's coalesced values)."""
@@ -382,13 +393,7 @@ def test_a_release_without_the_settings_added_since_0_1_0_renders_as_with_their_
     """`helm upgrade --reuse-values` from chart 0.1.0: every template reads a newer key with its values.yaml
     default (before: ``nil pointer evaluating interface {}.install`` in templates/crds.yaml, and the schema
     required logFormat), so the objects are exactly what the defaults render, the CRDs included."""
-    old = yaml.safe_load((CHART / "values.yaml").read_text())
-    for path in ADDED_SINCE_0_1_0:
-        parent = old
-        for key in path[:-1]:
-            parent = parent[key]
-        del parent[path[-1]]  # KeyError: the key is not in values.yaml (any more)
-    chart = chart_with_values(tmp_path, old)
+    chart = chart_with_values(tmp_path, defaults_of_0_1_0())
 
     def rendered(where: Path) -> list[dict[str, Any]]:
         res = run_helm(
