@@ -2,7 +2,9 @@
 
 * ``templates/crds.yaml``: the CRDs (``controller.api.crds``, the rules the controller validates with), as a
   template rather than under crds/: Helm installs crds/ once and never upgrades it, while a template is
-  upgraded with the release (cert-manager's and Tailscale's charts do the same). Behind ``crds.install``,
+  upgraded with the release (cert-manager's and Tailscale's charts do the same). Behind ``crds.install``
+  (read by the ``vpngw.crdsInstall`` helper, true when the key is absent: ``helm upgrade --reuse-values``
+  from a release whose values had no ``crds``),
   with the chart's labels and ``helm.sh/resource-policy: keep``, so ``helm uninstall`` (or a release
   rendered with ``crds.install=false``) never deletes the CRDs and with them every gateway.
 * ``files/controller-<scope>-rules.yaml``: the rules of each of the controller's Roles and ClusterRoles
@@ -78,7 +80,7 @@ def crds_template() -> str:
         if list(crd["metadata"]) != ["name"] or name_line not in body:
             raise ValueError(f"{crd['metadata']['name']}: metadata other than the name; extend crds_template")
         docs.append("---\n" + body.replace(name_line, name_line + _CRD_METADATA, 1))
-    return _CRD_HEADER + "{{- if .Values.crds.install }}\n" + "".join(docs) + "{{- end }}\n"
+    return _CRD_HEADER + '{{- if include "vpngw.crdsInstall" . }}\n' + "".join(docs) + "{{- end }}\n"
 
 
 def generated_files() -> dict[str, str]:

@@ -355,3 +355,177 @@ def test_the_pod_monitor_scrapes_exactly_the_ports_the_gateway_network_policy_ad
         ]
         assert {p["port"] for p in rule["ports"]} == scraped == set(ports.values())
         assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
+
+
+ADDED_SINCE_0_1_0: tuple[tuple[str, ...], ...] = (
+    ("logFormat",),
+    ("crds",),
+    ("networkPolicy", "cilium"),
+    ("monitoring", "runbookBaseURL"),
+)
+"""values.yaml keys chart 0.1.0 did not have (add each key you add). ``helm upgrade --reuse-values`` from a
+0.1.0 release renders the new templates with that release's values, where they are absent."""
+
+
+def defaults_of_0_1_0() -> dict[str, Any]:
+    """values.yaml without the keys added since chart 0.1.0."""
+    old = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in ADDED_SINCE_0_1_0:
+        parent = old
+        for key in path[:-1]:
+            parent = parent[key]
+        del parent[path[-1]]  # KeyError: the key is not in values.yaml (any more)
+    return dict(old)
+
+
+def chart_with_values(tmp_path: Path, values: dict[str, Any]) -> Path:
+    """A copy of the chart whose values.yaml (its defaults) is ``values``: what ``--reuse-values`` does
+    (Helm replaces the new chart's defaults with the old release's coalesced values)."""
+    copy = tmp_path / "vpngw"
+    shutil.copytree(CHART, copy)
+    (copy / "values.yaml").write_text(yaml.safe_dump(values, sort_keys=False))
+    return copy
+
+
+def test_a_release_without_the_settings_added_since_0_1_0_renders_as_with_their_defaults(
+    helm: str, tmp_path: Path
+) -> None:
+    """`helm upgrade --reuse-values` from chart 0.1.0: every template reads a newer key with its values.yaml
+    default (before: ``nil pointer evaluating interface {}.install`` in templates/crds.yaml, and the schema
+    required logFormat), so the objects are exactly what the defaults render, the CRDs included."""
+    chart = chart_with_values(tmp_path, defaults_of_0_1_0())
+
+    def rendered(where: Path) -> list[dict[str, Any]]:
+        res = run_helm(
+            helm, "template", "vpngw", str(where), "-n", NAMESPACE, "--include-crds", *PROMETHEUS_OPERATOR
+        )
+        assert res.returncode == 0, res.stderr
+        return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+    docs = rendered(chart)
+    assert len([d for d in docs if d["kind"] == "CustomResourceDefinition"]) == 4
+    assert "--log-format=text" in one_controller(docs)["args"]
+    assert docs == rendered(CHART)
+    res = run_helm(helm, "install", "vpngw", str(chart), "-n", NAMESPACE, "--dry-run=client")
+    assert res.returncode == 0, res.stderr
+    notes = res.stdout.split("NOTES:", 1)[1]
+    assert "`helm upgrade` upgrades the CRDs too" in notes and "--reset-then-reuse-values" in notes
+
+
+def test_the_chart_version_says_the_crds_moved_and_the_app_version_is_the_projects() -> None:
+    """0.1.0 shipped the CRDs in crds/; a chart with them in templates/ (crds.install, --skip-crds no longer
+    skips them) is another chart version. appVersion is the version every program reports (gwkit.version:
+    pyproject.toml's) and the images' tag (images/build.sh), which the image defaults derive from."""
+    import tomllib
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (CHART / "templates" / "crds.yaml").exists() and not (CHART / "crds").exists()
+    major, minor, _ = (int(x) for x in str(chart["version"]).split("."))
+    assert (major, minor) >= (0, 2), chart["version"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == project
+
+
+def test_gateways_are_pinned_to_linux_nodes_by_default(helm: str, tmp_path: Path) -> None:
+    """The controller pins gateway pods itself (nodeName, no scheduler): gateway.nodeSelector's default
+    kubernetes.io/os=linux reaches its --config, and its placement never picks an untainted Windows node
+    (AKS' default). A selector set in a values file adds to it (Helm merges maps); null removes it."""
+    from controller.__main__ import build_parser
+    from controller.placement import place
+    from controller.runcli import settings_of
+    from lab.cluster import node
+
+    def selector(*values: str) -> dict[str, str]:
+        docs = render(helm, *values)
+        args = build_parser().parse_args(one_controller(docs)["args"])
+        config = tmp_path / "config.yaml"
+        config.write_text(one(docs, "ConfigMap", "vpngw-controller")["data"]["config.yaml"])
+        args.config = config
+        return dict(settings_of(args).pod.node_selector)
+
+    linux = {"kubernetes.io/os": "linux"}
+    assert selector() == linux
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    windows = {**node("aks-win-0", labels={"kubernetes.io/os": "windows"}), **ready}
+    lab = {**node("z-linux"), **ready}  # the lab's nodes carry the label, as every kubelet registers it
+    chosen = place(None, [windows, lab], {}, selector=selector(), tolerations=[])
+    assert chosen.node == "z-linux", chosen
+    assert place(None, [windows], {}, selector=selector(), tolerations=[]).node is None
+    assert selector("-f", str(CHART / "ci" / "static-values.yaml")) == {
+        **linux,
+        "node-role.kubernetes.io/vpn": "",
+    }
+    assert selector("--set", "gateway.nodeSelector.kubernetes\\.io/os=null") == {}
+
+
+def test_runbook_urls_are_made_absolute_with_runbook_base_url(helm: str) -> None:
+    """Alertmanager cannot open a relative runbook_url: monitoring.runbookBaseURL prefixes each one; the
+    rest of every rule (Prometheus' own {{ }} templates too) is alerts.yml's."""
+    alerts = yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text())
+    base = "https://git.example.com/vpngw/blob/v0.1.0"
+    for given in (base, base + "/"):
+        spec = one(
+            render(helm, *PROMETHEUS_OPERATOR, "--set", f"monitoring.runbookBaseURL={given}"),
+            "PrometheusRule",
+        )["spec"]
+        urls = [r["annotations"].pop("runbook_url") for g in spec["groups"] for r in g["rules"]]
+        want = [r["annotations"].get("runbook_url") for g in alerts["groups"] for r in g["rules"]]
+        assert urls == [f"{base}/{u}" for u in want] and all(u.startswith("docs/runbooks.md#") for u in want)
+        for g in alerts["groups"]:
+            for r in g["rules"]:
+                r["annotations"].pop("runbook_url", None)
+        assert spec == alerts
+        alerts = yaml.safe_load((ROOT / "monitoring" / "alerts.yml").read_text())
+    res = run_helm(helm, "template", "t", str(CHART), "--set", "monitoring.runbookBaseURL=docs/")
+    assert res.returncode != 0 and "runbookBaseURL" in res.stderr, res.stderr
+
+
+def notes_of(helm: str, *args: str) -> str:
+    res = run_helm(helm, "install", "vpngw", str(CHART), "-n", NAMESPACE, "--dry-run=client", *args)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split("NOTES:", 1)[1]
+
+
+def test_the_notes_give_the_operating_commands_and_warn_of_unpublished_images(helm: str) -> None:
+    notes = notes_of(helm)
+    (get,) = [line for line in notes.splitlines() if "kubectl get vpngateways,vpnpeers -A" in line]
+    columns = {
+        c["spec"]["names"]["kind"]: {
+            col["name"].upper() for col in c["spec"]["versions"][0]["additionalPrinterColumns"]
+        }
+        for c in crds()
+    }
+    assert "TUNNELS" in get and "TUNNELS" in columns["VPNGateway"]
+    assert "STATE" in get and "STATE" in columns["VPNPeer"]
+    assert (
+        "kubectl vpngw diagnose <namespace>/<name>" in notes and (ROOT / "scripts" / "kubectl-vpngw").exists()
+    )
+    assert "python -m controller diagnose <namespace>/<name>" in notes
+    from controller.__main__ import build_parser
+
+    assert build_parser().parse_args(["diagnose", "tenant-acme/acme"]).command == "diagnose"
+    assert "WARNING" in notes and "ImagePullBackOff" in notes
+    for which in ("controller", "gateway"):
+        assert f"images.{which}.repository=localhost/vpngw-{which}" in notes
+    published = notes_of(
+        helm,
+        *("--set", "images.controller.repository=registry.example/vpngw-controller"),
+        *("--set", "images.gateway.repository=registry.example/vpngw-gateway"),
+    )
+    assert "WARNING" not in published and "ImagePullBackOff" not in published
+    one_local = notes_of(helm, "--set", "images.controller.repository=registry.example/vpngw-controller")
+    assert "images.gateway.repository=localhost/vpngw-gateway" in one_local
+    assert "images.controller.repository" not in one_local
+
+
+def test_the_readme_says_who_owns_the_crds_how_to_skip_them_and_the_tested_helm(helm: str) -> None:
+    readme = " ".join((CHART / "README.md").read_text().split())
+    assert "only skip a chart's `crds/` directory" in readme and "`crds.install=false`" in readme
+    for skip in ("`--skip-crds`", "`skipCrds: true`", "`install.crds: Skip`"):
+        assert skip in readme, skip
+    assert (
+        "exactly one installs with `crds.install=true`" in readme and "invalid ownership metadata" in readme
+    )
+    tested = run_helm(helm, "version", "--template", "{{ .Version }}").stdout.strip().removeprefix("v")
+    assert f"Tested with Helm {tested} " in readme, tested
+    assert "Helm 3 is untested here" in readme

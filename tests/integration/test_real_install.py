@@ -35,7 +35,14 @@ from lab.cluster import MANIFESTS, ROOT, Controller, secrets_for
 from lab.controlplane import ControlPlane
 from lab.controlplane.nodeagent import NodeAgent
 from lab.wait import wait_for
-from tests.component.test_helm_chart import CHART, NAMESPACE, helm, run_helm
+from tests.component.test_helm_chart import (
+    CHART,
+    NAMESPACE,
+    chart_with_values,
+    defaults_of_0_1_0,
+    helm,
+    run_helm,
+)
 from tests.component.test_helm_install import GATEWAYS, STATIC_VALUES, spawn_controller
 from tests.helpers import condition, tenant_namespace
 
@@ -62,6 +69,9 @@ def node(controlplane: ControlPlane) -> Iterator[NodeAgent]:
     agent.register()
     # Not the kubelet's to set (NodeRestriction refuses node-role labels from a node): the admin's.
     controlplane.kubectl("label", "node", NODE, "node-role.kubernetes.io/vpn=")
+    # A kubelet registers kubernetes.io/os itself; NodeAgent does not (yet): the chart's default
+    # gateway.nodeSelector (kubernetes.io/os=linux, merged with the values' VPN label) needs it.
+    controlplane.kubectl("label", "node", NODE, "kubernetes.io/os=linux", "--overwrite")
     yield agent
     agent.silence()
     controlplane.kubectl("delete", "node", NODE, "--wait=false", check=False)
@@ -239,8 +249,11 @@ def test_the_chart_and_the_controller_on_the_real_control_plane(
 
 def upgrade_changes_the_crds_and_uninstall_keeps_them(cp: ControlPlane, helm: str, tmp_path: Path) -> None:
     """The CRDs are templates: ``helm upgrade`` to a chart whose VPNGateway CRD changed serves the change
-    (Helm never upgrades a chart's crds/); ``helm uninstall`` keeps every CRD (helm.sh/resource-policy)."""
+    (Helm never upgrades a chart's crds/); ``helm uninstall`` keeps every CRD (helm.sh/resource-policy).
+    That upgrade is ``--reuse-values`` from a release whose values lack every key added since chart 0.1.0
+    (``crds``, ``logFormat``, ...): it renders them with their defaults, the CRDs included."""
     admin = str(cp.kubeconfig)
+    older = chart_with_values(tmp_path, defaults_of_0_1_0())
     chart = tmp_path / "chart"
     shutil.copytree(CHART, chart)
     crds_template = chart / "templates" / "crds.yaml"
@@ -248,13 +261,21 @@ def upgrade_changes_the_crds_and_uninstall_keeps_them(cp: ControlPlane, helm: st
     text = crds_template.read_text()
     assert text.count(old) == 1, "the test's CRD edit no longer applies: pick another"
     crds_template.write_text(text.replace(old, new))
-    upgrade = ("upgrade", "vpngw", str(chart), "--kubeconfig", admin, "-n", NAMESPACE, *VALUES)
-    # The CRDs were kubectl-applied, then adopted (the fixture): the first upgrade forces the fields
-    # kubectl's field manager held, as docs/install.md says. Without it the real server refuses.
+    # The release as chart 0.1.0's defaults would have it (no crds, logFormat, ... in its values).
+    to_older = ("upgrade", "vpngw", str(older), "--kubeconfig", admin, "-n", NAMESPACE, *VALUES)
+    res = run_helm(helm, *to_older)
+    assert res.returncode == 0, res.stderr
+    upgrade = ("upgrade", "vpngw", str(chart), "--kubeconfig", admin, "-n", NAMESPACE, "--reuse-values")
+    # The CRDs were kubectl-applied, then adopted (the fixture): the first upgrade that changes them forces
+    # the fields kubectl's field manager held, as docs/install.md says. Without it the real server refuses.
     refused = run_helm(helm, *upgrade)
     assert refused.returncode != 0 and "conflict" in refused.stderr, refused.stderr
     res = run_helm(helm, *upgrade, "--force-conflicts")
     assert res.returncode == 0, res.stderr
+    container = get(cp, "deployment", "vpngw-controller", "-n", NAMESPACE)["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "--log-format=text" in container["args"]
     crd = get(cp, "crd", GATEWAY_CRD)
     assert (
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] == "A VPN gateway, upgraded."

@@ -62,6 +62,36 @@ label; the release name by default.
 {{- $i -}}
 {{- end -}}
 
+{{/*
+Values added since chart 0.1.0, read through these helpers with their values.yaml defaults:
+`helm upgrade --reuse-values` from an older release renders with that release's values, where they are
+absent (Helm replaces the new chart's defaults with the old release's values). tests/component/
+test_helm_chart.py renders the chart without them.
+*/}}
+{{/* crds.install (default true): non-empty when the CRDs are rendered. */}}
+{{- define "vpngw.crdsInstall" -}}
+{{- if dig "install" true (.Values.crds | default dict) -}}
+yes
+{{- end -}}
+{{- end -}}
+
+{{/* logFormat (default text). */}}
+{{- define "vpngw.logFormat" -}}
+{{- .Values.logFormat | default "text" -}}
+{{- end -}}
+
+{{/* networkPolicy.cilium (default false): non-empty when the CiliumNetworkPolicies are rendered. */}}
+{{- define "vpngw.cilium" -}}
+{{- if dig "cilium" false (.Values.networkPolicy | default dict) -}}
+yes
+{{- end -}}
+{{- end -}}
+
+{{/* monitoring.runbookBaseURL (default empty: the runbook URLs stay relative), without a trailing "/". */}}
+{{- define "vpngw.runbookBaseURL" -}}
+{{- dig "runbookBaseURL" "" (.Values.monitoring | default dict) | trimSuffix "/" -}}
+{{- end -}}
+
 {{- define "vpngw.image" -}}
 {{- printf "%s:%s" .image.repository (.image.tag | default .chart.AppVersion | toString) -}}
 {{- end -}}
