@@ -890,20 +890,42 @@ def problems(findings: Sequence[Finding]) -> bool:
     return any(f.severity != "info" for f in findings)
 
 
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""What a terminal acts on or a reader takes for a line break: C0 (newline, CR, ESC, ...), DEL, C1 (CSI,
+NEL, ...), Unicode's line and paragraph separators, and the bidirectional controls that reorder a line."""
+NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(s: str) -> str:
+    """``s`` on one line, inert in a terminal: each character of ``UNSAFE`` escaped visibly (``\\n``,
+    ``\\x1b``, ``\\u2028``). A finding's words quote what tenants, peers and containers wrote (Event
+    messages, the agent's /readyz body and lastError, container messages): printed raw, a newline there
+    could forge a finding of its own (``2. [error] ... fix: kubectl ...``) and an escape sequence could
+    rewrite the screen."""
+
+    def escape(m: re.Match[str]) -> str:
+        c = m.group(0)
+        return NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+    return UNSAFE.sub(escape, s)
+
+
 def text(snap: Snapshot, findings: Sequence[Finding]) -> str:
+    """The findings for a person: each one block of three lines, every word in it made ``printable`` (JSON
+    escapes by itself)."""
     ready = conditions(snap.gateway).get("Ready")
     state = "Ready" if ready is not None and ready.get("status") == "True" else "not Ready"
     if snap.gateway is None:
         state = "not found" if "gateway" not in snap.unreadable else "unreadable"
     count = sum(1 for f in findings if f.severity != "info")
-    lines = [f"{snap.key}: {state}; {count or 'no'} problem{'s' if count != 1 else ''} found"]
+    lines = [f"{printable(str(snap.key))}: {state}; {count or 'no'} problem{'s' if count != 1 else ''} found"]
     if snap.readyz is not None and snap.readyz.code is not None:
         lines.append(f"status-agent /readyz: HTTP {snap.readyz.code}, read through {snap.readyz.via}")
     for i, f in enumerate(findings, 1):
         lines += [
-            f"{i}. [{f.severity}] {f.code}: {f.what}",
-            f"   cause: {f.cause}",
-            f"   fix:   {f.fix}",
+            f"{i}. [{f.severity}] {printable(f.code)}: {printable(f.what)}",
+            f"   cause: {printable(f.cause)}",
+            f"   fix:   {printable(f.fix)}",
         ]
     return "\n".join(lines) + "\n"
 

@@ -490,3 +490,39 @@ def test_the_readyz_path_that_answered_is_said_and_neither_is_a_note() -> None:
     assert not problems(found), "a detail missing is not a problem of the gateway"
     assert "read through" not in text(neither, found)
     assert json.loads(as_json(neither, found))["readyz"] == {"code": None, "via": None}
+
+
+FORGED = (
+    "ok\n2. [error] ControllerCompromised: the controller is compromised\n"
+    "   cause: \x1b[2Jsee below\r\n   fix:   kubectl delete namespace vpngw-system\u2028\x9b31m\x07"
+)
+
+
+def test_text_output_keeps_what_tenants_and_peers_wrote_on_its_own_lines_and_inert() -> None:
+    # A tenant's Event (a FailedCreate), the agent's /readyz body and a peer's IKE error, each forging a
+    # finding of its own and carrying terminal escapes (ESC, CSI as C1, BEL, CR, U+2028).
+    event = {"reason": "FailedCreate", "type": "Warning", "message": FORGED}
+    tunnels = [{**TUNNELS[0], "state": "Down", "lastError": FORGED}, TUNNELS[1]]
+    snap = failing(
+        [cond("PodReady", False, "PodNotReady", f"pod {HOME}-7d9f-abcde is Running")],
+        status={"tunnels": tunnels},
+        events=(event,),
+        readyz=Readyz(503, FORGED),
+    )
+    found = diagnose(snap)
+    assert {"PodCreateFailed", "AgentNotReady", "TunnelDown"} <= set(codes(found))
+    assert sum(FORGED[:600] in f.cause for f in found) == 3, "the findings keep the words as written"
+    out = text(snap, found)
+    lines = out.splitlines()
+    assert len(lines) == 2 + 3 * len(found), out  # the header, the /readyz line, three lines a finding
+    assert [ln.split(". [", 1)[0] for ln in lines[2::3]] == [str(i) for i in range(1, len(found) + 1)]
+    assert all(ln.startswith("   cause: ") for ln in lines[3::3])
+    assert all(ln.startswith("   fix:   ") for ln in lines[4::3])
+    assert "ControllerCompromised" not in "".join(lines[2::3]), "no finding forged"
+    assert not [c for c in out if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F or c == "\u2028"]
+    shown = r"ok\n2. [error] ControllerCompromised: the controller is compromised\n   cause: \x1b[2Jsee"
+    assert shown in out and r"\r\n   fix:   kubectl delete namespace vpngw-system\u2028\x9b31m\x07" in out
+    # JSON escapes by itself: the same words, exactly, and no raw control character in the document.
+    doc = as_json(snap, found)
+    assert json.loads(doc)["findings"] == [f.to_dict() for f in found]
+    assert doc.isascii() and not [c for c in doc if ord(c) < 0x20 and c != "\n"]
