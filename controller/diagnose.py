@@ -82,7 +82,9 @@ class Snapshot:
     """The gateway's (tenant's) Namespace."""
     peers: tuple[Obj, ...] = ()
     events: tuple[Obj, ...] = ()
-    """Events about the gateway (its namespace) and about its objects and pod (the gateway namespace)."""
+    """Events about the gateway and its peers (its namespace) and about the objects the reader found for
+    it in the gateway namespace (Deployment, ReplicaSets, pods, ...): matched by the involved object's uid,
+    never by its name (a tenant names its objects as it likes)."""
     owned: Mapping[str, Obj] = field(default_factory=dict)
     """Kind -> the gateway's object of that kind in the gateway namespace (ConfigMap, Deployment, ...)."""
     pods: tuple[Obj, ...] = ()
@@ -735,14 +737,17 @@ def _check_tunnels(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
 SANDBOX = ("FailedCreatePodSandBox", "FailedCreatePodSandbox")
 
 
-def _warnings(snap: Snapshot, about: str | None = None) -> list[Obj]:
-    """The Warning Events (about an object whose name starts with ``about``), newest last."""
-    return [
-        e
-        for e in snap.events
-        if e.get("type") == "Warning"
-        and (about is None or str((e.get("involvedObject") or {}).get("name") or "").startswith(about))
-    ]
+def _about(e: Obj, obj: Obj) -> bool:
+    """Whether Event ``e`` is about ``obj``: by uid, else (an object read without one) its kind and name."""
+    md, inv = obj.get("metadata") or {}, e.get("involvedObject") or {}
+    if md.get("uid"):
+        return bool(inv.get("uid") == md["uid"])
+    return bool(inv.get("kind") == obj.get("kind", inv.get("kind")) and inv.get("name") == md.get("name"))
+
+
+def _warnings(snap: Snapshot, about: Obj | None = None) -> list[Obj]:
+    """The Warning Events (about ``about``), newest last."""
+    return [e for e in snap.events if e.get("type") == "Warning" and (about is None or _about(e, about))]
 
 
 def _check_sandbox(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
@@ -751,7 +756,7 @@ def _check_sandbox(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
     pod = _newest_pod(snap.pods)
     if pod is None or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
         return
-    sandbox = [e for e in _warnings(snap, _name(pod)) if e.get("reason") in SANDBOX]
+    sandbox = [e for e in _warnings(snap, pod) if e.get("reason") in SANDBOX]
     if not sandbox:
         return
     node = (pod.get("spec") or {}).get("nodeName") or "its node"
@@ -780,7 +785,7 @@ def _check_pod(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
     states = _container_states(pod) if pod else []
     detail = "; ".join(f"{n} {s}: {r} {m}".strip() for n, s, r, m in states)
     if pod is not None:
-        said = [f"{e.get('reason')}: {e.get('message')}" for e in _warnings(snap, _name(pod))[-3:]]
+        said = [f"{e.get('reason')}: {e.get('message')}" for e in _warnings(snap, pod)[-3:]]
         detail += ("; " if detail else "") + "; ".join(f"Event {w}" for w in said)
     fixes = {
         "NoPod": f"kubectl -n {snap.gateway_namespace} describe deployment (its ReplicaSet's Events)",

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -67,6 +67,16 @@ log = logging.getLogger("controller")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
 HOME_KINDS = (CONFIGMAPS, DEPLOYMENTS, SERVICEACCOUNTS, ROLES, ROLEBINDINGS, NETWORKPOLICIES)
+REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
+"""The gateway Deployment's ReplicaSets: only for their uids (the FailedCreate Events are about them)."""
+
+
+def uid_of(obj: Mapping[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")
+
+
+def owner_uids(obj: Mapping[str, Any]) -> set[str]:
+    return {str(r.get("uid")) for r in (obj.get("metadata") or {}).get("ownerReferences") or []}
 
 
 def add_diagnose_parser(sub: Any) -> None:
@@ -201,12 +211,31 @@ async def gather(
             await read("pods", lambda: listed(PODS, gateway_namespace, label_selector=pod_selector(key)))
             or []
         )
+        replicasets: list[dict[str, Any]] = []
+        if deployment := uid_of(owned.get(DEPLOYMENTS.kind)):
+            try:
+                rs = await listed(REPLICASETS, gateway_namespace, label_selector=pod_selector(key))
+                replicasets = [r for r in rs if deployment in owner_uids(r)]
+            except NotFound:
+                pass  # not served (the lab's API emulator has no ReplicaSets)
+            except KubeError as exc:
+                unreadable[f"ReplicaSets in {gateway_namespace}"] = f"{type(exc).__name__}: {exc}"
+        # Events by their involved object's uid, never by its name: in the tenant's namespace a Job or a
+        # ReplicaSet may be named after the gateway, and in the gateway namespace another tenant's gateway
+        # may be named so its objects' names start with this one's (found by review).
+        tenant_objects = {(key.kind, uid_of(gw)), *(("VPNPeer", uid_of(p)) for p in mine)}
+        home_uids = {uid_of(o) for o in [*owned.values(), *replicasets, *pods]} - {""}
         events: list[dict[str, Any]] = []
-        for ns, prefix in ((key.namespace, None), (gateway_namespace, key.home_name)):
+        for ns in (key.namespace, gateway_namespace):
             items = await read(f"events in {ns}", lambda ns=ns: listed(EVENTS, ns))  # type: ignore[misc]
             for e in items or []:
-                about = str((e.get("involvedObject") or {}).get("name") or "")
-                if about == key.name if prefix is None else about.startswith(prefix):
+                about = e.get("involvedObject") or {}
+                uid = str(about.get("uid") or "")
+                if uid and (
+                    (str(about.get("kind")), uid) in tenant_objects
+                    if ns == key.namespace
+                    else uid in home_uids
+                ):
                     events.append(e)
         readyz = await probe_readyz(pods, readyz_timeout, kube) if readyz_timeout > 0 else None
     cloud_facts = None

@@ -526,3 +526,29 @@ def test_text_output_keeps_what_tenants_and_peers_wrote_on_its_own_lines_and_ine
     doc = as_json(snap, found)
     assert json.loads(doc)["findings"] == [f.to_dict() for f in found]
     assert doc.isascii() and not [c for c in doc if ord(c) < 0x20 and c != "\n"]
+
+
+def test_a_pods_events_are_its_own_by_uid_not_a_pod_whose_name_starts_with_its_name() -> None:
+    creating = pod(ready=False, phase="Pending")
+    creating["metadata"]["uid"] = "pod-uid-1"
+    name = creating["metadata"]["name"]
+
+    def sandbox(about: str, uid: str) -> dict[str, Any]:
+        return {
+            "type": "Warning",
+            "reason": "FailedCreatePodSandBox",
+            "involvedObject": {"kind": "Pod", "name": about, "uid": uid},
+            "message": f"failed to find device with hardware address ({about})",
+        }
+
+    msg = f"pod {name} is Pending"
+    theirs = sandbox(f"{name}x-5c6d7-zzzzz", "pod-uid-2")
+    found = diagnose(
+        failing([cond("PodReady", False, "PodNotReady", msg)], pods=(creating,), events=(theirs,))
+    )
+    assert codes(found) == ["PodNotReady"] and "hardware address" not in found[0].cause
+    ours = sandbox(name, "pod-uid-1")
+    found = diagnose(
+        failing([cond("PodReady", False, "PodNotReady", msg)], pods=(creating,), events=(theirs, ours))
+    )
+    assert codes(found) == ["PodSandboxFailed"] and found[0].cause.endswith(f"({name})")
