@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -40,7 +41,14 @@ from controller.diagnose import (
 )
 from controller.names import GatewayKey
 from controller.reconcile import peers_of, pod_selector
-from controller.runcli import add_kube_args, add_openstack_args, gateway_key, openstack_cloud
+from controller.runcli import (
+    RunFailed,
+    add_kube_args,
+    add_openstack_args,
+    cluster_id,
+    gateway_key,
+    openstack_cloud,
+)
 from controller.settings import Settings, SettingsError
 from gwkit.kube import ConfigError, KubeClient, KubeError, load
 from gwkit.kube.client import (
@@ -122,6 +130,12 @@ def add_diagnose_parser(sub: Any) -> None:
         help="openstack: also read the gateway's port, floating IP, security group and routes with the "
         "controller's credentials (the flags below; $VPNGW_CLOUD)",
     )
+    d.add_argument(
+        "--cluster-id",
+        default=os.environ.get("VPNGW_CLUSTER_ID", ""),
+        help="with --cloud openstack: the cluster identity the controller tags its cloud resources with, "
+        "as the controller's (empty: the kube-system namespace's uid; $VPNGW_CLUSTER_ID)",
+    )
     add_openstack_args(d)
 
 
@@ -133,7 +147,11 @@ def diagnose_command(args: argparse.Namespace) -> int:
         config = load(args.kubeconfig, context=args.context)
     except ConfigError as exc:
         raise SettingsError(str(exc)) from exc
-    cloud = openstack_cloud(args, args.instance, guard=lambda: False) if args.cloud == "openstack" else None
+    cloud: CloudOf | None = None
+    if args.cloud == "openstack":
+        cloud = CloudOf(
+            args.cluster_id, lambda cluster: openstack_cloud(args, args.instance, lambda: False, cluster)
+        )
     snap = anyio.run(gather, key, config, args.gateway_namespace, args.readyz_timeout, cloud)
     found = diagnose(snap)
     sys.stdout.write(as_json(snap, found) if args.output == "json" else text(snap, found))
@@ -143,11 +161,22 @@ def diagnose_command(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if problems(found) else EXIT_OK
 
 
+@dataclass(frozen=True)
+class CloudOf:
+    """How to ask the cloud: the cluster identity given (``--cluster-id``; empty: the cluster's own, as
+    ``run`` resolves it) and the read-only cloud for an identity. Without the identity the controller's own
+    resources, tagged with it, would look like another cluster's: none found (found by review)."""
+
+    given: str
+    make: Callable[[str], Any]
+
+
 async def gather(
-    key: GatewayKey, config: Any, gateway_namespace: str, readyz_timeout: float, cloud: Any | None
+    key: GatewayKey, config: Any, gateway_namespace: str, readyz_timeout: float, cloud: CloudOf | None
 ) -> Snapshot:
     """Read everything ``diagnose`` looks at; what cannot be read goes to ``Snapshot.unreadable``."""
     unreadable: dict[str, str] = {}
+    inspect: Any = None
 
     async def read(what: str, call: Callable[[], Awaitable[T]]) -> T | None:
         try:
@@ -157,6 +186,11 @@ async def gather(
             return None
 
     async with KubeClient(config, user_agent="vpngw-diagnose") as kube:
+        if cloud is not None:  # first: a missing OpenStack flag is bad usage, whatever the gateway
+            try:
+                inspect = cloud.make(await cluster_id(kube, cloud.given, attempts=1))
+            except RunFailed as exc:
+                unreadable["cloud"] = str(exc)
         res = VPNGATEWAYS if key.kind == "VPNGateway" else IPSECGATEWAYS
         try:
             gw: dict[str, Any] | None = await kube.get(res, key.name, key.namespace)
@@ -239,11 +273,11 @@ async def gather(
                     events.append(e)
         readyz = await probe_readyz(pods, readyz_timeout, kube) if readyz_timeout > 0 else None
     cloud_facts = None
-    if cloud is not None:
+    if inspect is not None:
         from controller.cloud import CloudError
 
         try:
-            cloud_facts = await cloud.inspect(key)
+            cloud_facts = await inspect.inspect(key)
         except CloudError as exc:
             unreadable["cloud"] = str(exc)
     return Snapshot(

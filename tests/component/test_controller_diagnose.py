@@ -281,3 +281,44 @@ def test_only_events_about_the_gateway_and_its_own_objects_are_read(cluster: Clu
     assert "exceeded quota: gateways" in found["PodCreateFailed"]["cause"], "the gateway's own Event"
     assert "PodSecurityForbidden" not in found, "the other gateway's ReplicaSet's Event"
     assert "hardware address" in found["PodSandboxFailed"]["cause"]
+
+
+def test_the_cloud_is_read_with_the_clusters_identity_as_the_controller_tags_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cloud openstack`` in-process, Neutron replaced by the read-only fake of the unit tests holding
+    the gateway's port, floating IP and security group tagged as the controller tags them: with the
+    cluster's identity (the kube-system namespace's uid, as ``run`` resolves it). Without it diagnose took
+    them for another cluster's and said the port was deleted by hand (found by review)."""
+    import controller.diagnosecli as cli
+    from controller.__main__ import main
+    from controller.cloudplan import cluster_tag, tags
+    from tests.unit.test_controller_diagnose import ReadOnlyNetwork, inspecting
+
+    healthy_world(cluster)
+    kube_system = cluster.get("v1", "Namespace", "kube-system")
+    assert kube_system is not None
+    uid = kube_system["metadata"]["uid"]
+    network = ReadOnlyNetwork([*tags(KEY, "vpngw"), cluster_tag(uid)])
+    given: list[str | None] = []
+
+    def openstack_cloud(
+        args: Any, instance: str, guard: Any = None, cluster: str | None = None, **kw: Any
+    ) -> Any:
+        assert guard is not None and guard() is False, "the cloud is read with every write refused"
+        given.append(cluster)
+        return inspecting(network, cluster)
+
+    monkeypatch.setattr(cli, "openstack_cloud", openstack_cloud)
+    monkeypatch.delenv("VPNGW_CLUSTER_ID", raising=False)
+    flags = ["--cloud", "openstack", "--os-cloud", "lab", "--gateway-network", "gw-net",
+             "--external-network", "public", "--readyz-timeout", "0", "-o", "json"]  # fmt: skip
+    argv = ["diagnose", "--kubeconfig", str(cluster.kubeconfig), f"{NS}/acme", *flags]
+    assert main(argv) == 0, capsys.readouterr()
+    assert given == [uid]
+    assert json.loads(capsys.readouterr().out)["findings"] == []
+    # --cluster-id, as the controller's, wins; another identity's resources are not this cluster's.
+    assert main([*argv, "--cluster-id", "another-cluster"]) == 1
+    assert given[-1] == "another-cluster"
+    assert [f["code"] for f in json.loads(capsys.readouterr().out)["findings"]] == ["NoPort"]
+    assert main([*argv, "--cluster-id", "no,comma"]) == 2, "not a tag: bad usage"

@@ -406,18 +406,22 @@ class ReadOnlyNetwork:
     def subnets(self, **kw: Any) -> list[Any]:
         return [SimpleNamespace(id="sub", ip_version=4, cidr="192.0.2.0/26", gateway_ip="192.0.2.1")]
 
+    def has(self, kw: dict[str, Any]) -> bool:
+        """Neutron's ``tags`` filter: the resources carrying every tag named."""
+        return "tags" in kw and set(kw["tags"].split(",")) <= set(self.tagged)
+
     def ports(self, **kw: Any) -> list[Any]:
         if "tags" in kw:
-            return [self.port] if kw["tags"] == ",".join(self.tagged) else []
+            return [self.port] if self.has(kw) else []
         return [self.router_port, self.port]
 
     def ips(self, **kw: Any) -> list[Any]:
         fip = SimpleNamespace(id="f1", floating_ip_address="203.0.113.10", port_id="p1", tags=self.tagged)
-        return [fip] if kw.get("tags") == ",".join(self.tagged) else []
+        return [fip] if self.has(kw) else []
 
     def security_groups(self, **kw: Any) -> list[Any]:
         sg = SimpleNamespace(id="sg1", security_group_rules=[{}, {}, {}], tags=self.tagged)
-        return [sg] if kw.get("tags") == ",".join(self.tagged) else []
+        return [sg] if self.has(kw) else []
 
     def routers(self, **kw: Any) -> list[Any]:
         routes = [
@@ -427,15 +431,22 @@ class ReadOnlyNetwork:
         return [SimpleNamespace(id="r1", routes=routes), SimpleNamespace(id="r2", routes=routes)]
 
 
-def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None:
-    from controller.cloudplan import tags
+CLUSTER = "5f0c5e1e-0d7a-4d57-9d1c-1f0e2d3c4b5a"
+
+
+def inspecting(network: ReadOnlyNetwork, cluster: str | None) -> Any:
     from controller.openstack import OpenStackCloud, OpenStackSettings
 
-    network = ReadOnlyNetwork(list(tags(KEY, "vpngw")))
-    cloud = OpenStackCloud(
-        SimpleNamespace(network=network), OpenStackSettings("gw-net", "public"), guard=lambda: False
-    )
-    facts = cloud._inspect(KEY)
+    settings = OpenStackSettings("gw-net", "public", cluster=cluster)
+    return OpenStackCloud(SimpleNamespace(network=network), settings, guard=lambda: False)
+
+
+def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None:
+    from controller.cloudplan import cluster_tag, tags
+
+    # Tagged as the controller tags them: the gateway's tags and the cluster's identity.
+    network = ReadOnlyNetwork([*tags(KEY, "vpngw"), cluster_tag(CLUSTER)])
+    facts = inspecting(network, CLUSTER)._inspect(KEY)
     assert facts == {
         "port": {"id": "p1", "status": "ACTIVE", "mac": "fa:16:3e:00:00:01", "address": "192.0.2.2",
                  "device_id": "srv1"},
@@ -448,6 +459,10 @@ def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None
     gone = diagnose(healthy(cloud={**facts, "floating_ips": []}))
     assert codes(gone) == ["NoFloatingIP"]
     assert codes(diagnose(healthy(cloud={**facts, "port": None}))) == ["NoPort"]
+    # Without the cluster's identity (or with another's) the controller's own resources are another
+    # cluster's: diagnose must be given it (tests/component/test_controller_diagnose.py proves it is).
+    for cluster in (None, "another-cluster"):
+        assert inspecting(network, cluster)._inspect(KEY)["port"] is None
 
 
 def test_nic2_not_attached_and_an_agent_that_is_not_ready() -> None:
