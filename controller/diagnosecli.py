@@ -34,6 +34,7 @@ from controller.diagnose import (
     Snapshot,
     as_json,
     diagnose,
+    printable,
     problems,
     secret_refs,
     secret_state,
@@ -156,7 +157,10 @@ def diagnose_command(args: argparse.Namespace) -> int:
     found = diagnose(snap)
     sys.stdout.write(as_json(snap, found) if args.output == "json" else text(snap, found))
     log.info(
-        "diagnose.done gateway=%s findings=%d codes=%s", key, len(found), ",".join(f.code for f in found)
+        "diagnose.done gateway=%s findings=%d codes=%s",
+        printable(str(key)),
+        len(found),
+        ",".join(printable(f.code) for f in found),  # a code may be a condition's reason: status words
     )
     return EXIT_PROBLEM if problems(found) else EXIT_OK
 
@@ -364,6 +368,8 @@ async def _through_proxy(kube: KubeClient, path: str, timeout: float) -> Readyz 
     (a ``Status``: 403 without ``get pods/proxy``, 503 ``error trying to reach service`` when it cannot
     dial the pod either, 400 ``address not allowed``) is told apart from the agent's answer (text)."""
     # gwkit.kube's requests decode JSON answers; the agent's are text: its connection, token and TLS.
+    # (Private members: what this wants is a public ``KubeClient.get_raw(path, *, accept, timeout) ->
+    # httpx.Response``, the same auth, TLS and write-guard-free GET returning the answer undecoded.)
     try:
         token = await kube._token()
         res = await kube._http.get(

@@ -322,3 +322,26 @@ def test_the_cloud_is_read_with_the_clusters_identity_as_the_controller_tags_it(
     assert given[-1] == "another-cluster"
     assert [f["code"] for f in json.loads(capsys.readouterr().out)["findings"]] == ["NoPort"]
     assert main([*argv, "--cluster-id", "no,comma"]) == 2, "not a tag: bad usage"
+
+
+def test_words_from_the_status_are_printed_and_logged_inert(cluster: Cluster) -> None:
+    # The status is written by the gateway pod too (its agent relays what peers send): a reason and a
+    # message carrying a line of their own and an escape sequence.
+    healthy_world(cluster)
+    forged = "Forged\nERROR controller.compromised\x1b[2J"
+    set_status(
+        cluster,
+        {
+            "observedGeneration": 1,
+            "conditions": [
+                cond("Ready", False, forged, f"Tunnels: {forged}"),
+                cond("Tunnels", False, forged, forged),
+            ],
+        },
+    )
+    res = diagnose(cluster, f"{NS}/acme", "--readyz-timeout", "0")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "\x1b" not in res.stdout + res.stderr
+    assert not [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("ERROR controller")]
+    assert r"1. [error] Forged\nERROR controller.compromised\x1b[2J: Tunnels=False" in res.stdout
+    assert r"codes=Forged\nERROR controller.compromised\x1b[2J" in res.stderr
