@@ -82,7 +82,9 @@ class Snapshot:
     """The gateway's (tenant's) Namespace."""
     peers: tuple[Obj, ...] = ()
     events: tuple[Obj, ...] = ()
-    """Events about the gateway (its namespace) and about its objects and pod (the gateway namespace)."""
+    """Events about the gateway and its peers (its namespace) and about the objects the reader found for
+    it in the gateway namespace (Deployment, ReplicaSets, pods, ...): matched by the involved object's uid,
+    never by its name (a tenant names its objects as it likes)."""
     owned: Mapping[str, Obj] = field(default_factory=dict)
     """Kind -> the gateway's object of that kind in the gateway namespace (ConfigMap, Deployment, ...)."""
     pods: tuple[Obj, ...] = ()
@@ -735,14 +737,17 @@ def _check_tunnels(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
 SANDBOX = ("FailedCreatePodSandBox", "FailedCreatePodSandbox")
 
 
-def _warnings(snap: Snapshot, about: str | None = None) -> list[Obj]:
-    """The Warning Events (about an object whose name starts with ``about``), newest last."""
-    return [
-        e
-        for e in snap.events
-        if e.get("type") == "Warning"
-        and (about is None or str((e.get("involvedObject") or {}).get("name") or "").startswith(about))
-    ]
+def _about(e: Obj, obj: Obj) -> bool:
+    """Whether Event ``e`` is about ``obj``: by uid, else (an object read without one) its kind and name."""
+    md, inv = obj.get("metadata") or {}, e.get("involvedObject") or {}
+    if md.get("uid"):
+        return bool(inv.get("uid") == md["uid"])
+    return bool(inv.get("kind") == obj.get("kind", inv.get("kind")) and inv.get("name") == md.get("name"))
+
+
+def _warnings(snap: Snapshot, about: Obj | None = None) -> list[Obj]:
+    """The Warning Events (about ``about``), newest last."""
+    return [e for e in snap.events if e.get("type") == "Warning" and (about is None or _about(e, about))]
 
 
 def _check_sandbox(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
@@ -751,7 +756,7 @@ def _check_sandbox(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
     pod = _newest_pod(snap.pods)
     if pod is None or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
         return
-    sandbox = [e for e in _warnings(snap, _name(pod)) if e.get("reason") in SANDBOX]
+    sandbox = [e for e in _warnings(snap, pod) if e.get("reason") in SANDBOX]
     if not sandbox:
         return
     node = (pod.get("spec") or {}).get("nodeName") or "its node"
@@ -780,7 +785,7 @@ def _check_pod(snap: Snapshot, conds: dict[str, Obj], out: _Found) -> None:
     states = _container_states(pod) if pod else []
     detail = "; ".join(f"{n} {s}: {r} {m}".strip() for n, s, r, m in states)
     if pod is not None:
-        said = [f"{e.get('reason')}: {e.get('message')}" for e in _warnings(snap, _name(pod))[-3:]]
+        said = [f"{e.get('reason')}: {e.get('message')}" for e in _warnings(snap, pod)[-3:]]
         detail += ("; " if detail else "") + "; ".join(f"Event {w}" for w in said)
     fixes = {
         "NoPod": f"kubectl -n {snap.gateway_namespace} describe deployment (its ReplicaSet's Events)",
@@ -890,20 +895,42 @@ def problems(findings: Sequence[Finding]) -> bool:
     return any(f.severity != "info" for f in findings)
 
 
+UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""What a terminal acts on or a reader takes for a line break: C0 (newline, CR, ESC, ...), DEL, C1 (CSI,
+NEL, ...), Unicode's line and paragraph separators, and the bidirectional controls that reorder a line."""
+NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(s: str) -> str:
+    """``s`` on one line, inert in a terminal: each character of ``UNSAFE`` escaped visibly (``\\n``,
+    ``\\x1b``, ``\\u2028``). A finding's words quote what tenants, peers and containers wrote (Event
+    messages, the agent's /readyz body and lastError, container messages): printed raw, a newline there
+    could forge a finding of its own (``2. [error] ... fix: kubectl ...``) and an escape sequence could
+    rewrite the screen."""
+
+    def escape(m: re.Match[str]) -> str:
+        c = m.group(0)
+        return NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+    return UNSAFE.sub(escape, s)
+
+
 def text(snap: Snapshot, findings: Sequence[Finding]) -> str:
+    """The findings for a person: each one block of three lines, every word in it made ``printable`` (JSON
+    escapes by itself)."""
     ready = conditions(snap.gateway).get("Ready")
     state = "Ready" if ready is not None and ready.get("status") == "True" else "not Ready"
     if snap.gateway is None:
         state = "not found" if "gateway" not in snap.unreadable else "unreadable"
     count = sum(1 for f in findings if f.severity != "info")
-    lines = [f"{snap.key}: {state}; {count or 'no'} problem{'s' if count != 1 else ''} found"]
+    lines = [f"{printable(str(snap.key))}: {state}; {count or 'no'} problem{'s' if count != 1 else ''} found"]
     if snap.readyz is not None and snap.readyz.code is not None:
         lines.append(f"status-agent /readyz: HTTP {snap.readyz.code}, read through {snap.readyz.via}")
     for i, f in enumerate(findings, 1):
         lines += [
-            f"{i}. [{f.severity}] {f.code}: {f.what}",
-            f"   cause: {f.cause}",
-            f"   fix:   {f.fix}",
+            f"{i}. [{f.severity}] {printable(f.code)}: {printable(f.what)}",
+            f"   cause: {printable(f.cause)}",
+            f"   fix:   {printable(f.fix)}",
         ]
     return "\n".join(lines) + "\n"
 

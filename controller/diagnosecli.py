@@ -19,7 +19,8 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -33,6 +34,7 @@ from controller.diagnose import (
     Snapshot,
     as_json,
     diagnose,
+    printable,
     problems,
     secret_refs,
     secret_state,
@@ -40,7 +42,14 @@ from controller.diagnose import (
 )
 from controller.names import GatewayKey
 from controller.reconcile import peers_of, pod_selector
-from controller.runcli import add_kube_args, add_openstack_args, gateway_key, openstack_cloud
+from controller.runcli import (
+    RunFailed,
+    add_kube_args,
+    add_openstack_args,
+    cluster_id,
+    gateway_key,
+    openstack_cloud,
+)
 from controller.settings import Settings, SettingsError
 from gwkit.kube import ConfigError, KubeClient, KubeError, load
 from gwkit.kube.client import (
@@ -67,6 +76,16 @@ log = logging.getLogger("controller")
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 T = TypeVar("T")
 HOME_KINDS = (CONFIGMAPS, DEPLOYMENTS, SERVICEACCOUNTS, ROLES, ROLEBINDINGS, NETWORKPOLICIES)
+REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
+"""The gateway Deployment's ReplicaSets: only for their uids (the FailedCreate Events are about them)."""
+
+
+def uid_of(obj: Mapping[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")
+
+
+def owner_uids(obj: Mapping[str, Any]) -> set[str]:
+    return {str(r.get("uid")) for r in (obj.get("metadata") or {}).get("ownerReferences") or []}
 
 
 def add_diagnose_parser(sub: Any) -> None:
@@ -112,6 +131,12 @@ def add_diagnose_parser(sub: Any) -> None:
         help="openstack: also read the gateway's port, floating IP, security group and routes with the "
         "controller's credentials (the flags below; $VPNGW_CLOUD)",
     )
+    d.add_argument(
+        "--cluster-id",
+        default=os.environ.get("VPNGW_CLUSTER_ID", ""),
+        help="with --cloud openstack: the cluster identity the controller tags its cloud resources with, "
+        "as the controller's (empty: the kube-system namespace's uid; $VPNGW_CLUSTER_ID)",
+    )
     add_openstack_args(d)
 
 
@@ -123,21 +148,39 @@ def diagnose_command(args: argparse.Namespace) -> int:
         config = load(args.kubeconfig, context=args.context)
     except ConfigError as exc:
         raise SettingsError(str(exc)) from exc
-    cloud = openstack_cloud(args, args.instance, guard=lambda: False) if args.cloud == "openstack" else None
+    cloud: CloudOf | None = None
+    if args.cloud == "openstack":
+        cloud = CloudOf(
+            args.cluster_id, lambda cluster: openstack_cloud(args, args.instance, lambda: False, cluster)
+        )
     snap = anyio.run(gather, key, config, args.gateway_namespace, args.readyz_timeout, cloud)
     found = diagnose(snap)
     sys.stdout.write(as_json(snap, found) if args.output == "json" else text(snap, found))
     log.info(
-        "diagnose.done gateway=%s findings=%d codes=%s", key, len(found), ",".join(f.code for f in found)
+        "diagnose.done gateway=%s findings=%d codes=%s",
+        printable(str(key)),
+        len(found),
+        ",".join(printable(f.code) for f in found),  # a code may be a condition's reason: status words
     )
     return EXIT_PROBLEM if problems(found) else EXIT_OK
 
 
+@dataclass(frozen=True)
+class CloudOf:
+    """How to ask the cloud: the cluster identity given (``--cluster-id``; empty: the cluster's own, as
+    ``run`` resolves it) and the read-only cloud for an identity. Without the identity the controller's own
+    resources, tagged with it, would look like another cluster's: none found (found by review)."""
+
+    given: str
+    make: Callable[[str], Any]
+
+
 async def gather(
-    key: GatewayKey, config: Any, gateway_namespace: str, readyz_timeout: float, cloud: Any | None
+    key: GatewayKey, config: Any, gateway_namespace: str, readyz_timeout: float, cloud: CloudOf | None
 ) -> Snapshot:
     """Read everything ``diagnose`` looks at; what cannot be read goes to ``Snapshot.unreadable``."""
     unreadable: dict[str, str] = {}
+    inspect: Any = None
 
     async def read(what: str, call: Callable[[], Awaitable[T]]) -> T | None:
         try:
@@ -147,6 +190,11 @@ async def gather(
             return None
 
     async with KubeClient(config, user_agent="vpngw-diagnose") as kube:
+        if cloud is not None:  # first: a missing OpenStack flag is bad usage, whatever the gateway
+            try:
+                inspect = cloud.make(await cluster_id(kube, cloud.given, attempts=1))
+            except RunFailed as exc:
+                unreadable["cloud"] = str(exc)
         res = VPNGATEWAYS if key.kind == "VPNGateway" else IPSECGATEWAYS
         try:
             gw: dict[str, Any] | None = await kube.get(res, key.name, key.namespace)
@@ -201,20 +249,39 @@ async def gather(
             await read("pods", lambda: listed(PODS, gateway_namespace, label_selector=pod_selector(key)))
             or []
         )
+        replicasets: list[dict[str, Any]] = []
+        if deployment := uid_of(owned.get(DEPLOYMENTS.kind)):
+            try:
+                rs = await listed(REPLICASETS, gateway_namespace, label_selector=pod_selector(key))
+                replicasets = [r for r in rs if deployment in owner_uids(r)]
+            except NotFound:
+                pass  # not served (the lab's API emulator has no ReplicaSets)
+            except KubeError as exc:
+                unreadable[f"ReplicaSets in {gateway_namespace}"] = f"{type(exc).__name__}: {exc}"
+        # Events by their involved object's uid, never by its name: in the tenant's namespace a Job or a
+        # ReplicaSet may be named after the gateway, and in the gateway namespace another tenant's gateway
+        # may be named so its objects' names start with this one's (found by review).
+        tenant_objects = {(key.kind, uid_of(gw)), *(("VPNPeer", uid_of(p)) for p in mine)}
+        home_uids = {uid_of(o) for o in [*owned.values(), *replicasets, *pods]} - {""}
         events: list[dict[str, Any]] = []
-        for ns, prefix in ((key.namespace, None), (gateway_namespace, key.home_name)):
+        for ns in (key.namespace, gateway_namespace):
             items = await read(f"events in {ns}", lambda ns=ns: listed(EVENTS, ns))  # type: ignore[misc]
             for e in items or []:
-                about = str((e.get("involvedObject") or {}).get("name") or "")
-                if about == key.name if prefix is None else about.startswith(prefix):
+                about = e.get("involvedObject") or {}
+                uid = str(about.get("uid") or "")
+                if uid and (
+                    (str(about.get("kind")), uid) in tenant_objects
+                    if ns == key.namespace
+                    else uid in home_uids
+                ):
                     events.append(e)
         readyz = await probe_readyz(pods, readyz_timeout, kube) if readyz_timeout > 0 else None
     cloud_facts = None
-    if cloud is not None:
+    if inspect is not None:
         from controller.cloud import CloudError
 
         try:
-            cloud_facts = await cloud.inspect(key)
+            cloud_facts = await inspect.inspect(key)
         except CloudError as exc:
             unreadable["cloud"] = str(exc)
     return Snapshot(
@@ -301,6 +368,8 @@ async def _through_proxy(kube: KubeClient, path: str, timeout: float) -> Readyz 
     (a ``Status``: 403 without ``get pods/proxy``, 503 ``error trying to reach service`` when it cannot
     dial the pod either, 400 ``address not allowed``) is told apart from the agent's answer (text)."""
     # gwkit.kube's requests decode JSON answers; the agent's are text: its connection, token and TLS.
+    # (Private members: what this wants is a public ``KubeClient.get_raw(path, *, accept, timeout) ->
+    # httpx.Response``, the same auth, TLS and write-guard-free GET returning the answer undecoded.)
     try:
         token = await kube._token()
         res = await kube._http.get(

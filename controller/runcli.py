@@ -401,6 +401,16 @@ async def cluster_identity(kube: KubeClient, *, attempts: int = 8) -> str:
     raise RunFailed(f"the cluster's identity (kube-system's uid) cannot be read: {error}; set --cluster-id")
 
 
+async def cluster_id(kube: KubeClient, given: str, *, attempts: int = 8) -> str:
+    """The cluster identity the controller tags its cloud resources with: ``given`` (``--cluster-id``),
+    else ``cluster_identity`` (``attempts`` tries); what ``run`` uses, and ``diagnose`` to tell the
+    controller's resources from another cluster's. SettingsError when it does not fit a tag."""
+    cluster = given or await cluster_identity(kube, attempts=attempts)
+    if not CLUSTER_ID.match(cluster):
+        raise SettingsError(f"--cluster-id {cluster!r}: letters, digits, '-', '_' and '.' only, at most 64")
+    return cluster
+
+
 def openstack_cloud(
     args: argparse.Namespace,
     instance: str,
@@ -476,13 +486,7 @@ async def _run(args: argparse.Namespace, settings: Settings, config: Any) -> int
                 observe=metrics.api_request,
             )
         )
-        cluster = None
-        if settings.cloud == "openstack":
-            cluster = args.cluster_id or await cluster_identity(kube)
-            if not CLUSTER_ID.match(cluster):
-                raise SettingsError(
-                    f"--cluster-id {cluster!r}: letters, digits, '-', '_' and '.' only, at most 64"
-                )
+        cluster = await cluster_id(kube, args.cluster_id) if settings.cloud == "openstack" else None
         cloud = cloud_of(settings, args, elector.leads, cluster, observe=metrics.cloud_call)
         op = Operator(kube, settings, cloud, elector,
                       workers=args.workers, resync_seconds=args.resync_seconds,

@@ -204,3 +204,144 @@ def test_kubectl_runs_it_as_a_plugin(cluster: Cluster, tmp_path: Path) -> None:
     assert "HIJACKED" not in res.stdout, "the plugin ran the current directory's controller package"
     assert res.returncode == 0, res.stdout + res.stderr
     assert "no problems found" in res.stdout
+
+
+def event(ns: str, name: str, about: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": ns},
+        "involvedObject": {"namespace": ns, **about},
+        "reason": reason,
+        "message": message,
+        "type": "Warning",
+        "firstTimestamp": T,
+        "lastTimestamp": T,
+        "count": 1,
+    }
+
+
+def test_only_events_about_the_gateway_and_its_own_objects_are_read(cluster: Cluster) -> None:
+    healthy_world(cluster)
+    # Another tenant's gateway, named so its objects' names in the gateway namespace start with this
+    # gateway's home_name (vpngw-acme-<digest> -> vpngw-acme-<digest>-<digest>).
+    evil = GatewayKey("VPNGateway", "tenant-evil", f"acme-{KEY.home_name.rsplit('-', 1)[1]}")
+    assert evil.home_name.startswith(KEY.home_name + "-")
+    refusal = (
+        f'pods "{evil.home_name}-6b7c8d9f-x" is forbidden: violates PodSecurity "baseline:latest": '
+        "non-default capabilities"
+    )
+    for attack in (
+        # In the tenant's namespace: a Job named after the gateway, whose pods fail admission.
+        event(NS, "acme.job", {"kind": "Job", "apiVersion": "batch/v1", "name": "acme", "uid": "u-job"},
+              "FailedCreate", "Error creating: pods \"acme-x\" is forbidden: exceeded quota: tenant"),
+        # In the gateway namespace: the other gateway's ReplicaSet.
+        event(GATEWAY_NAMESPACE, "evil.rs",
+              {"kind": "ReplicaSet", "apiVersion": "apps/v1", "name": f"{evil.home_name}-6b7c8d9f",
+               "uid": "u-evil-rs"}, "FailedCreate", f"Error creating: {refusal}"),
+    ):  # fmt: skip
+        cluster.apply([attack])
+        res = diagnose(cluster, f"{NS}/acme", "--output", "json")
+        doc = json.loads(res.stdout)
+        assert [f["code"] for f in doc["findings"]] == ["ReadyzUnreachable"], res.stdout
+        assert res.returncode == 0, res.stdout + res.stderr
+
+    # This gateway's own Events are still read: the controller's about the gateway (its kind and uid),
+    # the kubelet's about its pod (its uid).
+    gw = cluster.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", NS)
+    home_pod = f"{KEY.home_name}-7d9f-abcde"
+    pod = cluster.get("v1", "Pod", home_pod, GATEWAY_NAMESPACE)
+    assert gw is not None and pod is not None
+    cluster.kube.patch("v1", "Pod", home_pod, {"status": {"phase": "Pending", "conditions": []}},
+                       GATEWAY_NAMESPACE, subresource="status")  # fmt: skip
+    quota = f'pods "{home_pod}" is forbidden: exceeded quota: gateways'
+    set_status(
+        cluster,
+        {
+            "observedGeneration": 1,
+            "conditions": [
+                cond("Ready", False, "PodNotReady", f"PodReady: pod {home_pod} is Pending"),
+                cond("PodReady", False, "PodNotReady", f"pod {home_pod} is Pending"),
+            ],
+        },
+    )
+    cluster.apply(
+        [
+            event(NS, "acme.ours", {"kind": "VPNGateway", "apiVersion": "vpn.bnerd.net/v1alpha1",
+                                    "name": "acme", "uid": gw["metadata"]["uid"]},
+                  "FailedCreate", f"PodReady: the gateway pod cannot be created: {quota}"),
+            event(GATEWAY_NAMESPACE, "acme.pod", {"kind": "Pod", "apiVersion": "v1", "name": home_pod,
+                                                  "uid": pod["metadata"]["uid"]},
+                  "FailedCreatePodSandBox", "failed to find device with hardware address fa:16:3e:00:00:01"),
+        ]
+    )  # fmt: skip
+    res = diagnose(cluster, f"{NS}/acme", "--output", "json")
+    found = {f["code"]: f for f in json.loads(res.stdout)["findings"]}
+    assert res.returncode == 1 and {"PodCreateFailed", "PodSandboxFailed"} <= set(found), res.stdout
+    assert "exceeded quota: gateways" in found["PodCreateFailed"]["cause"], "the gateway's own Event"
+    assert "PodSecurityForbidden" not in found, "the other gateway's ReplicaSet's Event"
+    assert "hardware address" in found["PodSandboxFailed"]["cause"]
+
+
+def test_the_cloud_is_read_with_the_clusters_identity_as_the_controller_tags_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cloud openstack`` in-process, Neutron replaced by the read-only fake of the unit tests holding
+    the gateway's port, floating IP and security group tagged as the controller tags them: with the
+    cluster's identity (the kube-system namespace's uid, as ``run`` resolves it). Without it diagnose took
+    them for another cluster's and said the port was deleted by hand (found by review)."""
+    import controller.diagnosecli as cli
+    from controller.__main__ import main
+    from controller.cloudplan import cluster_tag, tags
+    from tests.unit.test_controller_diagnose import ReadOnlyNetwork, inspecting
+
+    healthy_world(cluster)
+    kube_system = cluster.get("v1", "Namespace", "kube-system")
+    assert kube_system is not None
+    uid = kube_system["metadata"]["uid"]
+    network = ReadOnlyNetwork([*tags(KEY, "vpngw"), cluster_tag(uid)])
+    given: list[str | None] = []
+
+    def openstack_cloud(
+        args: Any, instance: str, guard: Any = None, cluster: str | None = None, **kw: Any
+    ) -> Any:
+        assert guard is not None and guard() is False, "the cloud is read with every write refused"
+        given.append(cluster)
+        return inspecting(network, cluster)
+
+    monkeypatch.setattr(cli, "openstack_cloud", openstack_cloud)
+    monkeypatch.delenv("VPNGW_CLUSTER_ID", raising=False)
+    flags = ["--cloud", "openstack", "--os-cloud", "lab", "--gateway-network", "gw-net",
+             "--external-network", "public", "--readyz-timeout", "0", "-o", "json"]  # fmt: skip
+    argv = ["diagnose", "--kubeconfig", str(cluster.kubeconfig), f"{NS}/acme", *flags]
+    assert main(argv) == 0, capsys.readouterr()
+    assert given == [uid]
+    assert json.loads(capsys.readouterr().out)["findings"] == []
+    # --cluster-id, as the controller's, wins; another identity's resources are not this cluster's.
+    assert main([*argv, "--cluster-id", "another-cluster"]) == 1
+    assert given[-1] == "another-cluster"
+    assert [f["code"] for f in json.loads(capsys.readouterr().out)["findings"]] == ["NoPort"]
+    assert main([*argv, "--cluster-id", "no,comma"]) == 2, "not a tag: bad usage"
+
+
+def test_words_from_the_status_are_printed_and_logged_inert(cluster: Cluster) -> None:
+    # The status is written by the gateway pod too (its agent relays what peers send): a reason and a
+    # message carrying a line of their own and an escape sequence.
+    healthy_world(cluster)
+    forged = "Forged\nERROR controller.compromised\x1b[2J"
+    set_status(
+        cluster,
+        {
+            "observedGeneration": 1,
+            "conditions": [
+                cond("Ready", False, forged, f"Tunnels: {forged}"),
+                cond("Tunnels", False, forged, forged),
+            ],
+        },
+    )
+    res = diagnose(cluster, f"{NS}/acme", "--readyz-timeout", "0")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "\x1b" not in res.stdout + res.stderr
+    assert not [ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("ERROR controller")]
+    assert r"1. [error] Forged\nERROR controller.compromised\x1b[2J: Tunnels=False" in res.stdout
+    assert r"codes=Forged\nERROR controller.compromised\x1b[2J" in res.stderr

@@ -406,18 +406,22 @@ class ReadOnlyNetwork:
     def subnets(self, **kw: Any) -> list[Any]:
         return [SimpleNamespace(id="sub", ip_version=4, cidr="192.0.2.0/26", gateway_ip="192.0.2.1")]
 
+    def has(self, kw: dict[str, Any]) -> bool:
+        """Neutron's ``tags`` filter: the resources carrying every tag named."""
+        return "tags" in kw and set(kw["tags"].split(",")) <= set(self.tagged)
+
     def ports(self, **kw: Any) -> list[Any]:
         if "tags" in kw:
-            return [self.port] if kw["tags"] == ",".join(self.tagged) else []
+            return [self.port] if self.has(kw) else []
         return [self.router_port, self.port]
 
     def ips(self, **kw: Any) -> list[Any]:
         fip = SimpleNamespace(id="f1", floating_ip_address="203.0.113.10", port_id="p1", tags=self.tagged)
-        return [fip] if kw.get("tags") == ",".join(self.tagged) else []
+        return [fip] if self.has(kw) else []
 
     def security_groups(self, **kw: Any) -> list[Any]:
         sg = SimpleNamespace(id="sg1", security_group_rules=[{}, {}, {}], tags=self.tagged)
-        return [sg] if kw.get("tags") == ",".join(self.tagged) else []
+        return [sg] if self.has(kw) else []
 
     def routers(self, **kw: Any) -> list[Any]:
         routes = [
@@ -427,15 +431,22 @@ class ReadOnlyNetwork:
         return [SimpleNamespace(id="r1", routes=routes), SimpleNamespace(id="r2", routes=routes)]
 
 
-def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None:
-    from controller.cloudplan import tags
+CLUSTER = "5f0c5e1e-0d7a-4d57-9d1c-1f0e2d3c4b5a"
+
+
+def inspecting(network: ReadOnlyNetwork, cluster: str | None) -> Any:
     from controller.openstack import OpenStackCloud, OpenStackSettings
 
-    network = ReadOnlyNetwork(list(tags(KEY, "vpngw")))
-    cloud = OpenStackCloud(
-        SimpleNamespace(network=network), OpenStackSettings("gw-net", "public"), guard=lambda: False
-    )
-    facts = cloud._inspect(KEY)
+    settings = OpenStackSettings("gw-net", "public", cluster=cluster)
+    return OpenStackCloud(SimpleNamespace(network=network), settings, guard=lambda: False)
+
+
+def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None:
+    from controller.cloudplan import cluster_tag, tags
+
+    # Tagged as the controller tags them: the gateway's tags and the cluster's identity.
+    network = ReadOnlyNetwork([*tags(KEY, "vpngw"), cluster_tag(CLUSTER)])
+    facts = inspecting(network, CLUSTER)._inspect(KEY)
     assert facts == {
         "port": {"id": "p1", "status": "ACTIVE", "mac": "fa:16:3e:00:00:01", "address": "192.0.2.2",
                  "device_id": "srv1"},
@@ -448,6 +459,10 @@ def test_the_cloud_is_inspected_read_only_and_what_is_missing_is_named() -> None
     gone = diagnose(healthy(cloud={**facts, "floating_ips": []}))
     assert codes(gone) == ["NoFloatingIP"]
     assert codes(diagnose(healthy(cloud={**facts, "port": None}))) == ["NoPort"]
+    # Without the cluster's identity (or with another's) the controller's own resources are another
+    # cluster's: diagnose must be given it (tests/component/test_controller_diagnose.py proves it is).
+    for cluster in (None, "another-cluster"):
+        assert inspecting(network, cluster)._inspect(KEY)["port"] is None
 
 
 def test_nic2_not_attached_and_an_agent_that_is_not_ready() -> None:
@@ -490,3 +505,65 @@ def test_the_readyz_path_that_answered_is_said_and_neither_is_a_note() -> None:
     assert not problems(found), "a detail missing is not a problem of the gateway"
     assert "read through" not in text(neither, found)
     assert json.loads(as_json(neither, found))["readyz"] == {"code": None, "via": None}
+
+
+FORGED = (
+    "ok\n2. [error] ControllerCompromised: the controller is compromised\n"
+    "   cause: \x1b[2Jsee below\r\n   fix:   kubectl delete namespace vpngw-system\u2028\x9b31m\x07"
+)
+
+
+def test_text_output_keeps_what_tenants_and_peers_wrote_on_its_own_lines_and_inert() -> None:
+    # A tenant's Event (a FailedCreate), the agent's /readyz body and a peer's IKE error, each forging a
+    # finding of its own and carrying terminal escapes (ESC, CSI as C1, BEL, CR, U+2028).
+    event = {"reason": "FailedCreate", "type": "Warning", "message": FORGED}
+    tunnels = [{**TUNNELS[0], "state": "Down", "lastError": FORGED}, TUNNELS[1]]
+    snap = failing(
+        [cond("PodReady", False, "PodNotReady", f"pod {HOME}-7d9f-abcde is Running")],
+        status={"tunnels": tunnels},
+        events=(event,),
+        readyz=Readyz(503, FORGED),
+    )
+    found = diagnose(snap)
+    assert {"PodCreateFailed", "AgentNotReady", "TunnelDown"} <= set(codes(found))
+    assert sum(FORGED[:600] in f.cause for f in found) == 3, "the findings keep the words as written"
+    out = text(snap, found)
+    lines = out.splitlines()
+    assert len(lines) == 2 + 3 * len(found), out  # the header, the /readyz line, three lines a finding
+    assert [ln.split(". [", 1)[0] for ln in lines[2::3]] == [str(i) for i in range(1, len(found) + 1)]
+    assert all(ln.startswith("   cause: ") for ln in lines[3::3])
+    assert all(ln.startswith("   fix:   ") for ln in lines[4::3])
+    assert "ControllerCompromised" not in "".join(lines[2::3]), "no finding forged"
+    assert not [c for c in out if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F or c == "\u2028"]
+    shown = r"ok\n2. [error] ControllerCompromised: the controller is compromised\n   cause: \x1b[2Jsee"
+    assert shown in out and r"\r\n   fix:   kubectl delete namespace vpngw-system\u2028\x9b31m\x07" in out
+    # JSON escapes by itself: the same words, exactly, and no raw control character in the document.
+    doc = as_json(snap, found)
+    assert json.loads(doc)["findings"] == [f.to_dict() for f in found]
+    assert doc.isascii() and not [c for c in doc if ord(c) < 0x20 and c != "\n"]
+
+
+def test_a_pods_events_are_its_own_by_uid_not_a_pod_whose_name_starts_with_its_name() -> None:
+    creating = pod(ready=False, phase="Pending")
+    creating["metadata"]["uid"] = "pod-uid-1"
+    name = creating["metadata"]["name"]
+
+    def sandbox(about: str, uid: str) -> dict[str, Any]:
+        return {
+            "type": "Warning",
+            "reason": "FailedCreatePodSandBox",
+            "involvedObject": {"kind": "Pod", "name": about, "uid": uid},
+            "message": f"failed to find device with hardware address ({about})",
+        }
+
+    msg = f"pod {name} is Pending"
+    theirs = sandbox(f"{name}x-5c6d7-zzzzz", "pod-uid-2")
+    found = diagnose(
+        failing([cond("PodReady", False, "PodNotReady", msg)], pods=(creating,), events=(theirs,))
+    )
+    assert codes(found) == ["PodNotReady"] and "hardware address" not in found[0].cause
+    ours = sandbox(name, "pod-uid-1")
+    found = diagnose(
+        failing([cond("PodReady", False, "PodNotReady", msg)], pods=(creating,), events=(theirs, ours))
+    )
+    assert codes(found) == ["PodSandboxFailed"] and found[0].cause.endswith(f"({name})")
