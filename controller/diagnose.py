@@ -70,6 +70,12 @@ class Readyz:
     ``READYZ_PROXY`` (``GET /api/v1/namespaces/NS/pods/NAME:PORT/proxy/readyz``, as ``kubectl get --raw``)."""
 
 
+def agents_answer(code: int, body: str) -> bool:
+    """Whether an answer on the readyz address is the status-agent's (agent/health.py: 200 ``ready: ...``
+    or 503 ``not ready: ...``), not another host's or a proxy's on the same address."""
+    return (code == 200 and body.startswith("ready: ")) or (code == 503 and body.startswith("not ready: "))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What the reader found about one gateway; None (or absent) where it could not look."""

@@ -32,6 +32,7 @@ from controller.diagnose import (
     READYZ_PROXY,
     Readyz,
     Snapshot,
+    agents_answer,
     as_json,
     diagnose,
     printable,
@@ -351,7 +352,11 @@ async def probe_readyz(
     try:
         async with httpx.AsyncClient(timeout=timeout) as client:
             res = await client.get(url)
-        return Readyz(res.status_code, res.text[:1024], READYZ_DIRECT)
+        if agents_answer(res.status_code, res.text):
+            return Readyz(res.status_code, res.text[:1024], READYZ_DIRECT)
+        # Something else holds that address from here (found by the demo: a pod IP routed off the
+        # machine, a proxy's 404): not the agent's word on anything.
+        direct = f"{url}: HTTP {res.status_code} from something that is not the status-agent"
     except httpx.HTTPError as exc:
         # The pod's NetworkPolicy admits only the kubelet and the monitoring namespace: from outside the
         # cluster this is the usual answer, not a problem.
@@ -388,4 +393,6 @@ async def _through_proxy(kube: KubeClient, path: str, timeout: float) -> Readyz 
         if res.status_code == 403:
             why += " (diagnose needs `get pods/proxy` in the gateway namespace for this detail)"
         return why
+    if not agents_answer(res.status_code, res.text):
+        return f"GET {path}: HTTP {res.status_code} from something that is not the status-agent"
     return Readyz(res.status_code, res.text[:1024], READYZ_PROXY)

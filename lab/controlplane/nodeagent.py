@@ -30,7 +30,16 @@ class NodeAgent:
         node = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": self.name, "labels": {"kubernetes.io/hostname": self.name}},
+            # The labels a kubelet registers with (pkg/kubelet/kubelet_node_status.go initialNode); the
+            # chart's default nodeSelectors (kubernetes.io/os: linux) place on them.
+            "metadata": {
+                "name": self.name,
+                "labels": {
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
+            },
         }
         created = self.cp.kubectl(
             "create", "-f", "-", "-o", "json", kubeconfig=self.kubeconfig, input=json.dumps(node)

@@ -137,7 +137,8 @@ def test_the_controllers_command_line_and_config_carry_the_static_values(
     assert s.internal_source_cidrs == ("192.0.2.64/26",)
     assert s.pod.image == "localhost/vpngw-gateway:0.1.0" and s.pod.image_pull_policy == "IfNotPresent"
     assert s.pod.sysctls == "pod" and s.pod.wireguard == "kernel" and s.pod.max_gateways_per_node == 8
-    assert s.pod.node_selector == {"node-role.kubernetes.io/vpn": ""}
+    # Helm merges the values file's map with the chart's default (kubernetes.io/os: linux).
+    assert s.pod.node_selector == {"kubernetes.io/os": "linux", "node-role.kubernetes.io/vpn": ""}
     assert list(s.pod.tolerations) == values["gateway"]["tolerations"]
     assert s.pod.resources["charon"].to_api() == values["gateway"]["resources"]["charon"]
     assert s.pod.resources["exporter"].requests  # the controller's default for a container not named

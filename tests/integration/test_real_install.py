@@ -69,9 +69,6 @@ def node(controlplane: ControlPlane) -> Iterator[NodeAgent]:
     agent.register()
     # Not the kubelet's to set (NodeRestriction refuses node-role labels from a node): the admin's.
     controlplane.kubectl("label", "node", NODE, "node-role.kubernetes.io/vpn=")
-    # A kubelet registers kubernetes.io/os itself; NodeAgent does not (yet): the chart's default
-    # gateway.nodeSelector (kubernetes.io/os=linux, merged with the values' VPN label) needs it.
-    controlplane.kubectl("label", "node", NODE, "kubernetes.io/os=linux", "--overwrite")
     yield agent
     agent.silence()
     controlplane.kubectl("delete", "node", NODE, "--wait=false", check=False)

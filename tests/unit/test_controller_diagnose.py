@@ -12,7 +12,17 @@ from typing import Any
 
 import pytest
 
-from controller.diagnose import Finding, Readyz, Snapshot, as_json, diagnose, problems, secret_state, text
+from controller.diagnose import (
+    Finding,
+    Readyz,
+    Snapshot,
+    agents_answer,
+    as_json,
+    diagnose,
+    problems,
+    secret_state,
+    text,
+)
 from controller.names import LABEL_GATEWAY_SECRET, GatewayKey
 
 KEY = GatewayKey("VPNGateway", "tenant-acme", "acme")
@@ -567,3 +577,18 @@ def test_a_pods_events_are_its_own_by_uid_not_a_pod_whose_name_starts_with_its_n
         failing([cond("PodReady", False, "PodNotReady", msg)], pods=(creating,), events=(theirs, ours))
     )
     assert codes(found) == ["PodSandboxFailed"] and found[0].cause.endswith(f"({name})")
+
+
+@pytest.mark.parametrize(
+    ("code", "body", "agents"),
+    [
+        (200, "ready: charon connected; plan sha256:ab pushed\n", True),
+        (503, "not ready: charon unreachable\n", True),
+        (404, "", False),  # found by the demo: a pod IP routed off the machine, another host answered
+        (200, "<html>proxy</html>", False),
+        (503, "ready: x", False),
+        (403, "resolve_deny: denied destination", False),
+    ],
+)
+def test_only_the_status_agents_words_count_as_its_readyz_answer(code: int, body: str, agents: bool) -> None:
+    assert agents_answer(code, body) is agents
