@@ -14,8 +14,9 @@ URL) and programs a router namespace to match:
   also those a previous follower left).
 
 Where the fixed addresses live is the lab's business: they and the nexthops must be routable from the
-router namespace. Not modelled: security groups, port security (``allowed_address_pairs`` are read and
-kept in ``Desired`` for the lab to use, but open nothing: nothing is filtered), the default SNAT of ports
+router namespace. Not read: ports' ``allowed_address_pairs``. They only permit traffic through port
+security, which the L2 agent's firewall enforces, not the L3 agent; the lab filters nothing, so they
+would change nothing here. Not modelled: security groups, port security, the default SNAT of ports
 without a floating IP, the floating IP's address on the gateway device (callers route the floating
 range to the router), HA routers, and the conntrack clean-up the L3 agent does when a floating IP moves
 (an existing flow keeps its old DNAT until its conntrack entry expires; docs/openstack-lab.md).
@@ -53,8 +54,6 @@ class Desired:
     """(floating IP, fixed IP) of every associated floating IP."""
     routes: tuple[tuple[str, str], ...] = ()
     """(destination CIDR, nexthop) of every extra route."""
-    address_pairs: tuple[tuple[str, str], ...] = ()
-    """(port id, allowed address) of every port on the router's networks (read, not programmed)."""
 
 
 def _cidr(dst: str) -> str:
@@ -62,25 +61,19 @@ def _cidr(dst: str) -> str:
 
 
 def read_neutron(endpoint: str, router_id: str, timeout: float = 5.0) -> Desired:
-    """One consistent-enough reading of Neutron (three GETs); ``RestError`` when it does not answer."""
-    fips = call(endpoint, "GET", f"/v2.0/floatingips?router_id={router_id}", timeout=timeout)["floatingips"]
-    router = call(endpoint, "GET", f"/v2.0/routers/{router_id}", timeout=timeout)["router"]
-    ifaces = call(endpoint, "GET", f"/v2.0/ports?device_id={router_id}", timeout=timeout)["ports"]
-    networks = sorted({p["network_id"] for p in ifaces})
-    query = "&".join(f"network_id={n}" for n in networks)
-    ports = call(endpoint, "GET", f"/v2.0/ports?{query}", timeout=timeout)["ports"] if networks else []
+    """One reading of Neutron (two GETs, only the fields used); ``RestError`` when it does not answer."""
+    fields = "&".join(f"fields={f}" for f in ("floating_ip_address", "fixed_ip_address", "port_id"))
+    fips = call(endpoint, "GET", f"/v2.0/floatingips?router_id={router_id}&{fields}", timeout=timeout)
+    router = call(endpoint, "GET", f"/v2.0/routers/{router_id}?fields=routes", timeout=timeout)["router"]
     return Desired(
         nat=tuple(
             sorted(
                 (f["floating_ip_address"], f["fixed_ip_address"])
-                for f in fips
+                for f in fips["floatingips"]
                 if f.get("port_id") and f.get("fixed_ip_address")
             )
         ),
         routes=tuple(sorted((_cidr(r["destination"]), r["nexthop"]) for r in router.get("routes") or [])),
-        address_pairs=tuple(
-            sorted((p["id"], a["ip_address"]) for p in ports for a in p.get("allowed_address_pairs") or [])
-        ),
     )
 
 
