@@ -18,8 +18,13 @@ router namespace. Not read: ports' ``allowed_address_pairs``. They only permit t
 security, which the L2 agent's firewall enforces, not the L3 agent; the lab filters nothing, so they
 would change nothing here. Not modelled: security groups, port security, the default SNAT of ports
 without a floating IP, the floating IP's address on the gateway device (callers route the floating
-range to the router), HA routers, and the conntrack clean-up the L3 agent does when a floating IP moves
-(an existing flow keeps its old DNAT until its conntrack entry expires; docs/openstack-lab.md).
+range to the router), HA routers.
+
+Conntrack as the legacy L3 agent leaves it (neutron 29.0.0, ``RouterInfo.process_floating_ip_addresses``):
+a floating IP that goes (disassociated, deleted) has its conntrack entries deleted (``conntrack -D -d``
+and ``-q``); a floating IP that MOVES to another fixed IP in one update keeps them (``move_floating_ip``
+does nothing for a legacy router), so a flow that was running keeps its DNAT to the old port until its
+entry expires (docs/openstack-lab.md has what that means, measured).
 
 A Neutron that does not answer changes nothing: the datapath keeps the last state applied, the error is
 counted, and the next poll that succeeds catches up.
@@ -88,6 +93,14 @@ def nat_rules(nat: tuple[tuple[str, str], ...], external_dev: str | None) -> str
     return "\n".join([*lines, "COMMIT", ""])
 
 
+def dnat_fips(ns: str) -> set[str]:
+    """The floating IPs ``ns``'s ``L3F-PRE`` chain DNATs now (also a previous follower's)."""
+    save = netns.run(netns.ns_exec(ns, "iptables-save", "-t", "nat")).stdout.decode()
+    return {
+        line.split()[3].removesuffix("/32") for line in save.splitlines() if line.startswith("-A L3F-PRE -d ")
+    }
+
+
 def own_routes(ns: str) -> set[tuple[str, str]]:
     """(destination, nexthop) of the routes of the follower's protocol in ``ns``."""
     out = netns.run(["ip", "-n", ns, "-j", "route", "show", "proto", ROUTE_PROTO]).stdout
@@ -149,6 +162,13 @@ class L3Follower:
     def _nat(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
         return netns.run(netns.ns_exec(self.ns, "iptables", "-t", "nat", *args), check=check)
 
+    def _forget_flows(self, fip: str) -> None:
+        """What the L3 agent does for a floating IP it removes (``delete_conntrack_state``): the conntrack
+        entries to it (``-d``, flows from outside) and to it in reply (``-q``, the port's SNATed flows)
+        go, so their next packet meets the rules of now. ``conntrack`` exits 1 when none matched."""
+        for flag in ("-d", "-q"):
+            netns.run(netns.ns_exec(self.ns, "conntrack", "-D", flag, fip), check=False)
+
     def _route(self, verb: str, dst: str, via: str) -> subprocess.CompletedProcess[bytes]:
         return netns.run(
             ["ip", "-n", self.ns, "route", verb, dst, "via", via, "proto", ROUTE_PROTO], check=False
@@ -157,10 +177,13 @@ class L3Follower:
     def apply(self, want: Desired) -> None:
         """Make the namespace hold ``want``: the nat chains in one transaction, then the routes' diff.
         Raises ``netns.LabError`` when a command fails (a nexthop not routable from the namespace)."""
+        gone = dnat_fips(self.ns) - {fip for fip, _ in want.nat}
         if not self._hooked:
             self._hook()
         rules = nat_rules(want.nat, self.external_dev)
         netns.run(netns.ns_exec(self.ns, "iptables-restore", "--noflush"), input=rules.encode())
+        for fip in sorted(gone):
+            self._forget_flows(fip)
         have = own_routes(self.ns)
         for dst, via in sorted(have - set(want.routes)):
             self._route("del", dst, via)

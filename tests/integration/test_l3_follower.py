@@ -223,15 +223,24 @@ def test_a_floating_ip_follows_its_association_in_neutron(
     before = topo.listener_log("a")
     assert topo.probe(fip, "to-b-2") == ("b", fip)
     assert "to-b-2" not in topo.listener_log("a") and topo.listener_log("a") == before
-    # not modelled: the L3 agent's conntrack clean-up; an existing flow keeps its DNAT to a
+    # a move in one update keeps the conntrack entries, as the legacy L3 agent does: a running flow
+    # keeps its DNAT to a
     assert topo.probe(fip, "old-flow-2", sport=40001) == ("a", fip)
     timing("floating IP re-associated", t0, t1, follower.stats.applied_at, t2)
 
+    # disassociated: the rules go and so do the floating IP's conntrack entries (the L3 agent's
+    # delete_conntrack_state): when the floating IP is associated again, the running flow follows it
     conn.network.update_ip(ports.fip, port_id=None)
     wait_for(lambda: follower.stats.applied is not None and not follower.stats.applied.nat, 20, "no NAT")
     nat = netns.run(netns.ns_exec(topo.rtr, "iptables-save", "-t", "nat")).stdout.decode()
     assert "-A L3F-PRE" not in nat and "-A L3F-POST" not in nat and "-A PREROUTING -j L3F-PRE" in nat
     assert topo.probe(fip, "to-nobody") is None
+    assert topo.probe(fip, "old-flow-3", sport=40001) is None
+    assert "old-flow-3" not in topo.listener_log("a")
+    # associated again (with b): the same running flow now reaches b (with its entry kept: still a)
+    conn.network.update_ip(ports.fip, port_id=ports.b.id)
+    wait_for(lambda: topo.reaches(fip, "b", "to-b-3"), 20, f"{fip} reaching b again")
+    assert topo.probe(fip, "old-flow-4", sport=40001) == ("b", fip)
 
 
 def test_router_routes_follow_neutron_extra_routes(
