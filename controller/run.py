@@ -20,6 +20,7 @@ once every informer has synced.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections import Counter as Tally
@@ -91,6 +92,17 @@ from gwkit.kube.client import BY_KIND, CLUSTERLINKS, NAMESPACES, NODES, PODS, SE
 from gwkit.version import version
 
 log = logging.getLogger(__name__)
+
+
+def service_network(gw: Mapping[str, Any] | None) -> ipaddress.IPv4Network | None:
+    """The serviceCIDR a gateway's spec asks for (None: none, or not an IPv4 network)."""
+    cidr = ((gw or {}).get("spec") or {}).get("serviceCIDR")
+    if not isinstance(cidr, str):
+        return None
+    try:
+        return ipaddress.IPv4Network(cidr, strict=False)
+    except ValueError:
+        return None
 
 
 class Elector(Protocol):
@@ -364,6 +376,16 @@ class Operator:
             return keys
         if kind in GATEWAY_KINDS:
             keys |= {key_of({**o, "kind": kind}) for o in objs}
+            # A range it claimed is freed (the gateway gone, or its serviceCIDR moved): the gateways refused
+            # an overlapping one (ServiceCIDRTaken) look again now, not at the next resync (found on the
+            # real control plane, where a deleted gateway of another test held the example's range).
+            freed = service_network(old)
+            if freed is not None and (new is None or service_network(new) != freed):
+                keys |= {
+                    self._key(g)
+                    for g in self._gateways()
+                    if (net := service_network(g)) is not None and net.overlaps(freed)
+                }
         elif kind == "VPNPeer":
             for o in objs:
                 ref = ((o.get("spec") or {}).get("gatewayRef") or {}).get("name")

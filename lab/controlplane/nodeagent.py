@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 
@@ -23,11 +25,24 @@ class NodeAgent:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"node-{name}", daemon=True)
         self.errors: list[str] = []
+        self.ready = True
+        self._beat = (
+            threading.Lock()
+        )  # one heartbeat at a time: set_ready's is never overtaken by an older one
+        """What the heartbeat posts: Ready, or (``set_ready(False)``) NotReady as a kubelet whose
+        container runtime is down reports it (its Lease is still renewed)."""
 
-    def register(self, *, ready: bool = True) -> None:
-        """Create the Node and its Lease; with ``ready``, post Ready and start heart-beating (else
-        ``start()`` does, as a kubelet that registers before its first status)."""
-        node = {
+    def register(
+        self,
+        *,
+        ready: bool = True,
+        labels: Mapping[str, str] | None = None,
+        provider_id: str | None = None,
+    ) -> None:
+        """Create the Node (with ``labels`` besides the hostname one, and ``provider_id``: what a kubelet
+        with a cloud provider registers) and its Lease; with ``ready``, post Ready and start heart-beating
+        (else ``start()`` does, as a kubelet that registers before its first status)."""
+        node: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Node",
             # The labels a kubelet registers with (pkg/kubelet/kubelet_node_status.go initialNode); the
@@ -38,9 +53,12 @@ class NodeAgent:
                     "kubernetes.io/hostname": self.name,
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
+                    **(labels or {}),
                 },
             },
         }
+        if provider_id:
+            node["spec"] = {"providerID": provider_id}
         created = self.cp.kubectl(
             "create", "-f", "-", "-o", "json", kubeconfig=self.kubeconfig, input=json.dumps(node)
         )
@@ -73,13 +91,24 @@ class NodeAgent:
             self._heartbeat(c)
         self._thread.start()
 
+    def set_ready(self, ready: bool) -> None:
+        """Post Ready (True) or NotReady (False, reason KubeletNotReady) now and at every heartbeat."""
+        with self._beat:
+            self.ready = ready
+        with self.cp.client(self.kubeconfig) as c:
+            self._heartbeat(c)
+
     def _heartbeat(self, c: httpx.Client) -> None:
+        with self._beat:
+            self._post(c)
+
+    def _post(self, c: httpx.Client) -> None:
         now = _now()
         ready = {
             "type": "Ready",
-            "status": "True",
-            "reason": "KubeletReady",
-            "message": "lab node agent",
+            "status": "True" if self.ready else "False",
+            "reason": "KubeletReady" if self.ready else "KubeletNotReady",
+            "message": "lab node agent" if self.ready else "lab node agent: container runtime is down",
             "lastHeartbeatTime": now,
             "lastTransitionTime": self._ready_since(c) or now,
         }
@@ -99,7 +128,7 @@ class NodeAgent:
             self.errors.append(f"lease {r.status_code} {r.text[:200]}")
 
     def _ready_since(self, c: httpx.Client) -> str | None:
-        """When the Node's Ready condition became True, while it still is: a kubelet keeps
+        """When the Node's Ready condition became what ``ready`` says, while it still is: a kubelet keeps
         lastTransitionTime until the status changes (pkg/kubelet/nodestatus ReadyCondition compares with
         the Node it read; the node lifecycle controller's Unknown is such a change)."""
         r = c.get(f"/api/v1/nodes/{self.name}")
@@ -107,7 +136,7 @@ class NodeAgent:
             return None
         conds = (r.json().get("status") or {}).get("conditions") or []
         cur = next((x for x in conds if x.get("type") == "Ready"), None)
-        if cur is None or cur.get("status") != "True":
+        if cur is None or cur.get("status") != ("True" if self.ready else "False"):
             return None
         return str(cur.get("lastTransitionTime") or "") or None
 

@@ -418,6 +418,42 @@ def validate_pod_spec(spec: Any, path: str) -> list[FieldError]:
     if isinstance(spec.get("resources"), Mapping):
         errs += validate_resources(spec["resources"], f"{path}.resources", _pod_name_errors)
     errs += validate_tolerations(spec.get("tolerations"), f"{path}.tolerations")
+    errs += validate_host_sysctls(spec, f"{path}.securityContext.sysctls")
+    return errs
+
+
+IPC_SYSCTLS = ("kernel.shm", "kernel.msg", "kernel.sem", "fs.mqueue.")
+"""pkg/proxy/util/sysctl (component-helpers/node/util/sysctl) GetNamespace: the IPC namespace's
+prefixes; ``net.`` is the network namespace's."""
+
+
+def validate_host_sysctls(spec: Mapping[str, Any], path: str) -> list[FieldError]:
+    """validation.go ``ValidateHostSysctl`` (from validateSysctls): a namespaced sysctl of the host's
+    network (``net.*``) or IPC namespace is refused when the pod shares it (``hostNetwork``/``hostIPC``).
+    Not modelled: the ratchet that lets an update keep a pod spec that already had one (the emulator
+    never stored one)."""
+    sc = spec.get("securityContext")
+    if not isinstance(sc, Mapping):
+        return []
+    errs: list[FieldError] = []
+    for i, s in enumerate(sc.get("sysctls") or []):
+        name = str(s.get("name") or "") if isinstance(s, Mapping) else ""
+        dotted = name.replace("/", ".")
+        if spec.get("hostNetwork") is True and dotted.startswith("net."):
+            shared = "hostNetwork"
+        elif spec.get("hostIPC") is True and dotted.startswith(IPC_SYSCTLS):
+            shared = "hostIPC"
+        else:
+            continue
+        errs.append(
+            FieldError(
+                f"{path}[{i}].name",
+                "Invalid value",
+                f"may not be specified when '{shared}' is true",
+                name,
+                True,
+            )
+        )
     return errs
 
 
