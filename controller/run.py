@@ -370,9 +370,12 @@ class Operator:
             and old is not None
             and new is not None
             and status_only(old, new)
+            and not (kind == "VPNPeer" and admission_changed(old, new))
         ):
             # The agents' status (counters every ~30 s per gateway) and our own status writes: nothing a
-            # reconcile reads, so no reconcile (each one asks the cloud; the resync still comes).
+            # reconcile reads, so no reconcile (each one asks the cloud; the resync still comes). Except a
+            # VPNPeer whose admission flipped: a status-agent's write queued under the old plan may land
+            # after the controller's NotAdmitted (found by review: it stood until the resync, 600 s).
             return keys
         if kind in GATEWAY_KINDS:
             keys |= {key_of({**o, "kind": kind}) for o in objs}
@@ -938,6 +941,21 @@ def status_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
         return {**{k: v for k, v in o.items() if k != "status"}, "metadata": md}
 
     return rest(old) == rest(new)
+
+
+def admission_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether a VPNPeer's ``Admitted`` condition (or its NotAdmitted state) differs between the two."""
+
+    def admitted(o: Mapping[str, Any]) -> tuple[Any, Any]:
+        status = o.get("status") or {}
+        conds = [
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, Mapping) and c.get("type") == "Admitted"
+        ]
+        return (status.get("state") == "NotAdmitted", conds[0].get("status") if conds else None)
+
+    return admitted(old) != admitted(new)
 
 
 def _placement_relevant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

@@ -89,3 +89,36 @@ def test_an_invalid_peer_is_not_admitted_with_the_field_and_rule_and_admitted_on
         assert s["state"] != "NotAdmitted" and "serviceCIDR" not in json.dumps(s), s
         assert conditions(status(c, "s1"))["Admitted"]["status"] == "True"
         assert ctl.proc.poll() is None, ctl.log()
+
+
+def test_a_stale_agent_write_over_not_admitted_is_undone_without_waiting_for_the_resync(
+    tmp_path: Path,
+) -> None:
+    """Found by review: a status-agent's write queued under the old plan (Admitted True, Established) may
+    land after the controller's NotAdmitted; status-only VPNPeer events drove no reconcile, so it stood
+    until the resync (600 s here). An admission that flips is now a reconcile's business."""
+    with Cluster(tmp_path) as c:
+        c.add_node("node-a", provider_id="openstack:///11111111-1111-4111-8111-111111111111")
+        ctl = c.start_controller(CONFIG, "--resync-seconds", "600", kubeconfig=bind(c, (NS,)))
+        docs = example_docs("ipsec.yaml")
+        s2 = next(d for d in docs if d["kind"] == "VPNPeer" and d["metadata"]["name"] == "s2")
+        s2["spec"]["ipsec"]["remoteSubnets"] = [OVERLAP]
+        apply_with_secrets(c, docs)
+        wait_for(lambda: status(c, "s2").get("state") == "NotAdmitted", 60, "s2's NotAdmitted status")
+        stale = {
+            "state": "Established",
+            "reason": None,
+            "conditions": [
+                {"type": "Admitted", "status": "True", "reason": "InPlan", "message": "in the plan",
+                 "lastTransitionTime": "2026-12-01T10:00:00Z"},
+                {"type": "Ready", "status": "True", "reason": "Established", "message": "the tunnel is up",
+                 "lastTransitionTime": "2026-12-01T10:00:00Z"},
+            ],
+        }  # fmt: skip
+        c.kube.patch(VPN, "VPNPeer", "s2", {"status": stale}, NS, subresource="status")
+        assert status(c, "s2")["state"] == "Established", "premise: the stale write landed"
+        s = wait_for(
+            lambda: (st := status(c, "s2")).get("state") == "NotAdmitted" and st, 30, "NotAdmitted again"
+        )
+        assert conditions(s)["Admitted"]["status"] == "False"
+        assert ctl.proc.poll() is None, ctl.log()
