@@ -49,6 +49,22 @@ QEMU = "qemu-system-x86_64"
 BUSYBOX = Path("/bin/busybox")
 ROOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_rng")
 """What the initramfs loads before the root exists; everything else the kernel autoloads with modprobe."""
+DATAPATH_MODULES = (
+    "wireguard",
+    "veth",
+    "xfrm_user",
+    "esp4",
+    "gcm",
+    "ghash_generic",
+    "ctr",
+    "seqiv",
+    "drbg",
+    "jitterentropy_rng",
+    "sha512_generic",
+    "sha3_generic",
+)
+"""What the lab's kernel datapath makes the kernel autoload (lsmod after a run): ``boot(preload=...)``
+loads them before the command, so no test deadline (charon's IKE retransmits) waits for them."""
 MEMORY_MB = 2048
 ACCEL_ENV = "VPNGW_VM_ACCEL"
 """``tcg`` or ``kvm`` forces the accelerator (no probe)."""
@@ -396,7 +412,10 @@ def choose_accel(probe_timeout: float = 30.0) -> str:
             )
         )
     except VmError as e:
-        accel, why = "tcg", f"no KVM guest came back within {probe_timeout:g} s ({str(e).splitlines()[0]})"
+        accel, why = (
+            "tcg",
+            f"no KVM guest came back (limit {probe_timeout:g} s): {' '.join(str(e).split())[:300]}",
+        )
     log.info("lab.vm.accel accel=%s why=%s", accel, why)
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"accel": accel, "why": why}) + "\n")
