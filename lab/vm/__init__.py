@@ -212,6 +212,9 @@ def initramfs(kernel: Kernel, vm_dir: Path = VM_DIR) -> Path:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(_cpio_newc(entries))
     os.replace(tmp, path)
+    for old in vm_dir.glob("initramfs-*.cpio"):  # an older init or kernel's: qemu reads its copy at start
+        if old != path:
+            old.unlink(missing_ok=True)
     return path
 
 
