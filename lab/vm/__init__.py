@@ -23,6 +23,7 @@ paths.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -200,6 +201,8 @@ def initramfs(kernel: Kernel, vm_dir: Path = VM_DIR) -> Path:
         h.update(m.encode() + hashlib.sha256((kernel.modules / m).read_bytes()).digest())
     path = vm_dir / f"initramfs-{h.hexdigest()[:16]}.cpio"
     if path.exists():
+        with contextlib.suppress(OSError):
+            os.utime(path)  # in use: not another checkout's to clean up
         return path
     entries: list[tuple[str, int, bytes]] = [
         ("bin", 0o040755, b""),
@@ -212,9 +215,11 @@ def initramfs(kernel: Kernel, vm_dir: Path = VM_DIR) -> Path:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(_cpio_newc(entries))
     os.replace(tmp, path)
-    for old in vm_dir.glob("initramfs-*.cpio"):  # an older init or kernel's: qemu reads its copy at start
-        if old != path:
-            old.unlink(missing_ok=True)
+    # Another init's or kernel's, unused for a day (.tools is shared by checkouts: one may boot it now).
+    for old in vm_dir.glob("initramfs-*.cpio"):
+        with contextlib.suppress(OSError):
+            if old != path and time.time() - old.stat().st_mtime > 86400:
+                old.unlink()
     return path
 
 
