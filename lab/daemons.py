@@ -4,7 +4,8 @@ Facts these rely on (LAB-FACTS.md, re-checked here):
 * charon's pid file ``/var/run/charon.pid`` is compiled in, so each daemon gets a private /run by a bind
   mount inside the mount namespace ``ip netns exec`` gives it.
 * the kernel has no ESP: ``kernel-libipsec`` (userspace ESP over the TUN ``ipsec0``) must load before
-  ``kernel-netlink``; ``kdf`` is required; ``counters`` gives ``get-counters``.
+  ``kernel-netlink`` (not in lab/vm's VM: ``VPNGW_LAB_DATAPATH=kernel``, XFRM); ``kdf`` is required;
+  ``counters`` gives ``get-counters``.
 * charon is our own child and we ``wait()`` it: PID 1 here reaps orphans late and charon's
   "already running" check trusts a zombie's pid file.
 * wireguard-go puts its UAPI socket in /run/wireguard; the same private-/run bind mount makes it land in
@@ -28,9 +29,24 @@ from lab.wait import WaitTimeout, wait_for
 log = logging.getLogger(__name__)
 
 CHARON = "/usr/lib/ipsec/charon"
+DATAPATH_ENV = "VPNGW_LAB_DATAPATH"
+"""``kernel``: the kernel has WireGuard and ESP in XFRM (lab/vm's VM sets it, docs/vm.md); charon loads
+``kernel-netlink`` alone, as production does (SAs and policies in XFRM). Unset or ``userspace``: this
+machine's kernel (no ESP), ``kernel-libipsec`` first."""
+
+
+def kernel_datapath() -> bool:
+    """Whether the lab runs on the kernel's datapath (``VPNGW_LAB_DATAPATH=kernel``)."""
+    value = os.environ.get(DATAPATH_ENV, "userspace")
+    if value not in ("userspace", "kernel"):
+        raise LabError(f"{DATAPATH_ENV}={value!r}: must be 'userspace' or 'kernel'")
+    return value == "kernel"
+
+
 CHARON_PLUGINS = (
     "random nonce openssl kdf pem pkcs1 pkcs8 x509 pubkey revocation constraints counters "
-    "kernel-libipsec kernel-netlink socket-default vici"
+    + ("" if kernel_datapath() else "kernel-libipsec ")
+    + "kernel-netlink socket-default vici"
 )
 
 STRONGSWAN_CONF = """\

@@ -14,7 +14,7 @@ APT_PACKAGES=(
 # them; nodejs/npm only where the machine has no npm of its own).
 if [ "${1:-}" = "--print-packages" ]; then
   printf '%s\n' "${APT_PACKAGES[@]}"
-  for part in scripts/setup_openstack.sh scripts/setup_images.sh scripts/setup_controlplane.sh; do
+  for part in scripts/setup_openstack.sh scripts/setup_images.sh scripts/setup_controlplane.sh scripts/setup_vm.sh; do
     [ -f "$part" ] && bash "$part" --print-packages
   done
   exit 0
@@ -64,4 +64,6 @@ bash scripts/setup_openstack.sh
 # into .tools/bin: tens of minutes on a fresh machine, about a minute with warm Go caches, nothing when
 # current (docs/controlplane.md).
 bash scripts/setup_controlplane.sh
+# The kernel tier (lab/vm, docs/vm.md): qemu, busybox and Debian's own kernel unpacked into .tools/vm.
+bash scripts/setup_vm.sh
 echo "setup: ok ($(.venv/bin/python --version), $(/usr/lib/ipsec/charon --version 2>/dev/null | head -1 || echo charon), helm $(.tools/bin/helm version --short 2>/dev/null))"

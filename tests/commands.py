@@ -69,6 +69,7 @@ HOST_COMMANDS = frozenset(
         "podman",
         "buildah",
         "skopeo",
+        "qemu-system-x86_64",  # the kernel tier's VM (lab/vm, scripts/setup_vm.sh)
     }
 )
 """What the lab, tests, demo and benchmarks run besides the image's commands (setup.sh must install it)."""
