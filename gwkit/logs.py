@@ -87,6 +87,13 @@ def add_log_format_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _not_quiet(record: logging.LogRecord) -> bool:
+    """False for a record below WARNING from one of the ``QUIET`` libraries (or their children)."""
+    if record.levelno >= logging.WARNING:
+        return True
+    return not any(record.name == q or record.name.startswith(q + ".") for q in QUIET)
+
+
 def setup_logging(level: str | int = "INFO", *, stream: TextIO | None = None, fmt: str = "text") -> None:
     """Send every log line (and ``warnings``) to ``stream`` (default: stderr) in the one format (``fmt``:
     ``text`` or ``json``); replaces handlers set up before. ``level``: a name from ``LEVELS`` or a
@@ -97,6 +104,11 @@ def setup_logging(level: str | int = "INFO", *, stream: TextIO | None = None, fm
         raise ValueError(f"log format {fmt!r}: expected one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.setFormatter(JsonFormatter() if fmt == "json" else UtcFormatter())
+    # A library may reset its own level when it is imported, after this (pyroute2/config/log.py sets
+    # 'pyroute2' to 0 = NOTSET): its DEBUG lines then follow the root's level, and pyroute2's netlink
+    # core logs whole WireGuard set requests, private key and PSKs included (found in the kernel tier
+    # with --log-level DEBUG). The handler drops them whatever the logger's level says.
+    handler.addFilter(_not_quiet)
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)

@@ -150,7 +150,7 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
         ctl = c.start_controller(CONFIG, kubeconfig=bind(c, ("tenant-acme", "tenant-old")))
         wait_for(lambda: ctl.ready() or ctl.proc.poll() is not None, 30, "ready")
         apply_with_secrets(c, example_docs("ipsec.yaml"))
-        apply_with_secrets(c, legacy_docs())
+        apply_with_secrets(c, legacy_docs(c))
         wait_for(
             lambda: converged(c) and converged(c, "legacy", "tenant-old", "IPsecGateway"), 30, "both gateways"
         )

@@ -113,3 +113,21 @@ def test_json_lines_have_the_same_keys_every_time() -> None:
 def test_an_unknown_log_format_is_refused() -> None:
     with pytest.raises(ValueError, match="log format 'xml'"):
         setup_logging("INFO", fmt="xml")
+
+
+def test_a_library_that_resets_its_level_after_set_up_still_logs_nothing_below_warning() -> None:
+    """pyroute2 sets its logger to NOTSET when imported (pyroute2/config/log.py), possibly after the
+    program's set-up: at --log-level DEBUG its netlink core then logged WireGuard set requests, private
+    key and PSKs included (found in the kernel tier)."""
+    stream = io.StringIO()
+    try:
+        setup_logging("DEBUG", stream=stream)
+        logging.getLogger("pyroute2").setLevel(logging.NOTSET)  # what importing pyroute2 does
+        logging.getLogger("pyroute2.netlink.core").debug("message: private_key=SECRETKEY")
+        logging.getLogger("pyroute2.netlink.core").warning("netlink: a warning stays")
+        logging.getLogger("agent").debug("agent.debug stays")
+        out = stream.getvalue()
+        assert "SECRETKEY" not in out
+        assert "a warning stays" in out and "agent.debug stays" in out
+    finally:
+        setup_logging("INFO")
