@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import gwplan
-from lab.cluster import Cluster, home_of, wait_for
+from lab.cluster import Cluster, Controller, home_of, wait_for
 from tests.component.test_controller_operator import CONFIG, NS, apply_with_secrets, converged
 from tests.component.test_controller_rbac import bind
 from tests.examples import example_docs
@@ -37,16 +37,23 @@ def planned(c: Cluster) -> tuple[str, set[str]]:
     return text, set(gwplan.peer_names(gwplan.loads(text)))
 
 
+def start_with_s2_invalid(c: Cluster) -> Controller:
+    """The controller (its declared rights, a 600 s resync) and the IPsec example with s2's remote subnet
+    inside the gateway's serviceCIDR."""
+    c.add_node("node-a", provider_id="openstack:///11111111-1111-4111-8111-111111111111")
+    ctl = c.start_controller(CONFIG, "--resync-seconds", "600", kubeconfig=bind(c, (NS,)))
+    docs = example_docs("ipsec.yaml")
+    s2 = next(d for d in docs if d["kind"] == "VPNPeer" and d["metadata"]["name"] == "s2")
+    s2["spec"]["ipsec"]["remoteSubnets"] = [OVERLAP]
+    apply_with_secrets(c, docs)
+    return ctl
+
+
 def test_an_invalid_peer_is_not_admitted_with_the_field_and_rule_and_admitted_once_fixed(
     tmp_path: Path,
 ) -> None:
     with Cluster(tmp_path) as c:
-        c.add_node("node-a", provider_id="openstack:///11111111-1111-4111-8111-111111111111")
-        ctl = c.start_controller(CONFIG, "--resync-seconds", "600", kubeconfig=bind(c, (NS,)))
-        docs = example_docs("ipsec.yaml")
-        s2 = next(d for d in docs if d["kind"] == "VPNPeer" and d["metadata"]["name"] == "s2")
-        s2["spec"]["ipsec"]["remoteSubnets"] = [OVERLAP]
-        apply_with_secrets(c, docs)
+        ctl = start_with_s2_invalid(c)
 
         def not_admitted() -> dict[str, Any] | None:
             s = status(c, "s2")
@@ -98,12 +105,7 @@ def test_a_stale_agent_write_over_not_admitted_is_undone_without_waiting_for_the
     land after the controller's NotAdmitted; status-only VPNPeer events drove no reconcile, so it stood
     until the resync (600 s here). An admission that flips is now a reconcile's business."""
     with Cluster(tmp_path) as c:
-        c.add_node("node-a", provider_id="openstack:///11111111-1111-4111-8111-111111111111")
-        ctl = c.start_controller(CONFIG, "--resync-seconds", "600", kubeconfig=bind(c, (NS,)))
-        docs = example_docs("ipsec.yaml")
-        s2 = next(d for d in docs if d["kind"] == "VPNPeer" and d["metadata"]["name"] == "s2")
-        s2["spec"]["ipsec"]["remoteSubnets"] = [OVERLAP]
-        apply_with_secrets(c, docs)
+        ctl = start_with_s2_invalid(c)
         wait_for(lambda: status(c, "s2").get("state") == "NotAdmitted", 60, "s2's NotAdmitted status")
         stale = {
             "state": "Established",
