@@ -72,8 +72,18 @@ if [ "${1:-}" = "--force" ] || [ ! -f "$DIR/stamp" ]; then
   trap 'rm -rf "$work"' EXIT
   if ! (cd "$work" && apt-get download -qq "$KERNEL_PACKAGE=$KERNEL_VERSION" 2>/dev/null); then
     apt-get update -qq || fail apt-update "apt-get update"
-    (cd "$work" && apt-get download -qq "$KERNEL_PACKAGE=$KERNEL_VERSION") \
-      || fail download "$KERNEL_PACKAGE=$KERNEL_VERSION is not on the mirror (apt-cache madison linux-image-amd64; update the pin)"
+    if ! (cd "$work" && apt-get download -qq "$KERNEL_PACKAGE=$KERNEL_VERSION" 2>/dev/null); then
+      # Debian's security archive drops a superseded kernel ABI: a fresh machine would fail here for good.
+      # Take the kernel linux-image-amd64 depends on now (same modules, another ABI number), said loudly;
+      # the pin above is what to update.
+      now=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+      [ -n "$now" ] || fail download "$KERNEL_PACKAGE=$KERNEL_VERSION is not on the mirror, nor linux-image-amd64's kernel"
+      ver=$(apt-cache policy "$now" | awk '/Candidate:/ {print $2}')
+      echo "setup_vm.warning pin=$KERNEL_PACKAGE=$KERNEL_VERSION gone from the mirror; using $now=$ver (update the pin)" >&2
+      KERNEL_PACKAGE=$now KERNEL_VERSION=$ver KERNEL_RELEASE=${now#linux-image-}
+      (cd "$work" && apt-get download -qq "$KERNEL_PACKAGE=$KERNEL_VERSION") \
+        || fail download "$KERNEL_PACKAGE=$KERNEL_VERSION (linux-image-amd64's kernel) could not be fetched"
+    fi
   fi
   dpkg -x "$work"/"$KERNEL_PACKAGE"_*.deb "$work/root" || fail unpack "dpkg -x"
   [ -f "$work/root/boot/vmlinuz-$KERNEL_RELEASE" ] || fail unpack "no boot/vmlinuz-$KERNEL_RELEASE in the package"

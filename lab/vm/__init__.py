@@ -300,7 +300,7 @@ def boot(
     argv: Sequence[str],
     *,
     cwd: Path = ROOT,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str],
     timeout: float = 600.0,
     accel: str | None = None,
     cpus: int = 2,
@@ -311,7 +311,8 @@ def boot(
 
     ``cwd`` and everything the command reads must be visible on the host's ``/`` outside /tmp. Raises
     ``VmError`` when the VM did not come back with an exit code (timeout, boot failure); the job directory
-    (output, console) is removed unless ``keep`` or a failure. ``preload``: modules loaded (``modprobe -a``)
+    (output, console) is removed unless ``keep``, a failure, or a non-zero exit code of the command.
+    ``preload``: modules loaded (``modprobe -a``)
     before the command starts, counted in ``boot_seconds``: the kernel would autoload them on first use,
     but each autoload execs modprobe from the 9p root under emulation (seconds), inside the command's
     deadlines (charon's first CHILD_SA install waits for esp4, gcm, drbg...)."""
@@ -321,7 +322,7 @@ def boot(
     JOBS_DIR.mkdir(parents=True, exist_ok=True)
     job = JOBS_DIR / uuid.uuid4().hex[:12]
     job.mkdir()
-    environment = dict(env if env is not None else os.environ)
+    environment = dict(env)  # given, never the host's whole environment: it is written to run.sh
     (job / "run.sh").write_text(
         RUN.format(
             job=shlex.quote(str(job)),
@@ -334,13 +335,14 @@ def boot(
     qemu = _qemu_argv(kernel, image, job, accel, cpus)
     started = time.monotonic()
     ok = False
-    proc = subprocess.Popen(
-        qemu,
-        stdin=subprocess.DEVNULL,
-        stdout=open(job / "qemu.log", "wb"),  # noqa: SIM115 - closed by the child's exit; ours below
-        stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent,
-    )
+    with open(job / "qemu.log", "wb") as qemu_log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            qemu,
+            stdin=subprocess.DEVNULL,
+            stdout=qemu_log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
     try:
         try:
             proc.wait(timeout=timeout)
@@ -370,7 +372,8 @@ def boot(
             console=_read(job / "console.log"),
             files={p.name: _read(p) for p in job.iterdir() if p.is_file() and p.name not in _RUNNER_FILES},
         )
-        ok = True
+        # A failed guest run keeps its job directory (output, console, junit) for diagnosis.
+        ok = result.returncode == 0
         log.info(
             "lab.vm.done accel=%s rc=%s wall=%.1fs boot=%.1fs command=%.1fs",
             accel,
