@@ -9,7 +9,6 @@ Modules, from the bottom up (docs/openstack-lab.md has the whole story and the n
 * ``neutron``  ``start_neutron()`` -> ``Neutron``: MariaDB + Neutron 29.0.0 under pyuwsgi, stop/start
 * ``nova``     ``NovaEmulator``: servers declared by the test, interfaces attached through the real Neutron
 * ``cloud``    ``build_cloud()`` -> ``Cloud`` (the gateway operator's topology), ``Baseline.sweep()``
-* ``l3follower`` ``L3Follower``: the lab's L3 agent, a router namespace's DNAT/SNAT and routes follow Neutron
 * ``fixtures`` the pytest plugin: ``openstack_neutron``, ``openstack_cloud``, ``openstack_nova``,
   ``neutron_proxy``, ``nova_proxy``, ``openstack_lab``
 * ``__main__`` ``python -m lab.openstack up``: the same lab by hand, until Ctrl-C

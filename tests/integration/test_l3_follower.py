@@ -1,4 +1,4 @@
-"""The L3 follower's contract (lab/openstack/l3follower.py): what the real Neutron records about a router
+"""The L3 follower's contract (lab/l3follower.py): what the real Neutron records about a router
 becomes the router namespace's datapath, and stops being it when Neutron drops it.
 
 Topology (TEST-NET addresses only; every namespace is this run's and goes on every exit path)::
@@ -28,8 +28,8 @@ import openstack.connection
 import pytest
 
 from lab import netns
+from lab.l3follower import ROUTE_PROTO, L3Follower, own_routes
 from lab.openstack.cloud import Cloud
-from lab.openstack.l3follower import ROUTE_PROTO, L3Follower, own_routes
 from lab.openstack.neutron import Neutron
 from lab.openstack.proxy import Fault, FaultProxy
 from lab.wait import wait_for

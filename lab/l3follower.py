@@ -1,5 +1,8 @@
 """The lab's L3 agent: makes what the real Neutron records about one router real in a router namespace.
 
+It joins the two labs (so it sits beside them, not in ``lab.openstack``, which stands alone): Neutron's
+API through ``lab.openstack.rest``, the datapath through ``lab.netns``.
+
 Neutron runs without agents (docs/openstack-lab.md): a floating IP or an extra route it records reaches no
 datapath. ``L3Follower`` polls Neutron's API (the source of truth; through a ``FaultProxy`` if given its
 URL) and programs a router namespace to match:
