@@ -388,7 +388,14 @@ def test_readiness_and_liveness_probes_decide_ready_and_restarts(node: Node) -> 
 
 def test_a_pod_with_a_sysctl_the_kubelet_does_not_allow_fails_before_anything_is_made(node: Node) -> None:
     ns = "kt-sysctl"
-    before = set(netns.list_namespaces())
+
+    def ours() -> set[str]:
+        """This process's namespaces (lab.netns names them vg<pid>x...): other pytest workers make theirs
+        at the same time (a CI run saw another worker's router namespace appear here)."""
+        mine = f"{netns.PREFIX}{os.getpid()}x"
+        return {n for n in netns.list_namespaces() if n.startswith(mine)}
+
+    before = ours()
     node.create(
         deployment(
             ns,
@@ -407,7 +414,7 @@ def test_a_pod_with_a_sysctl_the_kubelet_does_not_allow_fails_before_anything_is
     )
     assert st["reason"] == "SysctlForbidden" and "net.ipv4.conf.all.rp_filter" in st["message"], st
     assert "'net.ipv4.ip_forward'" not in st["message"], "the allowed one is not named"
-    assert set(netns.list_namespaces()) - before == set(), "no sandbox was made"
+    assert ours() - before == set(), "no sandbox was made"
 
 
 def test_a_template_change_recreates_the_pod_and_host_device_moves_nic2_in_and_back(node: Node) -> None:
