@@ -45,6 +45,7 @@ from controller.names import GatewayKey
 from controller.reconcile import peers_of, pod_selector
 from controller.runcli import (
     RunFailed,
+    add_gateway_arg,
     add_kube_args,
     add_openstack_args,
     cluster_id,
@@ -106,9 +107,7 @@ def add_diagnose_parser(sub: Any) -> None:
         "2 bad usage.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    d.add_argument(
-        "gateway", metavar="GATEWAY", help="[KIND/]NAMESPACE/NAME; KIND VPNGateway or IPsecGateway"
-    )
+    add_gateway_arg(d)
     d.add_argument(
         "-o", "--output", choices=("text", "json"), default="text", help="human text, or one JSON document"
     )

@@ -190,6 +190,13 @@ def add_run_parser(sub: Any) -> None:
     )
 
 
+def add_gateway_arg(p: Any) -> None:
+    """The GATEWAY positional, the same on every subcommand that names one gateway (``gateway_key``)."""
+    p.add_argument(
+        "gateway", metavar="GATEWAY", help="[KIND/]NAMESPACE/NAME; KIND VPNGateway or IPsecGateway"
+    )
+
+
 def add_kube_args(
     p: Any, kubeconfig_help: str = "kubeconfig file (unset: in-cluster, else $KUBECONFIG)"
 ) -> None:
@@ -241,9 +248,7 @@ def add_adopt_parser(sub: Any) -> None:
         "refused.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    a.add_argument(
-        "gateway", metavar="GATEWAY", help="[KIND/]NAMESPACE/NAME; KIND VPNGateway or IPsecGateway"
-    )
+    add_gateway_arg(a)
     a.add_argument("port", metavar="PORT_ID", help="the Neutron port to adopt")
     a.add_argument("--dry-run", action="store_true", help="check and report, tag nothing")
     a.add_argument(

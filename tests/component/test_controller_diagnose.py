@@ -20,12 +20,12 @@ import pytest
 from controller.names import GatewayKey, selector_labels
 from lab.cluster import GATEWAY_NAMESPACE, Cluster, gateway_secret
 from tests.examples import example_docs
+from tests.unit.test_controller_diagnose import T, cond
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "tenant-acme"
 KEY = GatewayKey("VPNGateway", NS, "acme")
 VALUE = "lab-only-secret-value"
-T = "2026-12-01T10:00:00Z"
 
 
 @pytest.fixture
@@ -45,17 +45,6 @@ def diagnose(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
         check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-
-
-def cond(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "type": type_,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": T,
-        "observedGeneration": 1,
-    }
 
 
 def set_status(cluster: Cluster, status: dict[str, Any]) -> None:
