@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from gwplan import Plan, SecretRef
 
@@ -99,9 +99,51 @@ class Health(Protocol):
         ...
 
 
+Role = Literal["active", "standby"]
+"""Whether this pod serves its gateway (warm-standby HA, docs/ha.md): ``active`` initiates and answers its
+peers; ``standby`` holds its configuration loaded, never initiates and never answers, and a fenced
+active (it could not renew its Lease in time) goes back to ``standby`` by itself."""
+
+
+class RoleSource(Protocol):
+    """Who this pod is in its gateway's HA pair, decided through the API (``agent.ha``: the gateway's Lease).
+    Without HA every pod is ``active`` (``ALWAYS_ACTIVE``)."""
+
+    @property
+    def current(self) -> Role: ...
+
+    def __aiter__(self) -> AsyncIterator[Role]:
+        """Yields the current role, then each change (never the same role twice in a row)."""
+        ...
+
+
+class AlwaysActive:
+    """The role of a gateway without HA: active, forever."""
+
+    @property
+    def current(self) -> Role:
+        return "active"
+
+    async def _iterate(self) -> AsyncIterator[Role]:
+        yield "active"
+
+    def __aiter__(self) -> AsyncIterator[Role]:
+        return self._iterate()
+
+
+ALWAYS_ACTIVE: RoleSource = AlwaysActive()
+
+
 class Backend(Protocol):
     async def __call__(
-        self, settings: Settings, plans: PlanSource, secrets: Secrets, sink: StatusSink, health: Health
+        self,
+        settings: Settings,
+        plans: PlanSource,
+        secrets: Secrets,
+        sink: StatusSink,
+        health: Health,
+        role: RoleSource = ALWAYS_ACTIVE,
     ) -> None:
-        """Run until cancelled. Never returns on daemon faults: it reconnects and re-applies."""
+        """Run until cancelled. Never returns on daemon faults: it reconnects and re-applies. ``role``: serve
+        only while it says ``active`` (a backend that has not learnt HA yet ignores it)."""
         ...

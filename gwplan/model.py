@@ -299,6 +299,20 @@ class Nat:
 
 
 @dataclass(frozen=True)
+class Ha:
+    """Warm-standby HA (docs/ha.md): the gateway's two pods contend for one Lease; its holder serves, the
+    other stands by. Absent: the pod always serves."""
+
+    lease: str
+    """The ``coordination.k8s.io/v1`` Lease's name, in the pod's namespace."""
+    lease_duration_seconds: int = 3
+    """``spec.leaseDurationSeconds``: how long a holder that stopped renewing keeps the Lease. The holder
+    stops serving by itself before that (by its own clock), so nobody serves twice."""
+    renew_seconds: float = 1.0
+    """How often the holder renews (and the standby checks whether the Lease expired)."""
+
+
+@dataclass(frozen=True)
 class Plan:
     gateway: GatewayRef
     type: GatewayType
@@ -306,6 +320,7 @@ class Plan:
     ipsec: Ipsec | None = None
     wireguard: WireGuard | None = None
     nat: Nat = field(default_factory=Nat)
+    ha: Ha | None = None
     version: str = PLAN_VERSION
 
 
@@ -564,8 +579,29 @@ def from_dict(doc: Any) -> Plan:
             mark_mask=n.get("markMask", int, 0x0FFF0000),
             allowed_targets=n.strs("allowedTargets") if "allowedTargets" in n.doc else None,
         )
+    ha = None
+    if "ha" in r.doc:
+        h = r.sub("ha")
+        ha = Ha(
+            lease=h.str_("lease"),
+            lease_duration_seconds=h.get("leaseDurationSeconds", int, 3),
+            renew_seconds=float(h.get("renewSeconds", (int, float), 1.0)),
+        )
+        if not ha.lease:
+            raise PlanError("ha.lease: empty")
+        if ha.lease_duration_seconds < 1:
+            raise PlanError("ha.leaseDurationSeconds: must be at least 1")
+        if not 0 < ha.renew_seconds < ha.lease_duration_seconds:
+            raise PlanError("ha.renewSeconds: must be above 0 and below ha.leaseDurationSeconds")
     return Plan(
-        gateway=gateway, type=gw_type, nic=nic, ipsec=ipsec, wireguard=wireguard, nat=nat, version=version
+        gateway=gateway,
+        type=gw_type,
+        nic=nic,
+        ipsec=ipsec,
+        wireguard=wireguard,
+        nat=nat,
+        ha=ha,
+        version=version,
     )
 
 

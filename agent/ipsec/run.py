@@ -7,11 +7,25 @@ import anyio
 
 from agent.ipsec import relay
 from agent.ipsec.keeper import Keeper, Timing
-from agent.runtime import Backend, Health, PlanSource, Secrets, Settings, StatusSink
+from agent.runtime import (
+    ALWAYS_ACTIVE,
+    Backend,
+    Health,
+    PlanSource,
+    RoleSource,
+    Secrets,
+    Settings,
+    StatusSink,
+)
 
 
 async def run(
-    settings: Settings, plans: PlanSource, secrets: Secrets, sink: StatusSink, health: Health
+    settings: Settings,
+    plans: PlanSource,
+    secrets: Secrets,
+    sink: StatusSink,
+    health: Health,
+    role: RoleSource = ALWAYS_ACTIVE,
 ) -> None:
     timing = Timing(poll_interval=settings.poll_interval, resync_seconds=settings.resync_seconds)
     keeper = Keeper(

@@ -41,7 +41,17 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from agent.runtime import Backend, Health, PlanSource, SecretError, Secrets, Settings, StatusSink
+from agent.runtime import (
+    ALWAYS_ACTIVE,
+    Backend,
+    Health,
+    PlanSource,
+    RoleSource,
+    SecretError,
+    Secrets,
+    Settings,
+    StatusSink,
+)
 from agent.wireguard import readonly
 from agent.wireguard.config import ConfigError, Desired, desired, hostnames, secret_key
 from agent.wireguard.diff import diff
@@ -494,7 +504,12 @@ class _Interfaces:
 
 
 async def run(
-    settings: Settings, plans: PlanSource, secrets: Secrets, sink: StatusSink, health: Health
+    settings: Settings,
+    plans: PlanSource,
+    secrets: Secrets,
+    sink: StatusSink,
+    health: Health,
+    role: RoleSource = ALWAYS_ACTIVE,
 ) -> None:
     """``runtime.Backend`` for WireGuard gateways: runs until cancelled; with ``readonly_dir`` the
     exporter's read-only UAPI socket (``readonly``) beside it."""
