@@ -8,7 +8,6 @@ published arrives once the authorizer sees the binding - none is lost."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,6 @@ def test_roles_the_authorizer_does_not_see_yet_lose_no_write(tmp_path: Path) -> 
         plan = c.owned("v1", "ConfigMap", "acme", NS)
         assert sa is not None and plan is not None
         agent_user = f"system:serviceaccount:{home}:{sa['metadata']['name']}"
-        bound_at = time.monotonic()  # no later than the bindings the agent writes through were made
         with agent_as_pod(c.kube, home, sa["metadata"]["name"], plan["data"]["plan.json"], tmp_path) as proc:
 
             def reported() -> dict[str, Any] | None:
@@ -47,7 +45,6 @@ def test_roles_the_authorizer_does_not_see_yet_lose_no_write(tmp_path: Path) -> 
                 return gw if gw and (gw.get("status") or {}).get("tunnels") else None
 
             gw = wait_for(lambda: reported() or proc.poll() is not None, DELAY + 20, "the agent's status")
-            arrived = time.monotonic()
             assert proc.poll() is None, (tmp_path / "agent.log").read_text()
         assert isinstance(gw, dict)
         patches = c.kube.requests(user=agent_user, verb="patch")
@@ -55,8 +52,14 @@ def test_roles_the_authorizer_does_not_see_yet_lose_no_write(tmp_path: Path) -> 
         assert refused, "the agent met no delay: nothing was tested"
         assert refused[0].subresource == "status"
         # Written once the authorizer saw the binding, and soon after: the agent backs off from a 403
-        # as from any failed write, not for the 10 s of a write that cannot succeed.
-        assert arrived - bound_at < DELAY + 3.0, (arrived - bound_at, [(r.time, r.code) for r in patches])
+        # as from any failed write (2 s), not for the 10 s of a write that cannot succeed. Measured
+        # between the server's own records of the last refusal and the first write it took, not over
+        # the agent's start-up (a shuffled run under load took 7.1 s from the bindings to the status,
+        # the retry itself on time).
+        status_patches = [r for r in patches if r.subresource == "status"]
+        taken = next(r for r in status_patches if r.code < 300)
+        last_refusal = max(r.time for r in status_patches if r.code == 403 and r.time <= taken.time)
+        assert taken.time - last_refusal < 8.0, [(r.time, r.code) for r in status_patches]
         tunnels = gw["status"]["tunnels"]
         assert tunnels and all(
             t["state"] == "Down" and "charon unreachable" in t["lastError"] for t in tunnels
