@@ -449,7 +449,7 @@ def place_pair(
         )
     else:
         # Off the other slot's node while that node keeps it (the other slot is not moved for us).
-        avoid = pins.get(second) if usable(pins.get(second)) else None
+        avoid = pins.get(second) if usable(pins.get(second)) and pins.get(second) != pin else None
         lead = place(pin, without(avoid), pinned, **kw)
         if lead.node is None and pin is not None:
             lead = Placement(
