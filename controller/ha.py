@@ -269,11 +269,14 @@ def standby_ready(
 
 def recorded_slot(status: Mapping[str, Any]) -> Slot | None:
     """Where the floating IP, address pairs and routes were last decided to be (the ``current`` of
-    ``serve``): ``status.ha.activeSlot``; a gateway that ran without HA (``status.nodeName``) and has
-    none recorded is served by slot a (enabling HA moves nothing); None: nothing was placed yet."""
-    slot = (status.get("ha") or {}).get("activeSlot")
-    if slot in SLOTS:
-        return "a" if slot == "a" else "b"
+    ``serve``): ``status.ha.activeSlot``. Without ``status.ha`` at all, a gateway that ran without HA
+    (``status.nodeName``) is served by slot a (enabling HA moves nothing). None: nothing was placed yet
+    (``status.ha`` present without ``activeSlot``, which ``ha_status`` writes as ``{}`` until a first
+    holder, or a gateway that never ran)."""
+    ha = status.get("ha")
+    if isinstance(ha, Mapping):
+        slot = ha.get("activeSlot")
+        return ("a" if slot == "a" else "b") if slot in SLOTS else None
     return "a" if status.get("nodeName") else None
 
 

@@ -239,7 +239,8 @@ def test_slot_of(holder: str | None, expected: str | None) -> None:
         pytest.param({"ha": {"activeSlot": "b"}, "nodeName": "n1"}, "b", id="recorded"),
         pytest.param({"ha": {"activeSlot": "a"}}, "a", id="recorded-a"),
         pytest.param({"nodeName": "n1"}, "a", id="ran-without-ha-is-slot-a"),
-        pytest.param({"ha": {"activeSlot": "c"}, "nodeName": "n1"}, "a", id="garbage-falls-back"),
+        pytest.param({"ha": {"activeSlot": "c"}, "nodeName": "n1"}, None, id="garbage-is-nothing"),
+        pytest.param({"ha": {}, "nodeName": "n1"}, None, id="ha-begun-nothing-served-yet"),
         pytest.param({}, None, id="nothing-placed-yet"),
     ],
 )
@@ -648,6 +649,8 @@ def test_status_ha_without_a_holder_names_no_active_pod() -> None:
         pytest.param(None, {"activeSlot": "a"}, {"ha": {"activeSlot": "a"}}, id="new"),
         pytest.param({"activeSlot": "b"}, None, {"ha": None}, id="removed"),
         pytest.param(None, None, None, id="absent-stays-absent"),
+        pytest.param(None, {}, {"ha": {}}, id="ha-begun-is-written-as-an-empty-object"),
+        pytest.param({}, {}, None, id="empty-stays"),
     ],
 )
 def test_ha_patch(
