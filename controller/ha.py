@@ -57,6 +57,13 @@ node and pod are active and standby and when and why the last failover happened 
 changes). ``StandbyReady`` is True only when the standby's pod is Ready on a Ready node other than the
 active's; it is advisory (the gateway serves without a standby). A failover gets an Event ``Failover``
 (Warning when the previous holder expired, Normal when it released), and metrics as data (``Sample``).
+
+**For the wiring.** ``decide`` composes the pieces (serve, then place around the serving slot, then
+status); each piece is public for a shell that needs them apart (the cloud step between placement and
+status). Keep one ``Observation`` per gateway in every controller replica, fed from the Lease informer's
+handler (every version, and None on delete), not only at reconcile. ``pinned`` counts the other gateways'
+slots per node. ``StandbyReady`` is advisory (``status.ADVISORY``) and ``ha`` a controller status key
+(``status.CONTROLLER_KEYS``; patch it with ``ha_patch``). ``requeue_at`` is monotonic.
 """
 
 from __future__ import annotations
@@ -273,9 +280,9 @@ def recorded_slot(status: Mapping[str, Any]) -> Slot | None:
     (``status.nodeName``) is served by slot a (enabling HA moves nothing). None: nothing was placed yet
     (``status.ha`` present without ``activeSlot``, which ``ha_status`` writes as ``{}`` until a first
     holder, or a gateway that never ran)."""
-    ha = status.get("ha")
-    if isinstance(ha, Mapping):
-        slot = ha.get("activeSlot")
+    recorded = status.get("ha")
+    if isinstance(recorded, Mapping):
+        slot = recorded.get("activeSlot")
         return ("a" if slot == "a" else "b") if slot in SLOTS else None
     return "a" if status.get("nodeName") else None
 

@@ -847,6 +847,7 @@ def test_the_active_node_dies_the_standby_takes_over_and_the_old_active_is_repla
     obs = watch(*renewals("a1", 0.0, 10.0))
     d = run(status, PINS, obs, 10.0, PODS, nodes)
     assert d.condition.status and d.serving.move is None
+    assert d.requeue_at == 13.0  # a1's expiry by our clock, unless it renews meanwhile
     # n1 dies after 10: a1 stops renewing; b1 takes the expired Lease at 13.5 (its own clock).
     obs = observe(obs, lease("b1", renew="b1-0"), 13.5)
     d = run(status, PINS, obs, 13.5, PODS, nodes)
@@ -854,7 +855,10 @@ def test_the_active_node_dies_the_standby_takes_over_and_the_old_active_is_repla
     assert d.requeue_at == 14.0
     d = run(status, PINS, obs, 14.0, PODS, nodes, LATER)
     assert d.serving.move == Move("a", "b", "LeaseExpired", "b1", "a1", 4.0)
+    assert d.placement.active == "b"  # placed around the new active in the same decision
+    assert (d.placement.b.reason, d.placement.a.reason) == ("Pinned", "Pinned")
     assert d.status["activeSlot"] == "b" and d.status["lastFailoverTime"] == LATER
+    assert (d.status["activePod"], d.status["standbyPod"]) == ("b1", "a1")
     assert [e.reason for e in d.events] == ["Failover"]
     assert d.metrics[0] == ha.Sample(ha.FAILOVERS_TOTAL, "inc", 1.0, (("reason", "LeaseExpired"),))
     # n1 turns NotReady much later (the node monitor's grace): slot a, now the standby, is re-placed; b stays.
