@@ -15,7 +15,9 @@ the same):
 * ``status-agent``: IPsec: 65532:65532 with no capabilities (the VICI socket is group vpngw); WireGuard:
   root with NET_ADMIN (it creates and configures the device). It follows the plan ConfigMap and the
   plan's Secrets through the API and writes them to ``/run/vpngw`` (a memory emptyDir) for the others;
-  the mounted ConfigMap is the fallback at boot. Liveness ``/healthz``, readiness ``/readyz``.
+  the mounted ConfigMap is the fallback at boot. Liveness ``/healthz``, readiness ``/readyz``. Its env
+  ``POD_NAMESPACE`` and ``POD_NAME`` (the downward API): an HA gateway's agent holds the Lease as its pod
+  name. Every pod has ``POD_NAME``, HA or not, so enabling HA never changes slot a's template.
 * ``exporter``: 65532:65532 with no capabilities in both modes, and only ``/run/vpngw-readonly``
   mounted (read-only): the status-agent serves there a copy of the plan and a socket that can only read
   the daemon (``--readonly-dir``): a VICI relay passing queries only (charon has no read-only socket),
@@ -86,6 +88,11 @@ def _mount(name: str, path: str, *, read_only: bool = False) -> Obj:
     if read_only:
         m["readOnly"] = True
     return m
+
+
+def _field_env(name: str, path: str) -> Obj:
+    """An env var from the downward API (the pod's own metadata)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def _probe(path: str, port: int, *, period: int, failures: int) -> Obj:
@@ -216,7 +223,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
                 *daemon_mounts,
                 _mount("readonly", READONLY_DIR),
             ],
-            env=[{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+            env=[_field_env("POD_NAMESPACE", "metadata.namespace"), _field_env("POD_NAME", "metadata.name")],
             ports=[{"name": "health", "containerPort": pod.health_port, "protocol": "TCP"}],
             livenessProbe=_probe("/healthz", pod.health_port, period=10, failures=3),
             readinessProbe=_probe("/readyz", pod.health_port, period=5, failures=2),
