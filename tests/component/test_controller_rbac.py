@@ -5,8 +5,8 @@ namespace, each tenant namespace, the migration, its own namespace), in the API 
 RBAC as Kubernetes does (escalation included: the gateway pods' Roles can be created only by someone
 holding what they grant). Through a scenario that exercises every code path that talks to the API
 (create, edit, a restored object, a re-pin, an invalid CR with its Event, an earlier release's leftovers,
-deletion, ClusterLinks, the legacy kind), it is never refused, and every declared right but the
-escalation-only gets is used.
+deletion, an HA gateway's Lease deleted with it, ClusterLinks, the legacy kind), it is never refused, and
+every declared right but the escalation-only gets is used.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tests.examples import example_docs
 from tests.helpers import condition
 
 SA = "system:serviceaccount:vpngw-system:vpngw-controller"
+LEASE = "coordination.k8s.io/v1"
 
 
 def bind(c: Cluster, tenants: tuple[str, ...]) -> Path:
@@ -210,11 +211,18 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
         wait_for(
             lambda: (x := condition(gateway(c), "ConfigRendered")) and x["status"] == "False", 20, "invalid"
         )
+        # The Lease an HA gateway has (controller.desired), held by its pod: it goes with its gateway.
+        labels = c.owned("v1", "ConfigMap", "acme", "tenant-acme")["metadata"]["labels"]  # type: ignore[index]
+        lease = {"name": home, "namespace": home_ns, "labels": labels}
+        c.kube.create(
+            {"apiVersion": LEASE, "kind": "Lease", "metadata": lease, "spec": {"holderIdentity": f"{home}-x"}}
+        )
         c.kube.delete("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme")
         c.kube.delete("ipsec.bnerd.net/v1alpha1", "IPsecGateway", "legacy", "tenant-old")
         wait_for(
             lambda: c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") is None, 20, "gone"
         )
+        wait_for(lambda: c.get(LEASE, "Lease", home, home_ns) is None, 20, "its Lease deleted")
         wait_for(
             lambda: c.kube.requests(verb="update", resource="leases", user=SA),
             10,
