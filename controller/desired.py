@@ -16,7 +16,16 @@ pod's ServiceAccount: patch its own CR's status and its planned VPNPeers' (``gwp
 VPNPeer lives in its gateway's namespace), read the Secrets its plan references, each by name and
 only those their owners opted in (``names.LABEL_GATEWAY_SECRET``).
 
-Each object has a slot: its kind, or ``Tenant<kind>`` for the two in the tenant's namespace.
+An HA gateway (``Inputs.ha``, docs/ha.md "The build contract") has two pods, slots a and b. Slot a's
+objects are the ones above, unchanged (enabling HA rolls no pod); its plan gains the ``ha`` section. Slot b
+adds its own ConfigMap (the plan on slot b's NIC2), NAD and Deployment (pinned to its own node), all named
+``<home_name>-b`` and labelled ``names.LABEL_HA_SLOT``; and a ``coordination.k8s.io/v1`` Lease named
+``home_name``, created with no holder and never written again (``diff.CREATE_ONLY``: its holder and
+renewals are the agents'). The pods' Role grants both ConfigMaps and ``get``/``update`` of that Lease,
+each by name: RBAC cannot restrict ``create`` by name, so the agents never create it.
+
+Each object has a slot: its kind, or ``Tenant<kind>`` for the two in the tenant's namespace; slot b's
+``<kind>/b``; the Lease ``Lease`` (``HOME_SLOTS``).
 
 A plan change (peers, grants, Secret references) changes the ConfigMap and the Role, never the pod
 template: the pod follows its plan live. Only the image, the node, NIC2's MAC or the pod's shape
@@ -26,6 +35,7 @@ change the template (and roll the pod).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gzip
 import hashlib
 import ipaddress
@@ -39,13 +49,16 @@ import gwplan
 from controller import podspec
 from controller.names import (
     ANNOTATION_HASH,
+    LABEL_HA_SLOT,
     PLAN_KEY,
     GatewayKey,
+    HaSlot,
     home_labels,
     labels,
     owner_reference,
     selector_labels,
 )
+from controller.plan.render import with_nic
 from controller.settings import Settings
 
 GZIP_ABOVE = 512 * 1024
@@ -64,6 +77,22 @@ class Nic2:
 
 
 @dataclass(frozen=True)
+class HaInputs:
+    """What an HA gateway's slot b needs beyond slot a's (``Inputs``): which slot is active is the
+    Lease's decision, never the slots'."""
+
+    node: str | None
+    """The node slot b is pinned to (never slot a's: ``controller.ha`` places the pair); None: no node can
+    take it (its Deployment is left as it is)."""
+    nic: Nic2 | None
+    """Slot b's own NIC2 (its Neutron port, tagged ``vpngw-slot:b``); None: the cloud has none yet (no
+    ConfigMap, NAD or pod for slot b until it has)."""
+    lease: gwplan.Ha
+    """The Lease's timings, for both slots' plans. Its name is always ``home_name``, whatever ``lease``
+    says there: the Lease object, the pods' Role and both plans agree by construction."""
+
+
+@dataclass(frozen=True)
 class Inputs:
     key: GatewayKey
     uid: str
@@ -77,6 +106,9 @@ class Inputs:
     secrets: frozenset[str] | None = None
     """The Secrets of the gateway's namespace its pod may be granted (opted in by their owners); None:
     every one the plan references (the offline tools)."""
+    ha: HaInputs | None = None
+    """Warm-standby HA: ``nic`` and ``node`` are then slot a's, this is slot b's. None: a gateway without
+    HA (slot a's objects only; the plan without ``ha``)."""
 
 
 @dataclass(frozen=True)
@@ -97,13 +129,42 @@ def content_hash(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
 
 
-def _meta(inputs: Inputs) -> Obj:
-    """Metadata of an object in the gateway namespace."""
+def _meta(inputs: Inputs, slot: HaSlot = "a") -> Obj:
+    """Metadata of an object in the gateway namespace (of ``slot``'s: slot b's are named and labelled as
+    such)."""
     return {
-        "name": inputs.key.home_name,
+        "name": inputs.key.slot_name(slot),
         "namespace": inputs.settings.gateway_namespace,
-        "labels": home_labels(inputs.key, inputs.settings.instance, inputs.uid),
+        "labels": {
+            **home_labels(inputs.key, inputs.settings.instance, inputs.uid),
+            **podspec.slot_labels(slot),
+        },
     }
+
+
+def lease_settings(inputs: Inputs) -> gwplan.Ha | None:
+    """The plans' ``ha`` section: the Lease named ``home_name`` (None: no HA)."""
+    if inputs.ha is None:
+        return None
+    return dataclasses.replace(inputs.ha.lease, lease=inputs.key.home_name)
+
+
+def slot_plan(inputs: Inputs, slot: HaSlot = "a") -> gwplan.Plan:
+    """The plan ``slot``'s pod gets: the plan in force, with the ``ha`` section when HA is on; slot b's on
+    its own NIC2 (``with_nic``, as the reconcile puts slot a's on slot a's). Slot b without a NIC2 has no
+    plan (``desired`` holds its objects)."""
+    plan = inputs.plan
+    ha = lease_settings(inputs)
+    if ha is not None:
+        plan = dataclasses.replace(plan, ha=ha)
+    if slot == "a":
+        return plan
+    nic = inputs.ha.nic if inputs.ha is not None else None
+    if nic is None:
+        raise ValueError("slot b has no plan without HA and its NIC2")
+    return with_nic(
+        plan, dataclasses.replace(plan.nic, mac=nic.mac, address=nic.address, gateway=nic.gateway)
+    )
 
 
 def _tenant_meta(inputs: Inputs) -> Obj:
@@ -156,11 +217,11 @@ def too_large(plan: gwplan.Plan) -> str | None:
     return None
 
 
-def config_map(inputs: Inputs) -> Obj:
-    """Exactly the plan, under one key: anything else someone added (another key, a ``binaryData``
+def config_map(inputs: Inputs, slot: HaSlot = "a") -> Obj:
+    """Exactly ``slot``'s plan, under one key: anything else someone added (another key, a ``binaryData``
     copy) is not ours and goes at the next write (``diff`` replaces the whole object's data)."""
-    field, payload = stored_plan(gwplan.dumps(inputs.plan))
-    obj: Obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inputs)}
+    field, payload = stored_plan(gwplan.dumps(slot_plan(inputs, slot)))
+    obj: Obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inputs, slot)}
     if field == "binaryData":
         obj["binaryData"] = {PLAN_KEY: base64.b64encode(payload).decode()}
     else:
@@ -182,14 +243,14 @@ def plan_of(config_map: Mapping[str, Any]) -> gwplan.Plan:
     return gwplan.loads(text.encode())
 
 
-def nad(inputs: Inputs, nic: Nic2) -> Obj:
+def nad(inputs: Inputs, nic: Nic2, slot: HaSlot = "a") -> Obj:
     config = string.Template(inputs.settings.pod.nad_template).substitute(
-        mac=nic.mac, name=inputs.key.home_name, namespace=inputs.settings.gateway_namespace
+        mac=nic.mac, name=inputs.key.slot_name(slot), namespace=inputs.settings.gateway_namespace
     )
     return {
         "apiVersion": "k8s.cni.cncf.io/v1",
         "kind": "NetworkAttachmentDefinition",
-        "metadata": _meta(inputs),
+        "metadata": _meta(inputs, slot),
         "spec": {"config": config},
     }
 
@@ -206,19 +267,46 @@ def service_account(inputs: Inputs) -> Obj:
 
 
 def role(inputs: Inputs) -> Obj:
-    """In the gateway namespace: the pod reads its plan ConfigMap, by name, and nothing else."""
+    """In the gateway namespace: the pod reads its plan ConfigMap, by name, and nothing else. An HA
+    gateway's pods (one ServiceAccount for both slots) read both slots' ConfigMaps and get and update
+    their Lease, each by name; never ``create`` (RBAC cannot restrict it by name: the controller creates
+    the Lease) nor ``delete``."""
+    key = inputs.key
+    rules: list[Obj] = [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [key.home_name]
+            if inputs.ha is None
+            else [key.slot_name("a"), key.slot_name("b")],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    if inputs.ha is not None:
+        rules.append(
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [key.home_name],
+                "verbs": ["get", "update"],
+            }
+        )
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _meta(inputs),
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": [inputs.key.home_name],
-                "verbs": ["get", "list", "watch"],
-            }
-        ],
+        "rules": rules,
+    }
+
+
+def lease(inputs: Inputs, ha: gwplan.Ha) -> Obj:
+    """The HA gateway's Lease, with no holder: the first agent to find it free takes it. Created once and
+    never written again by the controller (``diff.CREATE_ONLY``)."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": _meta(inputs),
+        "spec": {"leaseDurationSeconds": ha.lease_duration_seconds},
     }
 
 
@@ -368,12 +456,12 @@ def network_policy(inputs: Inputs) -> Obj:
     }
 
 
-def deployment(inputs: Inputs, nic: Nic2, node: str) -> Obj:
+def deployment(inputs: Inputs, nic: Nic2, node: str, slot: HaSlot = "a") -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(inputs),
-        "spec": podspec.deployment_spec(inputs.key, inputs.plan, inputs.settings, nic.mac, node),
+        "metadata": _meta(inputs, slot),
+        "spec": podspec.deployment_spec(inputs.key, inputs.plan, inputs.settings, nic.mac, node, slot),
     }
 
 
@@ -387,8 +475,11 @@ def desired(inputs: Inputs) -> Desired:
         ("TenantRole", tenant_role(inputs)),
         ("TenantRoleBinding", tenant_role_binding(inputs)),
         ("NetworkPolicy", network_policy(inputs)),
-        ("ConfigMap", config_map(inputs)),
     ]
+    ha = lease_settings(inputs)
+    if ha is not None:  # before the plans that name it: an agent never finds its Lease missing
+        objects.append(("Lease", lease(inputs, ha)))
+    objects.append(("ConfigMap", config_map(inputs)))
     held: set[str] = set()
     if inputs.nic is None:
         held |= {"NetworkAttachmentDefinition", "Deployment"}
@@ -398,16 +489,29 @@ def desired(inputs: Inputs) -> Desired:
             held.add("Deployment")
         else:
             objects.append(("Deployment", deployment(inputs, inputs.nic, inputs.node)))
+    if inputs.ha is not None:
+        if inputs.ha.nic is None:
+            held |= set(SLOT_B)
+        else:
+            objects += [
+                ("ConfigMap/b", config_map(inputs, "b")),
+                ("NetworkAttachmentDefinition/b", nad(inputs, inputs.ha.nic, "b")),
+            ]
+            if inputs.ha.node is None:
+                held.add("Deployment/b")
+            else:
+                objects.append(("Deployment/b", deployment(inputs, inputs.ha.nic, inputs.ha.node, "b")))
     return Desired(tuple((slot, _stamped(o)) for slot, o in objects), frozenset(held))
 
 
 def slot_of(obj: Mapping[str, Any], gateway_namespace: str) -> str:
-    """The slot of one of a gateway's objects: its kind in the gateway namespace; ``Tenant<kind>`` for
-    its Role and RoleBinding in its own namespace; ``Leftover<kind>`` for what an earlier release made
-    there."""
+    """The slot of one of a gateway's objects: its kind in the gateway namespace (``<kind>/b`` for an HA
+    gateway's slot b's); ``Tenant<kind>`` for its Role and RoleBinding in its own namespace;
+    ``Leftover<kind>`` for what an earlier release made there."""
     kind = str(obj["kind"])
-    if (obj.get("metadata") or {}).get("namespace") == gateway_namespace:
-        return kind
+    md = obj.get("metadata") or {}
+    if md.get("namespace") == gateway_namespace:
+        return f"{kind}/b" if (md.get("labels") or {}).get(LABEL_HA_SLOT) == "b" else kind
     return f"Tenant{kind}" if f"Tenant{kind}" in TENANT_SLOTS else f"Leftover{kind}"
 
 
@@ -420,10 +524,31 @@ HOME_KINDS: Sequence[str] = (
     "NetworkAttachmentDefinition",
     "Deployment",
 )
-"""The kinds a gateway owns in the gateway namespace (each its own slot)."""
+"""The kinds a gateway owns in the gateway namespace (each its own slot), HA or not."""
+SLOT_B: Mapping[str, str] = {
+    "Deployment/b": "Deployment",
+    "NetworkAttachmentDefinition/b": "NetworkAttachmentDefinition",
+    "ConfigMap/b": "ConfigMap",
+}
+"""Slot -> kind of an HA gateway's slot b's objects (named ``<home_name>-b``)."""
+HA_SLOTS: Mapping[str, str] = {**SLOT_B, "Lease": "Lease"}
+"""Slot -> kind of what only an HA gateway has in the gateway namespace, in the order they go when HA is
+turned off (``diff.surplus``): the pod first, the Lease last."""
+HOME_SLOTS: Mapping[str, str] = {**{k: k for k in HOME_KINDS}, **HA_SLOTS}
+"""Slot -> kind of everything a gateway may own in the gateway namespace: what its finalizer deletes,
+what goes when it is gone (``orphans``)."""
+HOME_INFORMER_KINDS: Sequence[str] = tuple(dict.fromkeys(HOME_SLOTS.values()))
+"""The kinds the controller caches in the gateway namespace for its gateways."""
+
+
+def home_slots(key: GatewayKey) -> dict[str, tuple[str, str]]:
+    """Slot -> (kind, name) of everything ``key`` may own in the gateway namespace."""
+    return {slot: (kind, key.slot_name("b" if slot in SLOT_B else "a")) for slot, kind in HOME_SLOTS.items()}
+
+
 TENANT_SLOTS: Mapping[str, str] = {"TenantRole": "Role", "TenantRoleBinding": "RoleBinding"}
 """Slot -> kind of what a gateway owns in its own namespace."""
-OWNED_SLOTS: Sequence[str] = (*HOME_KINDS, *TENANT_SLOTS)
+OWNED_SLOTS: Sequence[str] = (*HOME_SLOTS, *TENANT_SLOTS)
 LEFTOVER_KINDS: Sequence[str] = (
     "Deployment",
     "ConfigMap",

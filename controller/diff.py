@@ -9,7 +9,8 @@ hold the plan and nothing else, so a key someone added (a second plan in ``binar
 object out of order and goes at the replace. Every gateway has every owned slot (some held back until
 they can be decided); what is deleted is said by the reconcile (``Delete``: the gateway's objects when
 it goes, what an earlier release left in the tenant's namespace). Nothing is written for an object in
-order: a no-op reconcile makes no write at all.
+order: a no-op reconcile makes no write at all. Some kinds are created and never written again
+(``CREATE_ONLY``): an HA gateway's Lease, whose holder and renewals are its agents'.
 
 An object is ours when its ownerReference or, in the gateway namespace where none can point across
 namespaces, its ``names.LABEL_OWNER_UID`` label names the gateway's uid.
@@ -17,7 +18,7 @@ namespaces, its ``names.LABEL_OWNER_UID`` label names the gateway's uid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,11 @@ class Foreign:
 
 
 Action = Create | Replace | Delete
+
+CREATE_ONLY = frozenset({"Lease"})
+"""Kinds the controller creates and then leaves alone, whatever they hold: an HA gateway's Lease is its
+agents' to write (holder, renewTime, its duration), and a "repaired" Lease would hand it to nobody, or
+back to a pod that lost it (docs/ha.md). Deleted like any other (``deletions``, ``surplus``)."""
 
 WHOLE: Mapping[str, tuple[str, ...]] = {"ConfigMap": ("data", "binaryData")}
 """Top-level fields that are ours whole, per kind: nothing of anyone else's is kept in them (an absent
@@ -160,6 +166,8 @@ def plan_actions(
             continue
         if (have.get("metadata") or {}).get("deletionTimestamp"):
             continue  # being deleted: created again once it is gone
+        if kind in CREATE_ONLY:
+            continue
         want_hash = (want.get("metadata") or {}).get("annotations", {}).get(ANNOTATION_HASH)
         have_hash = ((have.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH)
         if want_hash != have_hash:
@@ -183,3 +191,17 @@ def deletions(objects: Sequence[Mapping[str, Any]], uid: str, why: str) -> list[
                 Delete(str(obj["kind"]), str(md.get("namespace")), str(md["name"]), str(md["uid"]), why)
             )
     return out
+
+
+def surplus(
+    desired: Sequence[tuple[str, Mapping[str, Any]]],
+    held: Iterable[str],
+    actual: Mapping[str, Mapping[str, Any]],
+    uid: str,
+    slots: Iterable[str],
+    why: str,
+) -> list[Delete]:
+    """A ``Delete`` for the object in each of ``slots`` (in their order) that is ours while the gateway
+    neither wants it now nor holds the slot back: an HA gateway's slot b and Lease once HA is off."""
+    wanted = {slot for slot, _ in desired} | set(held)
+    return deletions([actual[s] for s in slots if s not in wanted and s in actual], uid, why)

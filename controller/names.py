@@ -8,7 +8,8 @@ So a gateway's objects live in two places:
   NetworkPolicy, the NAD and the Deployment, all named ``home_name`` (``vpngw-<name>-<hash>``: unique
   across tenants, whatever their namespaces and names are called). An ownerReference cannot cross
   namespaces: their labels say whose they are (``LABEL_NAMESPACE``, ``LABEL_OWNER_UID``) and the gateway's
-  finalizer deletes them;
+  finalizer deletes them. An HA gateway (docs/ha.md) also has there its Lease (``home_name``) and its slot
+  b's ConfigMap, NAD and Deployment (``<home_name>-b``, labelled ``LABEL_HA_SLOT``);
 * in the tenant's namespace: a Role and RoleBinding named ``object_name`` (``vpngw-<name>``, legacy
   ``ipsecgw-<name>``) that let the pod's ServiceAccount patch its CR's status and read the Secrets its
   plan references, each by name; they carry an ownerReference (the garbage collector deletes them).
@@ -27,6 +28,8 @@ import gwplan
 from controller.api.resources import LEGACY_GROUP, VERSION, VPN_GROUP
 
 GatewayKind = Literal["VPNGateway", "IPsecGateway"]
+HaSlot = Literal["a", "b"]
+"""An HA gateway's two pods (docs/ha.md): which one is active is the Lease's decision, not the slot's."""
 GATEWAY_KINDS: tuple[GatewayKind, ...] = ("VPNGateway", "IPsecGateway")
 
 LABEL_GATEWAY = "vpn.bnerd.net/gateway"
@@ -51,6 +54,9 @@ TENANT_ENABLED = "enabled"
 LABEL_GATEWAY_SECRET = gwplan.SECRET_OPT_IN_LABEL
 """On a Secret (``"true"``): its owner means it for gateways. Only such Secrets are ever granted to a
 gateway pod or read by one, whatever a CR references (docs/security.md)."""
+LABEL_HA_SLOT = "vpn.bnerd.net/ha-slot"
+"""On slot b's objects and pods of an HA gateway (value ``b``, docs/ha.md "Slots"). Slot a's carry none:
+its objects and pod template are those of a gateway without HA, so enabling HA leaves its pod alone."""
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 PLAN_KEY = "plan.json"
 
@@ -88,6 +94,12 @@ class GatewayKey:
         characters (a DNS label, so it fits every kind and a label value)."""
         digest = hashlib.sha256(f"{self.kind}/{self.namespace}/{self.name}".encode()).hexdigest()[:16]
         return f"{self._prefix}-{self.name[:36].rstrip('-')}-{digest}"
+
+    def slot_name(self, slot: HaSlot) -> str:
+        """The name of an HA slot's ConfigMap, NAD and Deployment: slot a's are ``home_name`` (a gateway
+        without HA has slot a only), slot b's ``<home_name>-b`` (at most 61 characters; ``home_name``
+        ends in its hash, so never in ``-b``)."""
+        return self.home_name if slot == "a" else f"{self.home_name}-b"
 
     @property
     def _prefix(self) -> str:

@@ -2,8 +2,9 @@
 
 One replica, ``Recreate`` (two pods would fight over one Neutron port), hard-pinned with ``nodeName`` to the
 node whose Nova instance carries the port (no scheduler: the port is attached there). Multus moves NIC2
-in by the NAD (host-device by MAC). Containers and what each may do (images/gateway/Dockerfile states
-the same):
+in by the NAD (host-device by MAC). An HA gateway (docs/ha.md) has one such Deployment per slot, each with
+its own node, NIC2, NAD and ConfigMap; slot a's is exactly a gateway's without HA. Containers and what
+each may do (images/gateway/Dockerfile states the same):
 
 * ``init-nat`` (init container, then a ``--watch`` sidecar): root, NET_ADMIN + NET_RAW (iptables-legacy
   reads need NET_RAW). It needs a forwarding namespace: the pod's ``securityContext.sysctls`` set
@@ -15,7 +16,9 @@ the same):
 * ``status-agent``: IPsec: 65532:65532 with no capabilities (the VICI socket is group vpngw); WireGuard:
   root with NET_ADMIN (it creates and configures the device). It follows the plan ConfigMap and the
   plan's Secrets through the API and writes them to ``/run/vpngw`` (a memory emptyDir) for the others;
-  the mounted ConfigMap is the fallback at boot. Liveness ``/healthz``, readiness ``/readyz``.
+  the mounted ConfigMap is the fallback at boot. Liveness ``/healthz``, readiness ``/readyz``. Its env
+  ``POD_NAMESPACE`` and ``POD_NAME`` (the downward API): an HA gateway's agent holds the Lease as its pod
+  name. Every pod has ``POD_NAME``, HA or not, so enabling HA never changes slot a's template.
 * ``exporter``: 65532:65532 with no capabilities in both modes, and only ``/run/vpngw-readonly``
   mounted (read-only): the status-agent serves there a copy of the plan and a socket that can only read
   the daemon (``--readonly-dir``): a VICI relay passing queries only (charon has no read-only socket),
@@ -37,7 +40,15 @@ import json
 from typing import Any
 
 import gwplan
-from controller.names import ANNOTATION_NIC_MAC, MULTUS_NETWORKS, GatewayKey, labels, selector_labels
+from controller.names import (
+    ANNOTATION_NIC_MAC,
+    LABEL_HA_SLOT,
+    MULTUS_NETWORKS,
+    GatewayKey,
+    HaSlot,
+    labels,
+    selector_labels,
+)
 from controller.settings import Settings
 
 Obj = dict[str, Any]
@@ -88,6 +99,11 @@ def _mount(name: str, path: str, *, read_only: bool = False) -> Obj:
     return m
 
 
+def _field_env(name: str, path: str) -> Obj:
+    """An env var from the downward API (the pod's own metadata)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
 def _probe(path: str, port: int, *, period: int, failures: int) -> Obj:
     return {
         "httpGet": {"path": path, "port": port},
@@ -120,8 +136,10 @@ def _log_flags(settings: Settings) -> list[str]:
     return [] if settings.pod.log_format == "text" else ["--log-format", settings.pod.log_format]
 
 
-def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[list[Obj], list[Obj]]:
-    """(init containers, containers)."""
+def containers(
+    key: GatewayKey, plan: gwplan.Plan, settings: Settings, slot: HaSlot = "a"
+) -> tuple[list[Obj], list[Obj]]:
+    """(init containers, containers) of ``slot``'s pod (its agent follows its slot's ConfigMap)."""
     pod = settings.pod
     logs = _log_flags(settings)
     initnat = ["python3", "-m", "initnat", *logs]
@@ -144,7 +162,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
         "python3", "-m", "agent", *logs,
         "--plan", LIVE_PLAN,
         "--plan-fallback", f"{PLAN_DIR}/plan.json",
-        "--follow-configmap", key.home_name,
+        "--follow-configmap", key.slot_name(slot),
         "--live-dir", LIVE_DIR,
         "--secrets-dir", f"{LIVE_DIR}/secrets",
         "--kube-status",
@@ -216,7 +234,7 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
                 *daemon_mounts,
                 _mount("readonly", READONLY_DIR),
             ],
-            env=[{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+            env=[_field_env("POD_NAMESPACE", "metadata.namespace"), _field_env("POD_NAME", "metadata.name")],
             ports=[{"name": "health", "containerPort": pod.health_port, "protocol": "TCP"}],
             livenessProbe=_probe("/healthz", pod.health_port, period=10, failures=3),
             readinessProbe=_probe("/readyz", pod.health_port, period=5, failures=2),
@@ -236,9 +254,9 @@ def containers(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> tuple[
     return init, main
 
 
-def volumes(key: GatewayKey, plan: gwplan.Plan, settings: Settings) -> list[Obj]:
+def volumes(key: GatewayKey, plan: gwplan.Plan, settings: Settings, slot: HaSlot = "a") -> list[Obj]:
     vols: list[Obj] = [
-        {"name": "plan", "configMap": {"name": key.home_name}},
+        {"name": "plan", "configMap": {"name": key.slot_name(slot)}},
         token_volume(),
         {"name": "live", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
@@ -290,8 +308,8 @@ def tolerations(settings: Settings) -> list[Obj]:
     return base + [dict(t) for t in settings.pod.tolerations]
 
 
-def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str) -> Obj:
-    init, main = containers(key, plan, settings)
+def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str, slot: HaSlot = "a") -> Obj:
+    init, main = containers(key, plan, settings, slot)
     pod = settings.pod
     security: Obj = {"seccompProfile": {"type": "RuntimeDefault"}}
     if pod.sysctls == "pod":
@@ -309,7 +327,7 @@ def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str) 
         "tolerations": tolerations(settings),
         "initContainers": init,
         "containers": main,
-        "volumes": volumes(key, plan, settings),
+        "volumes": volumes(key, plan, settings, slot),
     }
     if pod.node_selector:
         spec["nodeSelector"] = dict(pod.node_selector)
@@ -320,20 +338,32 @@ def pod_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, node: str) 
     return spec
 
 
-def deployment_spec(key: GatewayKey, plan: gwplan.Plan, settings: Settings, mac: str, node: str) -> Obj:
+def slot_labels(slot: HaSlot) -> dict[str, str]:
+    """What an HA slot adds to its pods' labels and its Deployment's selector: nothing for slot a (its
+    Deployment is a gateway's without HA: its selector is immutable and its template unchanged)."""
+    return {} if slot == "a" else {LABEL_HA_SLOT: slot}
+
+
+def deployment_spec(
+    key: GatewayKey, plan: gwplan.Plan, settings: Settings, mac: str, node: str, slot: HaSlot = "a"
+) -> Obj:
+    """``slot``'s Deployment: slot b's pod attaches its own NAD, mounts its own ConfigMap and carries
+    ``LABEL_HA_SLOT``, which its selector requires too. Slot a's selector also matches slot b's pods;
+    the ReplicaSet and Deployment controllers count only the pods and ReplicaSets whose controllerRef is
+    theirs, and adopt only orphans, so neither takes the other's."""
     networks = json.dumps(
-        [{"name": key.home_name, "namespace": settings.gateway_namespace}], separators=(",", ":")
+        [{"name": key.slot_name(slot), "namespace": settings.gateway_namespace}], separators=(",", ":")
     )
     return {
         "replicas": 1,
         "strategy": {"type": "Recreate"},
         "revisionHistoryLimit": 2,
-        "selector": {"matchLabels": selector_labels(key)},
+        "selector": {"matchLabels": {**selector_labels(key), **slot_labels(slot)}},
         "template": {
             "metadata": {
-                "labels": labels(key, settings.instance),
+                "labels": {**labels(key, settings.instance), **slot_labels(slot)},
                 "annotations": {MULTUS_NETWORKS: networks, ANNOTATION_NIC_MAC: mac},
             },
-            "spec": pod_spec(key, plan, settings, node),
+            "spec": pod_spec(key, plan, settings, node, slot),
         },
     }

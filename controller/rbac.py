@@ -133,6 +133,20 @@ GATEWAY_NAMESPACE = Scope(
             OWN_DELETE,
             "controller.desired: NIC2 by MAC",
         ),
+        Right(
+            "coordination.k8s.io",
+            ("leases",),
+            ("list", "watch", "create", "delete"),
+            "controller.desired: an HA gateway's Lease, created with no holder and never written again; "
+            "deleted with its gateway or when HA is turned off",
+        ),
+        Right(
+            "coordination.k8s.io",
+            ("leases",),
+            ("get", "update"),
+            "never used by the controller in the gateway namespace (it never writes a Lease there after "
+            "creating it): an HA gateway's pods' Role grants them on its Lease",
+        ),
         Right("", ("pods",), WATCH, "controller.run: PodReady"),
         Right(
             "",

@@ -47,7 +47,7 @@ import gwplan
 from controller import execute, placement
 from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
 from controller.cloudplan import sweepable
-from controller.desired import HOME_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, plan_of
+from controller.desired import HOME_INFORMER_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, home_slots, plan_of
 from controller.informer import Informer, lean, metadata_only
 from controller.names import (
     GATEWAY_KINDS,
@@ -343,7 +343,7 @@ class Operator:
         self.informers["VPNPeer"] = inf(VPNPEERS, transform=lean)
         self.informers["ClusterLink"] = inf(CLUSTERLINKS, transform=lean)
         # The gateways' own objects and pods: in the gateway namespace, and nowhere else.
-        for kind in HOME_KINDS:
+        for kind in HOME_INFORMER_KINDS:
             self.informers[kind] = inf(BY_KIND[kind], namespace=home, selector=owned_selector)
         self.informers["Pod"] = inf(PODS, namespace=home, selector=owned_selector, transform=lean)
         self.informers["Node"] = inf(NODES, namespace=None, transform=lean)
@@ -514,10 +514,10 @@ class Operator:
         to read: its Role, Secrets and leftovers are then unknown and left as they are)."""
         home = self.settings.gateway_namespace
         owned: dict[str, Obj] = {}
-        for kind in HOME_KINDS:
-            obj = self.informers[kind].get(home, key.home_name)
+        for slot, (kind, name) in home_slots(key).items():  # an HA gateway's slot b: <kind>/b, <home_name>-b
+            obj = self.informers[kind].get(home, name)
             if obj is not None:
-                owned[kind] = obj
+                owned[slot] = obj
         leftovers: list[Obj] = []
         pods = [p for p in self.informers["Pod"].items() if _pod_of(p, key)]
         if isinstance(tenant, TenantCaches):
@@ -590,7 +590,11 @@ class Operator:
             if not self.informers[key.kind].served:
                 return "gone"  # its kind answers 404: an empty cache says nothing of what exists
             home = self.settings.gateway_namespace
-            objs = [{**o, "kind": k} for k in HOME_KINDS if (o := self.informers[k].get(home, key.home_name))]
+            objs = [
+                {**o, "kind": kind}
+                for kind, name in home_slots(key).values()
+                if (o := self.informers[kind].get(home, name))
+            ]
             gone = orphans(key, objs)
             if gone:
                 log.warning("gateway.orphans gateway=%s objects=%d", key, len(gone))
@@ -754,7 +758,7 @@ class Operator:
         """Every gateway, behind any change (the resync; docs/controller.md), and every gateway the
         gateway namespace holds objects of (those of a gateway gone go: ``orphans``)."""
         keys = {self._key(gw) for gw in self._gateways()}
-        for kind in HOME_KINDS:
+        for kind in HOME_INFORMER_KINDS:
             keys |= {k for o in self.informers[kind].items() if (k := owner_of(o)) is not None}
         for key in sorted(keys, key=str):
             self.queue.add(key, background=True)

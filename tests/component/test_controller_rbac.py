@@ -5,16 +5,22 @@ namespace, each tenant namespace, the migration, its own namespace), in the API 
 RBAC as Kubernetes does (escalation included: the gateway pods' Roles can be created only by someone
 holding what they grant). Through a scenario that exercises every code path that talks to the API
 (create, edit, a restored object, a re-pin, an invalid CR with its Event, an earlier release's leftovers,
-deletion, ClusterLinks, the legacy kind), it is never refused, and every declared right but the
-escalation-only gets is used.
+deletion, an HA gateway's Lease deleted with it, ClusterLinks, the legacy kind), it is never refused, and
+every declared right but the escalation-only gets is used.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import ssl
 from pathlib import Path
 from typing import Any
 
-from controller.names import ANNOTATION_HASH
+import httpx
+
+from controller.desired import Desired, desired
+from controller.names import ANNOTATION_HASH, GatewayKey
 from controller.rbac import SCOPES, UNUSED_BY_DESIGN, granted, rules
 from lab.cluster import GATEWAY_NAMESPACE, Cluster, home_of
 from lab.wait import wait_for
@@ -28,8 +34,10 @@ from tests.component.test_controller_operator import (
 )
 from tests.examples import example_docs
 from tests.helpers import condition
+from tests.unit.test_controller_desired_ha import ha_inputs
 
 SA = "system:serviceaccount:vpngw-system:vpngw-controller"
+LEASE = "coordination.k8s.io/v1"
 
 
 def bind(c: Cluster, tenants: tuple[str, ...]) -> Path:
@@ -210,11 +218,18 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
         wait_for(
             lambda: (x := condition(gateway(c), "ConfigRendered")) and x["status"] == "False", 20, "invalid"
         )
+        # The Lease an HA gateway has (controller.desired), held by its pod: it goes with its gateway.
+        labels = c.owned("v1", "ConfigMap", "acme", "tenant-acme")["metadata"]["labels"]  # type: ignore[index]
+        lease = {"name": home, "namespace": home_ns, "labels": labels}
+        c.kube.create(
+            {"apiVersion": LEASE, "kind": "Lease", "metadata": lease, "spec": {"holderIdentity": f"{home}-x"}}
+        )
         c.kube.delete("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme")
         c.kube.delete("ipsec.bnerd.net/v1alpha1", "IPsecGateway", "legacy", "tenant-old")
         wait_for(
             lambda: c.get("vpn.bnerd.net/v1alpha1", "VPNGateway", "acme", "tenant-acme") is None, 20, "gone"
         )
+        wait_for(lambda: c.get(LEASE, "Lease", home, home_ns) is None, 20, "its Lease deleted")
         wait_for(
             lambda: c.kube.requests(verb="update", resource="leases", user=SA),
             10,
@@ -237,3 +252,80 @@ def test_the_declared_rights_are_enough_and_all_used(tmp_path: Path) -> None:
         f"used without being declared (the emulator should have refused): {sorted(beyond)}"
     )
     assert {v for _, res, v in got if res == "secrets"} == {"list", "watch"}, "never a get of a Secret"
+
+
+def ha_objects(name: str, namespace: str, gateway_namespace: str = GATEWAY_NAMESPACE) -> Desired:
+    """An HA gateway's desired objects (``controller.desired``) for gateway ``namespace/name``."""
+    inputs = ha_inputs()
+    key = GatewayKey("VPNGateway", namespace, name)
+    settings = dataclasses.replace(inputs.settings, gateway_namespace=gateway_namespace)
+    return desired(dataclasses.replace(inputs, key=key, uid=f"uid-{name}", settings=settings))
+
+
+POD_RIGHTS = {
+    "get its Lease": 200,
+    "update its Lease": 200,
+    "get another gateway's Lease": 403,
+    "update another gateway's Lease": 403,
+    "create a Lease": 403,
+    "delete its Lease": 403,
+    "list Leases": 403,
+    "get its slot a plan": 200,
+    "get its slot b plan": 200,
+    "get another gateway's plan": 403,
+}
+"""What an HA gateway pod's ServiceAccount may do in the gateway namespace: exactly its own Lease
+(get, update: never create, which RBAC cannot restrict by name) and its slots' plans."""
+
+
+def pod_rights(http: httpx.Client, namespace: str, ours: Desired, theirs: Desired) -> dict[str, int]:
+    """Each of ``POD_RIGHTS`` tried with ``http`` (the pod's identity): the API's status codes."""
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    cms = f"/api/v1/namespaces/{namespace}/configmaps"
+
+    def name(d: Desired, slot: str) -> str:
+        obj = d.get(slot)
+        assert obj is not None
+        return str(obj["metadata"]["name"])
+
+    own, other = name(ours, "Lease"), name(theirs, "Lease")
+    got = http.get(f"{leases}/{own}")
+    codes = {"get its Lease": got.status_code}
+    held = got.json() if got.status_code == 200 else {"metadata": {"name": own}}
+    held.setdefault("spec", {})["holderIdentity"] = f"{own}-7c9d8f6b5-x2x4z"
+    codes["update its Lease"] = http.put(f"{leases}/{own}", json=held).status_code
+    codes["get another gateway's Lease"] = http.get(f"{leases}/{other}").status_code
+    stolen = {**held, "metadata": {"name": other, "namespace": namespace}}
+    codes["update another gateway's Lease"] = http.put(f"{leases}/{other}", json=stolen).status_code
+    new = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": f"{own}-new"}}
+    codes["create a Lease"] = http.post(leases, json=new).status_code
+    codes["delete its Lease"] = http.delete(f"{leases}/{own}").status_code
+    codes["list Leases"] = http.get(leases).status_code
+    codes["get its slot a plan"] = http.get(f"{cms}/{name(ours, 'ConfigMap')}").status_code
+    codes["get its slot b plan"] = http.get(f"{cms}/{name(ours, 'ConfigMap/b')}").status_code
+    codes["get another gateway's plan"] = http.get(f"{cms}/{name(theirs, 'ConfigMap')}").status_code
+    return codes
+
+
+POD_SLOTS = ("ServiceAccount", "Role", "RoleBinding", "Lease", "ConfigMap", "ConfigMap/b")
+
+
+def test_an_ha_gateway_pod_gets_and_updates_its_own_lease_only(tmp_path: Path) -> None:
+    """The pods' Role as ``controller.desired`` makes it, in the emulator (which enforces RBAC as
+    Kubernetes does): its own Lease and plans by name, nothing else (tests/integration/test_ha_real.py
+    asks the real kube-apiserver the same)."""
+    with Cluster(tmp_path) as c:
+        c.namespace(GATEWAY_NAMESPACE)
+        ours, theirs = ha_objects("acme", "tenant-acme"), ha_objects("other", "tenant-other")
+        for d in (ours, theirs):
+            for slot in POD_SLOTS:
+                obj = d.get(slot)
+                assert obj is not None, slot
+                c.kube.create(copy.deepcopy(obj))
+        home = ours.get("ServiceAccount")["metadata"]["name"]  # type: ignore[index]
+        token = c.kube.mint_token(GATEWAY_NAMESPACE, home)
+        ssl_ctx = ssl.create_default_context(cafile=str(c.kube.ca_file))
+        with httpx.Client(
+            base_url=c.kube.url, verify=ssl_ctx, headers={"Authorization": f"Bearer {token}"}, timeout=10
+        ) as http:
+            assert pod_rights(http, GATEWAY_NAMESPACE, ours, theirs) == POD_RIGHTS
