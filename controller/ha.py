@@ -72,6 +72,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from controller.names import LABEL_HA_SLOT
 from controller.placement import Placement, keeps, place, ready
 from controller.status import Condition, StatusEvent
 
@@ -80,8 +81,6 @@ SLOTS: tuple[Slot, Slot] = ("a", "b")
 Pins = Mapping[Slot, str | None]
 """slot -> the node its Deployment is pinned to now (None: the slot has none)."""
 
-LABEL_HA_SLOT = "vpn.bnerd.net/ha-slot"
-"""On slot b's pods (value ``b``); slot a's pods do not carry it (a gateway without HA has no slots)."""
 DEFAULT_MARGIN = 1.0
 """Seconds added to a lease duration before the controller believes a holder stopped serving: the
 clocks' rate difference and the watch's delivery latency (docs/ha.md, "Fencing")."""
