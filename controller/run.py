@@ -44,7 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import gwplan
-from controller import execute, placement
+from controller import execute, ha, placement
 from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
 from controller.cloudplan import sweepable
 from controller.desired import HOME_INFORMER_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, home_slots, plan_of
@@ -352,6 +352,9 @@ class Operator:
         )
         self.tenants: dict[str, TenantCaches] = {}
         """Per enabled tenant namespace: what the controller reads there (``TenantCaches``)."""
+        self.leases: dict[GatewayKey, ha.Observation] = {}
+        """Per HA gateway: its Lease as this replica has watched it (``ha.observe``, fed every version the
+        informer delivers: a renewal never seen would end the previous holder's fence too early)."""
         self._tg: anyio.abc.TaskGroup | None = None
 
     # --- events -> keys ----------------------------------------------------------------------------
@@ -359,8 +362,24 @@ class Operator:
     def _changed(self, kind: str, old: Obj | None, new: Obj | None) -> None:
         if kind == "Namespace":
             self._namespace_changed(old, new)
+        if kind == "Lease" and not self._lease_changed(old, new):
+            return
         for key in self._keys(kind, old, new):
             self.queue.add(key)
+
+    def _lease_changed(self, old: Obj | None, new: Obj | None) -> bool:
+        """Records an HA gateway's Lease version (every one: the renewals are what ``ha.observe`` measures
+        expiry by) and says whether its gateway must be reconciled: only when the holder changed, or the
+        Lease came or went. Its holder renews about every second: a reconcile (and a cloud call) per
+        renewal would be one per second per HA gateway, for nothing."""
+        obj = new if new is not None else old
+        key = owner_of(obj) if obj is not None else None
+        if key is None:
+            return False
+        self.leases[key] = ha.observe(self.leases.get(key), new, time.monotonic())
+        if old is None or new is None:
+            return True
+        return bool(_holder(old) != _holder(new))
 
     def _keys(self, kind: str, old: Obj | None, new: Obj | None) -> set[GatewayKey]:
         objs = [o for o in (old, new) if o is not None]
@@ -585,6 +604,7 @@ class Operator:
         gateway = self.informers[key.kind].get(key.namespace, key.name)
         if gateway is None:
             self.pins.pop(key, None)
+            self.leases.pop(key, None)
             if self.settings.namespace not in (None, key.namespace):
                 return "gone"  # not watched here: its gateway's existence is unknown
             if not self.informers[key.kind].served:
@@ -613,6 +633,7 @@ class Operator:
         snap = self.snapshot(key, gateway)
         if snap.deleting:
             self.pins.pop(key, None)
+            self.leases.pop(key, None)
             if snap.has_finalizer:
                 await self.cloud.release(key)
                 deleted = await execute.delete_all(self.kube, cleanup(snap))
@@ -875,6 +896,10 @@ class Operator:
             tg.start_soon(self.elector.run)
             tg.start_soon(self._lead)
             task_status.started(port)
+
+
+def _holder(lease: Mapping[str, Any]) -> str:
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 def _pod_of(pod: Mapping[str, Any], key: GatewayKey, where: str | None = None) -> bool:
