@@ -28,6 +28,7 @@ from controller.ha import (
     slot_of,
     valid_holder,
 )
+from controller.names import LABEL_HA_SLOT
 from controller.placement import Placement
 
 WALL = "2026-12-03T16:00:00Z"
@@ -60,7 +61,7 @@ def pod(
 ) -> dict[str, Any]:
     md: dict[str, Any] = {"name": name, "labels": {"app": "gw"}, "creationTimestamp": created}
     if slot == "b":
-        md["labels"][ha.LABEL_HA_SLOT] = "b"
+        md["labels"][LABEL_HA_SLOT] = "b"
     if deleting:
         md["deletionTimestamp"] = "2026-12-03T11:00:00Z"
     return {
