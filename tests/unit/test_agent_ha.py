@@ -138,7 +138,7 @@ def walk(
 ) -> list[tuple[float, str, str]]:
     """Feeds reads to ``decide`` as the loop does: (now, role, action) of each."""
     mem = mem or Memory()
-    out = []
+    out: list[tuple[float, str, str]] = []
     for now, seen in reads:
         step = decide(mem, seen, ME, HA, now)
         mem = step.memory
@@ -215,7 +215,7 @@ def test_a_take_that_meets_a_conflict_is_standby_even_for_a_serving_pod() -> Non
 
 
 def test_the_update_carries_the_resource_version_read_and_the_lease_fields() -> None:
-    read = {
+    read: dict[str, Any] = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": "gw-ha", "namespace": "ns", "resourceVersion": "42"},
