@@ -15,7 +15,12 @@ partition order against the real kube-apiserver (``World`` is what differs).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
+import signal
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,10 +32,11 @@ import pytest
 from agent.ha import ROLE_FILE, Api, FollowHa, LeaseElector
 from agent.runtime import Role
 from gwkit.kube import KubeClient, load
-from gwplan import Ha
+from gwplan import Child, GatewayRef, Ha, Ipsec, Plan, Tunnel, dumps
 from lab.kubeapi import KubeAPIThread
-from lab.wait import wait_for_async
+from lab.wait import wait_for, wait_for_async
 
+ROOT = Path(__file__).resolve().parents[2]
 LEASE = "gw-ha"
 HA = Ha(LEASE, lease_duration_seconds=2, renew_seconds=0.25)  # deadline 1.5 s, margin 0.5 s
 POD_RULES = [
@@ -445,3 +451,63 @@ def test_ha_appearing_on_a_serving_pod_keeps_it_active_and_ha_gone_makes_it_acti
             assert len(followed) == 3
 
     anyio.run(scenario)
+
+
+def test_the_agent_process_follows_ha_in_its_plan_and_releases_on_sigterm(
+    world: World, tmp_path: Path
+) -> None:
+    """``python -m agent`` as the pod runs it (``$POD_NAME``, ``$POD_NAMESPACE``, the pod's kubeconfig,
+    ``--live-dir``), charon absent: the plan's ``ha`` makes it take the Lease and write the role file; ``ha``
+    dropped from the plan releases the Lease and keeps it active; back, it takes it again; SIGTERM releases
+    it and leaves ``standby`` in the role file."""
+    gateway = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", world.namespace, "gw")
+    conn = {"s1": {"version": "2", "children": {"s1-0": {"remote_ts": ["10.1.0.0/24"]}}}}
+    plan = Plan(
+        gateway=gateway,
+        type="ipsec",
+        ipsec=Ipsec(tunnels=(Tunnel("s1", True, (Child("s1-0", "10.1.0.0/24"),), conn),)),
+        ha=HA,
+    )
+    plan_file, live = tmp_path / "plan.json", tmp_path / "live"
+
+    def write(p: Plan) -> None:
+        tmp = plan_file.with_name(".plan.tmp")
+        tmp.write_bytes(dumps(p))
+        tmp.replace(plan_file)
+
+    def role_file() -> str:
+        try:
+            return (live / ROLE_FILE).read_text().strip()
+        except OSError:
+            return ""
+
+    write(plan)
+    world.create_lease({"leaseDurationSeconds": HA.lease_duration_seconds})
+    env = {**os.environ, "POD_NAME": "pod-a", "POD_NAMESPACE": world.namespace, "PYTHONPATH": str(ROOT)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    argv = [
+        sys.executable, "-m", "agent", "--plan", str(plan_file), "--secrets-dir", str(tmp_path),
+        "--vici-socket", str(tmp_path / "no-charon.vici"), "--live-dir", str(live),
+        "--kubeconfig", str(world.pod_kubeconfig("pod-a")), "--poll-interval", "0.05",
+    ]  # fmt: skip
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stderr=out, cwd=ROOT)
+    try:
+        wait_for(lambda: holder(world) == "pod-a" and role_file() == "active", 30, "pod-a holding the Lease")
+        write(dataclasses.replace(plan, ha=None))
+        wait_for(lambda: holder(world) == "", 15, "the Lease released when ha left the plan")
+        assert role_file() == "active"
+        write(plan)
+        wait_for(lambda: holder(world) == "pod-a", 15, "the Lease taken again")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert holder(world) == "" and role_file() == "standby", text
+    assert "ha.released" in text and "ha.disabled" in text, text
+    assert "Bearer" not in text and "token" not in text.lower(), "no credential in the log"
