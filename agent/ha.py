@@ -91,8 +91,6 @@ class LeaseElector:
         self._ha = ha
         self._role: Role = "standby" if ha is not None else "active"
         self._mem = Memory()
-        self._lease: dict[str, Any] | None = None
-        """The Lease as last read or written (its resourceVersion is the next write's precondition)."""
         self._changed = anyio.Event()
         self._configured = anyio.Event()
         self._errors: dict[str, str] = {}
@@ -152,12 +150,11 @@ class LeaseElector:
         try:
             while True:
                 wanted = self._ha
-                if current is not None and (wanted is None or wanted.lease != current.lease):
+                moved = current is not None and (wanted is None or wanted.lease != current.lease)
+                if moved and api is not None and current is not None:
                     # ha gone: this pod is the one left (the controller's duty), it serves on. Another
                     # Lease: stand down first, the other pod may take the old one at once.
-                    if api is not None:
-                        await self._release(api, current, step_down=wanted is not None)
-                    self._lease = None
+                    await self._release(api, current, step_down=wanted is not None)
                 if wanted is None:
                     if current is not None:
                         log.info("ha.disabled identity=%s lease=%s", self.identity, current.lease)
@@ -176,7 +173,17 @@ class LeaseElector:
                     )  # fmt: skip
                 current = wanted
                 if api is None:
-                    api = await self._connect()
+                    try:
+                        api = await self._connect()
+                    except Exception as exc:  # no client (a bad kubeconfig): never the agent's end
+                        self._error("connect", f"{type(exc).__name__}: {exc}")
+                        self._judge(current)  # a pod serving without HA is fenced at its deadline
+                        with anyio.move_on_after(
+                            election.next_wait(self._mem, current, self._mono(), "failed")
+                        ):
+                            await self._configured.wait()
+                        continue
+                    self._ok("connect")
                 wait = await self._round(api, current)
                 with anyio.move_on_after(wait):
                     await self._configured.wait()
@@ -203,7 +210,6 @@ class LeaseElector:
             self._judge(ha)
             return election.next_wait(self._mem, ha, self._mono(), "failed")
         self._ok("read")
-        self._lease = lease
         if lease is None and "absent" not in self._errors:
             log.warning(
                 "ha.lease_absent identity=%s lease=%s/%s: standby until the controller creates it "
@@ -229,7 +235,7 @@ class LeaseElector:
         outcome: Outcome
         try:
             with anyio.fail_after(election.request_budget(self._mem, ha, sent)):
-                self._lease = await api.kube.replace(LEASES, body, api.namespace)
+                await api.kube.replace(LEASES, body, api.namespace)
             outcome = "ok"
             self._ok("write")
         except Conflict:

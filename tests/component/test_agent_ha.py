@@ -511,3 +511,24 @@ def test_the_agent_process_follows_ha_in_its_plan_and_releases_on_sigterm(
     assert holder(world) == "" and role_file() == "standby", text
     assert "ha.released" in text and "ha.disabled" in text, text
     assert "Bearer" not in text and "token" not in text.lower(), "no credential in the log"
+
+
+def test_no_api_client_is_no_crash_and_a_serving_pod_is_fenced_at_its_deadline() -> None:
+    attempts: list[float] = []
+
+    async def connect() -> Api:
+        attempts.append(anyio.current_time())
+        raise OSError("no kubeconfig here")
+
+    async def scenario() -> None:
+        elector = LeaseElector(connect, "pod-a", None)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(elector.run)
+            await wait_for_async(lambda: elector.current == "active", 5, "active without ha")
+            elector.follow(HA)
+            await wait_for_async(lambda: elector.current == "standby", 10, "fenced: it never renewed")
+            await wait_for_async(lambda: len(attempts) >= 3, 10, "the client asked for again")
+            tg.cancel_scope.cancel()
+        assert [r for _, r in elector.changes] == ["standby"], "active until the deadline, then standby"
+
+    anyio.run(scenario)
