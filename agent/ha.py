@@ -176,7 +176,7 @@ class LeaseElector:
                     try:
                         api = await self._connect()
                     except Exception as exc:  # no client (a bad kubeconfig): never the agent's end
-                        self._error("connect", f"{type(exc).__name__}: {exc}")
+                        self._error("connect", _why(exc))
                         self._judge(current)  # a pod serving without HA is fenced at its deadline
                         with anyio.move_on_after(
                             election.next_wait(self._mem, current, self._mono(), "failed")
@@ -206,7 +206,7 @@ class LeaseElector:
         except NotFound:
             lease = None
         except (KubeError, TimeoutError) as exc:
-            self._error("read", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            self._error("read", _why(exc))
             self._judge(ha)
             return election.next_wait(self._mem, ha, self._mono(), "failed")
         self._ok("read")
@@ -242,7 +242,7 @@ class LeaseElector:
             outcome = "conflict"
         except (KubeError, TimeoutError) as exc:
             outcome = "failed"
-            self._error("write", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            self._error("write", _why(exc))
         step = election.settle(self._mem, action, outcome, sent, ha, self._mono())
         self._mem = step.memory
         self._set(step.role, step.why)
@@ -263,7 +263,7 @@ class LeaseElector:
                 await api.kube.replace(LEASES, body, api.namespace)
         except (KubeError, TimeoutError) as exc:
             # The standby then waits for the Lease to expire instead: slower, never unsafe.
-            log.warning("ha.release_failed identity=%s lease=%s error=%r", self.identity, ha.lease, str(exc))
+            log.warning("ha.release_failed identity=%s lease=%s error=%r", self.identity, ha.lease, _why(exc))
             return
         log.info("ha.released identity=%s lease=%s/%s", self.identity, api.namespace, ha.lease)
 
@@ -305,6 +305,12 @@ class LeaseElector:
     def _ok(self, what: str) -> None:
         if self._errors.pop(what, None) is not None:
             log.info("ha.%s_ok identity=%s", what, self.identity)
+
+
+def _why(exc: BaseException) -> str:
+    """An error for the log (a timeout's message is empty); never a credential: the client's errors name
+    the method, path and status only."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class FollowHa:
