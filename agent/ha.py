@@ -16,8 +16,10 @@ this is the loop around them: read the Lease, decide, write it, sleep, and tell 
 * **Following the plan.** ``follow(ha)`` (``FollowHa`` calls it for every plan the backend gets): ``ha``
   appearing on a serving pod keeps it active while it takes the free Lease (``Memory.serving``); changed
   timings apply at the next round; another Lease name releases the old one first; ``ha`` gone releases the
-  Lease and makes the role ``active``. The controller's duty that follows: it drops ``ha`` only from the
-  surviving slot, after the other slot's pod is gone, or two pods would serve.
+  Lease and makes the role ``active``. The controller's duties that follow: it drops ``ha`` only from the
+  surviving slot, after the other slot's pod is gone, or two pods would serve; and enabling HA it gives
+  slot a's plan ``ha`` (a takes the free Lease) before slot b's pod starts, or b may take the free Lease
+  while a still serves without HA (until a's plan has ``ha`` and a reads the Lease: standby at once).
 * **Stopping.** Cancelled (SIGTERM), the holder turns standby, writes the role file, then releases the
   Lease (holder emptied, duration 1 s, as client-go's ReleaseOnCancel does), so the standby takes over at
   its next read instead of after the duration. ``release_on_stop = False`` skips that (what a kill does;
