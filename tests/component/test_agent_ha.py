@@ -532,3 +532,51 @@ def test_no_api_client_is_no_crash_and_a_serving_pod_is_fenced_at_its_deadline()
         assert [r for _, r in elector.changes] == ["standby"], "active until the deadline, then standby"
 
     anyio.run(scenario)
+
+
+def test_another_lease_name_releases_the_old_one_and_new_timings_apply_in_place(
+    world: World, tmp_path: Path
+) -> None:
+    assert isinstance(world, EmulatorWorld)
+    api, ns = world.api, world.namespace
+    world.create_lease({"leaseDurationSeconds": HA.lease_duration_seconds})
+    api.create(
+        {**lease_doc(ns, {"leaseDurationSeconds": 2}), "metadata": {"name": "gw-ha-2", "namespace": ns}}
+    )
+    rules = [{**POD_RULES[0], "resourceNames": ["gw-ha-2"]}]
+    for doc in role_binding(ns, [{"kind": "User", "name": "pod-a", "apiGroup": "rbac.authorization.k8s.io"}]):
+        doc["metadata"]["name"] = "gw-ha-2-pod"
+        if doc["kind"] == "Role":
+            doc["rules"] = rules
+        else:
+            doc["roleRef"]["name"] = "gw-ha-2-pod"
+        api.create(doc)
+
+    def holder_of(name: str) -> str:
+        got = api.get("coordination.k8s.io/v1", "Lease", name, ns) or {}
+        return str((got.get("spec") or {}).get("holderIdentity") or "")
+
+    async def scenario() -> None:
+        async with pods(world, tmp_path, "pod-a") as (a,):
+            await active(a)
+            slower = Ha(LEASE, lease_duration_seconds=4, renew_seconds=0.5)
+            a.elector.follow(slower)
+            await wait_for_async(
+                lambda: (
+                    (api.get("coordination.k8s.io/v1", "Lease", LEASE, ns) or {})["spec"].get(
+                        "leaseDurationSeconds"
+                    )
+                    == 4
+                ),
+                10,
+                "the new duration written at the next renewal",
+            )
+            assert a.seen == ["standby", "active"], "new timings: no standby"
+            a.elector.follow(Ha("gw-ha-2", 2, 0.25))
+            await wait_for_async(
+                lambda: holder_of("gw-ha-2") == "pod-a" and a.seen[-1] == "active", 10, "gw-ha-2"
+            )
+            assert holder_of(LEASE) == "", "the old Lease released"
+            assert [r for _, r in a.elector.changes] == ["active", "standby", "active"], "stood down first"
+
+    anyio.run(scenario)
