@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -24,11 +25,12 @@ from typing import Any
 import anyio
 
 from agent.follow import PlanFollower
+from agent.ha import ROLE_FILE, Api, FollowHa, LeaseElector
 from agent.health import HealthState, serve, split_listen
 from agent.runtime import Backend, PlanSource, Settings, StatusSink
 from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat, WithPeerStatus
 from agent.sources import CopiedPlans, FilePlanSource, FileSecrets
-from gwkit.kube import ConfigError, KubeClient, load
+from gwkit.kube import ClusterConfig, ConfigError, KubeClient, load
 from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
 from gwkit.version import add_version_flag
 from gwplan import Plan
@@ -123,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="full status resync period even without events (default: %(default)s)",
     )
     p.add_argument(
+        "--ha-identity",
+        metavar="NAME",
+        help="this pod's holderIdentity in the HA Lease when the plan has ha (default: $POD_NAME, else the "
+        "hostname); the role is written to --live-dir/ha-role",
+    )
+    p.add_argument(
         "--log-level",
         default="INFO",
         choices=LEVELS,
@@ -168,6 +176,7 @@ def parse_settings(argv: Sequence[str]) -> tuple[Settings, str, str]:
         readonly_dir=ns.readonly_dir,
         poll_interval=ns.poll_interval,
         resync_seconds=ns.resync_seconds,
+        ha_identity=ns.ha_identity,
     )
     return settings, str(ns.log_level), str(ns.log_format)
 
@@ -261,14 +270,28 @@ async def main_async(settings: Settings) -> int:
         if settings.health_listen:
             await tg.start(serve, settings.health_listen, health)
         client: KubeClient | None = None
+        config: ClusterConfig | None = None
+
+        async def connect() -> KubeClient:
+            """The API client, built when first needed (an HA plan may come later than the start)."""
+            nonlocal client, config
+            if client is None:
+                try:
+                    config = await anyio.to_thread.run_sync(
+                        lambda: load(settings.kubeconfig, context=settings.kube_context)
+                    )
+                except ConfigError as exc:
+                    raise UsageError(str(exc)) from exc
+                client = KubeClient(config, user_agent="vpngw-agent")
+            return client
+
+        async def ha_api() -> Api:
+            kube = await connect()
+            return Api(kube, os.environ.get("POD_NAMESPACE") or kube.config.namespace)
+
         if settings.kube_status or settings.follow_configmap:
-            try:
-                config = await anyio.to_thread.run_sync(
-                    lambda: load(settings.kubeconfig, context=settings.kube_context)
-                )
-            except ConfigError as exc:
-                raise UsageError(str(exc)) from exc
-            client = KubeClient(config, user_agent="vpngw-agent")
+            client = await connect()
+            assert config is not None
             if settings.follow_configmap and settings.live_dir:
                 namespace = os.environ.get("POD_NAMESPACE") or config.namespace
                 follower = PlanFollower(
@@ -309,7 +332,17 @@ async def main_async(settings: Settings) -> int:
         same: PlanSource = SameTypePlans(plans, plan.type)
         if settings.readonly_dir is not None:  # the exporter's copy (it mounts nothing else of ours)
             same = CopiedPlans(same, settings.readonly_dir / "plan.json")
-        await backend(settings, same, secrets, sink, health)
+        # The HA role (agent.ha): active forever while the plan has no ha; follows every later plan.
+        identity = settings.ha_identity or os.environ.get("POD_NAME") or socket.gethostname()
+        role = LeaseElector(
+            ha_api,
+            identity,
+            plan.ha,
+            role_file=settings.live_dir / ROLE_FILE if settings.live_dir is not None else None,
+        )
+        tg.start_soon(role.run)
+        same = FollowHa(same, role)
+        await backend(settings, same, secrets, sink, health, role=role)
         tg.cancel_scope.cancel()
     return EXIT_OK
 

@@ -56,6 +56,8 @@ class Settings:
     """How often the plan and secret files are checked for changes (changes apply within 2 s)."""
     resync_seconds: float = 30.0
     """Full status resync even without events, because events can be lost across reconnects."""
+    ha_identity: str | None = None
+    """This pod's name in the HA Lease (``agent.ha``); None: ``$POD_NAME``, else the hostname."""
 
 
 class SecretError(Exception):

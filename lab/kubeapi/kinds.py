@@ -13,9 +13,10 @@ import binascii
 import copy
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from lab.kubeapi.errors import FieldError
+from lab.kubeapi.errors import ApiError, FieldError, bad_request
 from lab.kubeapi.podspec import default_pod_requests
 from lab.kubeapi.resources import ResourceType
 
@@ -257,6 +258,81 @@ def _config_key_errors(key: str) -> list[str]:
         errs.append("must not be '..'")
     elif key.startswith(".."):
         errs.append("must not start with '..'")
+    return errs
+
+
+LEASE_KEY = ("coordination.k8s.io", "leases")
+RFC3339_MICRO = "2006-01-02T15:04:05.000000Z07:00"
+"""apimachinery's ``metav1.RFC3339Micro``, the only layout a ``MicroTime`` is parsed with."""
+_MICRO = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{6})(Z|[+-]\d\d:\d\d)")
+
+
+def micro_time(value: Any) -> str:
+    """A ``metav1.MicroTime`` as kube-apiserver decodes and prints it: ``MicroTime.UnmarshalJSON``
+    (apimachinery v0.35.4 pkg/apis/meta/v1/micro_time.go) is ``time.Parse(RFC3339Micro, s)``, so exactly six
+    fraction digits and a ``Z`` or ``+hh:mm`` zone, nothing else (no ``Z`` without a fraction, no nano
+    seconds); it is printed back in UTC. Raises ValueError with the reason (Go's words are not copied)."""
+    if not isinstance(value, str):
+        raise ValueError(f"json: cannot unmarshal {type(value).__name__} into Go value of type string")
+    m = _MICRO.fullmatch(value)
+    if m is None:
+        raise ValueError(f'parsing time "{value}" as "{RFC3339_MICRO}": cannot parse it')
+    y, mo, d, h, mi, sec, frac, zone = m.groups()
+    tz = UTC
+    if zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        tz = timezone(sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
+    try:
+        t = datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), int(frac), tzinfo=tz)
+    except ValueError as exc:
+        raise ValueError(f'parsing time "{value}": {exc}') from None
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def decode_lease(obj: dict[str, Any], version: str) -> None:
+    """A Lease decoded into its Go type: ``acquireTime``/``renewTime`` parsed as MicroTime (a 400 when they
+    do not parse, as kube-apiserver v1.35.4 answers: ``Lease in version "v1" cannot be handled as a Lease:
+    parsing time ...``) and stored in UTC; ``null`` ones dropped (omitempty)."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for key in ("acquireTime", "renewTime"):
+        if key not in spec:
+            continue
+        if spec[key] is None:
+            del spec[key]
+            continue
+        try:
+            spec[key] = micro_time(spec[key])
+        except ValueError as exc:
+            raise _lease_bad_request(version, str(exc)) from None
+
+
+def _lease_bad_request(version: str, why: str) -> ApiError:
+    return bad_request(f'Lease in version "{version}" cannot be handled as a Lease: {why}')
+
+
+def validate_lease(obj: Mapping[str, Any]) -> list[FieldError]:
+    """``ValidateLeaseSpec`` (kubernetes v1.35.4 pkg/apis/coordination/validation/validation.go), its two
+    numeric rules: ``leaseDurationSeconds`` > 0 and ``leaseTransitions`` >= 0 when set. (``strategy`` and
+    ``preferredHolder`` are not modelled.)"""
+    spec = obj.get("spec") or {}
+    errs: list[FieldError] = []
+    duration, transitions = spec.get("leaseDurationSeconds"), spec.get("leaseTransitions")
+    if isinstance(duration, int) and duration <= 0:
+        errs.append(
+            FieldError("spec.leaseDurationSeconds", "Invalid value", "must be greater than 0", duration, True)
+        )
+    if isinstance(transitions, int) and transitions < 0:
+        errs.append(
+            FieldError(
+                "spec.leaseTransitions",
+                "Invalid value",
+                "must be greater than or equal to 0",
+                transitions,
+                True,
+            )
+        )
     return errs
 
 

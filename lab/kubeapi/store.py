@@ -447,6 +447,8 @@ class Store:
             podspec.decode_pod_spec(decoding, spec, ".".join(spec_path))
             if warnings is not None:
                 warnings.extend(decoding.warnings)
+        if rtype.key == kinds.LEASE_KEY:
+            kinds.decode_lease(obj, version or rtype.version)
         kinds.apply_defaults(rtype, obj)
         for mutate in self.mutators:
             mutate(rtype.key, obj)
@@ -456,6 +458,8 @@ class Store:
             errs += kinds.fold_secret(obj)
         if rtype.key == ("", "configmaps"):
             errs += kinds.validate_config_map(obj)
+        if rtype.key == kinds.LEASE_KEY:
+            errs += kinds.validate_lease(obj)
         if rtype.key == ("", "events") and old is None:
             errs += kinds.validate_event_namespace(obj)
         if old is not None:

@@ -1,0 +1,332 @@
+"""The HA elector's rules (``agent.election``, pure): fencing by the holder's own clock, expiry by the
+contender's own observation (never by ``renewTime`` against a local clock), takes and renewals as updates
+with the resourceVersion read, ``ha`` appearing on a serving pod, the release, and the Lease's wire
+format."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from agent.election import (
+    LeaseView,
+    Memory,
+    decide,
+    lease_update,
+    margin,
+    micro_time,
+    next_wait,
+    release,
+    renew_deadline,
+    renew_period,
+    request_budget,
+    role,
+    settle,
+    view,
+)
+from gwplan import Ha
+
+HA = Ha(lease="gw-ha")  # duration 3 s, renew 1 s: margin 1 s, deadline 2 s
+ME, OTHER = "gw-a-7d9f-x1", "gw-b-5c4e-y2"
+
+
+def lease(
+    holder: str = "", renew: str | None = "2026-12-03T16:00:00.123456Z", rv: str = "10", **spec: Any
+) -> LeaseView:
+    return view(
+        {
+            "metadata": {"name": "gw-ha", "resourceVersion": rv},
+            "spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": 3, **spec},
+        }
+    )
+
+
+# --- timings ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "duration, renew, want_margin, want_deadline, want_period",
+    [
+        pytest.param(3, 1.0, 1.0, 2.0, 1.0, id="defaults"),
+        pytest.param(3, 0.2, 0.5, 2.5, 0.2, id="fast-renew-margin-floor"),
+        pytest.param(3, 2.0, 1.5, 1.5, 0.75, id="slow-renew-capped-at-half-the-duration"),
+        pytest.param(1, 0.9, 0.5, 0.5, 0.25, id="tiny-duration-two-tries-in-the-window"),
+        pytest.param(15, 2.0, 2.0, 13.0, 2.0, id="client-go-like"),
+    ],
+)
+def test_margin_deadline_and_period(
+    duration: int, renew: float, want_margin: float, want_deadline: float, want_period: float
+) -> None:
+    ha = Ha("l", duration, renew)
+    assert (margin(ha), renew_deadline(ha), renew_period(ha)) == (want_margin, want_deadline, want_period)
+    assert renew_period(ha) * 2 <= renew_deadline(ha) < duration
+
+
+def test_micro_time_has_exactly_six_fraction_digits_in_utc() -> None:
+    assert micro_time(0) == "1970-01-01T00:00:00.000000Z"
+    assert micro_time(1796313600.123456) == "2026-12-03T16:00:00.123456Z"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", micro_time(1796313600.5))
+
+
+# --- rule 1: the holder is fenced by its own clock ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "renewed_at, now, want",
+    [
+        pytest.param(None, 5.0, "standby", id="never-renewed"),
+        pytest.param(100.0, 100.0, "active", id="just-sent"),
+        pytest.param(100.0, 101.999, "active", id="just-before-the-deadline"),
+        pytest.param(100.0, 102.0, "standby", id="at-the-deadline"),
+        pytest.param(100.0, 150.0, "standby", id="long-cut-off"),
+    ],
+)
+def test_the_holder_is_active_only_within_its_deadline(
+    renewed_at: float | None, now: float, want: str
+) -> None:
+    assert role(Memory(renewed_at=renewed_at), HA, now) == want
+
+
+def test_a_holder_reading_its_own_lease_renews_and_is_fenced_past_its_deadline_whatever_the_lease_says() -> (
+    None
+):
+    ours = lease(ME)
+    fresh = decide(Memory(renewed_at=100.0), ours, ME, HA, 101.0)
+    assert (fresh.role, fresh.action) == ("active", "renew")
+    stale = decide(Memory(renewed_at=100.0), ours, ME, HA, 102.5)
+    assert (stale.role, stale.action) == ("standby", "renew")
+    assert stale.why.startswith("not renewed for 2.50 s")
+
+
+def test_a_successful_renewal_counts_from_when_it_was_sent_not_answered() -> None:
+    mem = Memory(renewed_at=100.0)
+    slow = settle(mem, "renew", "ok", sent_at=101.0, ha=HA, now=102.9)  # answered 1.9 s after sending
+    assert slow.memory.renewed_at == 101.0 and slow.role == "active"
+    too_slow = settle(mem, "renew", "ok", sent_at=101.0, ha=HA, now=103.0)
+    assert too_slow.memory.renewed_at == 101.0 and too_slow.role == "standby"
+
+
+@pytest.mark.parametrize("outcome", ["failed", "conflict"])
+def test_a_renewal_that_did_not_succeed_leaves_the_clock_running(outcome: str) -> None:
+    mem = Memory(renewed_at=100.0)
+    within = settle(mem, "renew", outcome, sent_at=101.0, ha=HA, now=101.5)  # type: ignore[arg-type]
+    assert within.memory.renewed_at == 100.0 and within.role == "active"
+    past = settle(mem, "renew", outcome, sent_at=101.5, ha=HA, now=102.0)  # type: ignore[arg-type]
+    assert past.role == "standby"
+
+
+def test_the_loop_wakes_at_the_fence_instant_and_requests_never_outlast_it() -> None:
+    mem = Memory(renewed_at=100.0)
+    assert next_wait(mem, HA, 100.0) == 1.0  # the renew period
+    assert next_wait(mem, HA, 101.8) == pytest.approx(0.2)  # not past the fence instant
+    assert next_wait(mem, HA, 101.0, "failed") == 0.5  # retries sooner after a failure
+    assert next_wait(mem, HA, 101.0, "conflict") == 0.0  # re-reads at once to learn who changed it
+    assert next_wait(Memory(), HA, 101.0) == 1.0  # standby: every renewSeconds
+    assert request_budget(mem, HA, 100.0) == 2.0
+    assert request_budget(mem, HA, 101.5) == pytest.approx(0.5)
+    assert request_budget(mem, HA, 103.0) == 0.05  # past it: the least, the role is standby anyway
+    assert request_budget(Memory(), HA, 0.0) == renew_deadline(HA)
+
+
+# --- rule 2: expiry by the contender's own observation ------------------------------------------------------
+
+
+def walk(
+    reads: list[tuple[float, LeaseView | None]], mem: Memory | None = None
+) -> list[tuple[float, str, str]]:
+    """Feeds reads to ``decide`` as the loop does: (now, role, action) of each."""
+    mem = mem or Memory()
+    out: list[tuple[float, str, str]] = []
+    for now, seen in reads:
+        step = decide(mem, seen, ME, HA, now)
+        mem = step.memory
+        out.append((now, step.role, step.action))
+    return out
+
+
+@pytest.mark.parametrize(
+    "renew",
+    [
+        pytest.param("2026-12-03T16:00:00.123456Z", id="renewTime-now-ish"),
+        pytest.param("2001-01-01T00:00:00.000000Z", id="renewTime-far-in-the-past"),
+        pytest.param("2099-12-31T23:59:59.999999Z", id="renewTime-far-in-the-future"),
+        pytest.param(None, id="renewTime-unset"),
+    ],
+)
+def test_a_held_lease_is_taken_only_after_a_whole_duration_unchanged_by_our_own_clock(
+    renew: str | None,
+) -> None:
+    held = lease(OTHER, renew)
+    got = walk([(50.0, held), (51.0, held), (52.999, held), (53.0, held)])
+    assert got == [
+        (50.0, "standby", "none"),  # first sight: whatever renewTime says, the clock starts now
+        (51.0, "standby", "none"),
+        (52.999, "standby", "none"),
+        (53.0, "standby", "take"),
+    ]
+
+
+def test_a_renewal_seen_restarts_the_wait() -> None:
+    got = walk(
+        [
+            (50.0, lease(OTHER, "2026-12-03T16:00:00.000000Z", rv="1")),
+            (52.5, lease(OTHER, "2026-12-03T16:00:01.000000Z", rv="2")),  # renewed
+            (55.0, lease(OTHER, "2026-12-03T16:00:01.000000Z", rv="2")),
+            (55.5, lease(OTHER, "2026-12-03T16:00:01.000000Z", rv="2")),
+        ]
+    )
+    assert [a for _, _, a in got] == ["none", "none", "none", "take"]
+
+
+def test_a_new_holder_restarts_the_wait_even_with_the_same_renew_time() -> None:
+    same = "2026-12-03T16:00:00.000000Z"
+    got = walk([(50.0, lease(OTHER, same)), (52.0, lease("third", same)), (53.0, lease("third", same))])
+    assert [a for _, _, a in got] == ["none", "none", "none"]
+
+
+def test_the_holders_own_duration_is_waited_for() -> None:
+    long = lease(OTHER, leaseDurationSeconds=10)
+    got = walk([(0.0, long), (3.0, long), (9.9, long), (10.0, long)])
+    assert [a for _, _, a in got] == ["none", "none", "none", "take"]
+
+
+def test_a_free_lease_is_taken_at_once_and_an_absent_one_never() -> None:
+    assert walk([(0.0, lease(""))]) == [(0.0, "standby", "take")]
+    step = decide(Memory(renewed_at=100.0), None, ME, HA, 100.5)
+    assert (step.role, step.action, step.memory) == ("standby", "none", Memory())
+    assert "does not exist" in step.why
+
+
+def test_a_holder_that_reads_another_holder_is_standby_at_once() -> None:
+    step = decide(Memory(renewed_at=100.0), lease(OTHER), ME, HA, 100.5)
+    assert (step.role, step.action, step.memory.renewed_at) == ("standby", "none", None)
+
+
+# --- rule 3: updates with the resourceVersion read; a 409 loses the race ------------------------------------
+
+
+def test_a_take_that_meets_a_conflict_is_standby_even_for_a_serving_pod() -> None:
+    step = settle(Memory.serving(100.0), "take", "conflict", sent_at=100.1, ha=HA, now=100.2)
+    assert (step.role, step.memory.renewed_at) == ("standby", None)
+    won = settle(Memory(), "take", "ok", sent_at=100.1, ha=HA, now=100.2)
+    assert (won.role, won.memory.renewed_at) == ("active", 100.1)
+
+
+def test_the_update_carries_the_resource_version_read_and_the_lease_fields() -> None:
+    read: dict[str, Any] = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "gw-ha", "namespace": "ns", "resourceVersion": "42"},
+        "spec": {
+            "holderIdentity": OTHER,
+            "leaseDurationSeconds": 3,
+            "acquireTime": "2026-12-03T15:00:00.000000Z",
+            "renewTime": "2026-12-03T15:59:00.000000Z",
+            "leaseTransitions": 4,
+        },
+    }
+    t = 1796313600.123456
+    took = lease_update(read, "take", ME, HA, t)
+    assert took["metadata"] == read["metadata"]
+    assert took["spec"] == {
+        "holderIdentity": ME,
+        "leaseDurationSeconds": 3,
+        "acquireTime": "2026-12-03T16:00:00.123456Z",
+        "renewTime": "2026-12-03T16:00:00.123456Z",
+        "leaseTransitions": 5,
+    }
+    renewed = lease_update(took, "renew", ME, HA, t + 1)
+    assert renewed["spec"]["acquireTime"] == "2026-12-03T16:00:00.123456Z"
+    assert renewed["spec"]["renewTime"] == "2026-12-03T16:00:01.123456Z"
+    assert renewed["spec"]["leaseTransitions"] == 5
+    released = lease_update(renewed, "release", ME, HA, t + 2)
+    assert released["spec"]["holderIdentity"] == "" and released["spec"]["leaseDurationSeconds"] == 1
+    assert released["spec"]["leaseTransitions"] == 5
+    assert read["spec"]["holderIdentity"] == OTHER, "the read Lease is left alone"
+    fresh = lease_update({"metadata": {"name": "gw-ha", "resourceVersion": "1"}}, "take", ME, HA, t)
+    assert fresh["spec"]["leaseTransitions"] == 1
+    with pytest.raises(ValueError):
+        lease_update(read, "none", ME, HA, t)
+
+
+def test_view_reads_what_the_controller_created_and_what_a_holder_wrote() -> None:
+    empty = view({"metadata": {"resourceVersion": "7"}, "spec": {}})
+    assert empty == LeaseView(holder="", renew_time=None, duration=None, transitions=0, resource_version="7")
+    assert view({}).holder == ""
+    assert view({"spec": {"leaseDurationSeconds": 0}}).duration is None
+
+
+# --- rule 4: ha appearing on a serving pod ------------------------------------------------------------------
+
+
+def test_a_serving_pod_whose_plan_gains_ha_stays_active_while_it_takes_the_free_lease() -> None:
+    mem = Memory.serving(100.0)
+    step = decide(mem, lease(""), ME, HA, 100.1)
+    assert (step.role, step.action) == ("active", "take")
+    took = settle(step.memory, "take", "ok", sent_at=100.1, ha=HA, now=100.15)
+    assert took.role == "active"
+
+
+def test_a_serving_pod_whose_plan_gains_ha_goes_standby_when_another_pod_holds_the_lease() -> None:
+    step = decide(Memory.serving(100.0), lease(OTHER), ME, HA, 100.1)
+    assert (step.role, step.action) == ("standby", "none")
+
+
+def test_a_serving_pod_that_cannot_reach_the_api_is_fenced_at_the_deadline() -> None:
+    assert role(Memory.serving(100.0), HA, 101.9) == "active"
+    assert role(Memory.serving(100.0), HA, 102.0) == "standby"
+
+
+def test_a_pod_starting_with_ha_starts_standby() -> None:
+    assert role(Memory(), HA, 0.0) == "standby"
+
+
+# --- rule 7: release ----------------------------------------------------------------------------------------
+
+
+def test_only_the_holder_releases() -> None:
+    assert release(lease(ME), ME) == "release"
+    assert release(lease(OTHER), ME) == "none"
+    assert release(lease(""), ME) == "none"
+    assert release(None, ME) == "none"
+    step = settle(Memory(renewed_at=100.0), "release", "ok", sent_at=100.5, ha=HA, now=100.6)
+    assert (step.role, step.memory.renewed_at) == ("standby", None)
+
+
+# --- the whole argument: a cut-off holder stops before anyone takes over ------------------------------------
+
+
+@pytest.mark.parametrize("ha", [HA, Ha("l", 3, 0.2), Ha("l", 3, 2.0), Ha("l", 1, 0.9), Ha("l", 15, 2.0)])
+@pytest.mark.parametrize("phase", [0.0, 0.01, 0.33, 0.5, 0.99])
+@pytest.mark.parametrize("latency", [0.0, 0.3])
+def test_a_partitioned_holder_is_fenced_a_margin_before_the_contender_takes_over(
+    ha: Ha, phase: float, latency: float
+) -> None:
+    """The holder renews every period from 0 (each renewal stored ``latency`` after it was sent) until its
+    last at about 20 s; then nothing of it reaches the API. The contender reads every ``renewSeconds`` from
+    ``phase``."""
+    last = 20.0
+    sends = [k * renew_period(ha) for k in range(int(last / renew_period(ha)) + 1)]
+
+    def stored(now: float) -> LeaseView:
+        n = sum(1 for t in sends if t + latency <= now)
+        return lease(
+            OTHER, micro_time(1796313600 + n), rv=str(n), leaseDurationSeconds=ha.lease_duration_seconds
+        )
+
+    holder = Memory(renewed_at=sends[-1])
+    fenced = sends[-1] + renew_deadline(ha)
+    assert role(holder, ha, fenced - 1e-6) == "active" and role(holder, ha, fenced) == "standby"
+    mem, k, took = Memory(), 0, None
+    while took is None:
+        now = phase + k * ha.renew_seconds
+        step = decide(mem, stored(now), ME, ha, now)
+        mem = step.memory
+        if step.action == "take":
+            took = now
+        k += 1
+    assert took >= fenced + margin(ha) - 1e-9, (fenced, took)
+    # The contender sees the last renewal at its next read, and takes at its first read a duration later.
+    assert took <= fenced + margin(ha) + latency + 2 * ha.renew_seconds + 1e-9, "and no later than it must"
