@@ -214,8 +214,9 @@ class WireGuardAgent:
         self.role: Role = role.current
         self._kick = False
         """A promotion's handshake kick is owed (done once the link is up again)."""
-        self._fence = False
-        """A demotion's session reset is owed (done once the link is down)."""
+        self._fence = self.role == "standby"
+        """A demotion's session reset is owed (done once the link is down); also at a start as standby: the
+        device may hold sessions from before this process (an agent restarted in a fenced pod)."""
         self.secrets = secrets
         self.sink = sink
         self.health = health
