@@ -148,8 +148,26 @@ async def bench_ipsec(sites_n: int, rounds: int) -> None:
                     f"promotion->first initiate {ms(first[-1])} ms, ->all {sites_n} up {ms(all_up[-1])} ms"
                 )
                 await anyio.sleep(1.0)
+            # A fence while the promotion's initiations are in flight (charon busy with them): from the
+            # fence to no IKE_SA at the gateway, which then stays so for a second (the sweep).
+            role.set("standby")
+            await anyio.to_thread.run_sync(lambda: poll_until(lambda: sas_at(lab.gw) == []))
+            await anyio.sleep(1.0)
+            flap = []
+            for _ in range(rounds):
+                role.set("active")
+                await anyio.to_thread.run_sync(lambda: poll_until(lambda: len(sas_at(lab.gw)) >= 1, 10))
+                t0 = time.monotonic()
+                role.set("standby")
+                t = await anyio.to_thread.run_sync(lambda: poll_until(lambda: sas_at(lab.gw) == []))
+                flap.append(t - t0)
+                await anyio.sleep(1.0)
+                late = await anyio.to_thread.run_sync(lambda: sas_at(lab.gw))
+                print(f"ipsec fence mid-initiation: no SA {ms(flap[-1])} ms; 1 s later: {len(late)} IKE_SA")
+                await anyio.sleep(0.5)
             tg.cancel_scope.cancel()
         print(f"IPsec, {sites_n} sites, charon 5.9.8 kernel-libipsec:")
+        summary("fence while initiations are in flight -> no IKE_SA at the gateway", flap)
         summary("fence -> no IKE_SA at the gateway", gone)
         summary("fence -> keeper's ha.fenced (terminates done)", fenced)
         summary("promotion -> first initiate", first)
