@@ -102,3 +102,11 @@ def test_the_role_file_toggles_the_nic2_drop_and_absence_is_active(
     role.unlink()
     wait_for(lambda: not standby_lines(lab), 5, "no role file: active again")
     wait_for(lambda: status_role(status) == "active", 5, "the status file to say active")
+
+    # A refused plan keeps the last good ruleset in force, and a role change still reaches it.
+    tmp = plan_file.with_name(".plan.tmp")
+    tmp.write_bytes(b"{ not a plan")
+    os.replace(tmp, plan_file)
+    wait_for(lambda: "initnat.rejected" in procs.output("initnat"), 5, "the bad plan refused")
+    write_role(role, "standby\n")
+    wait_for(lambda: standby_lines(lab), 5, "the drop, on the plan in force")
