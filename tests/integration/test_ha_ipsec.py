@@ -218,3 +218,39 @@ async def test_a_standby_never_initiates_nor_answers_and_serves_only_once_promot
         assert keeper.fenced >= 2
         tg.cancel_scope.cancel()
     assert PSK not in procs.output("initnat")
+
+
+async def test_without_init_nats_drop_a_standby_cuts_what_a_peer_set_up_with_it(lab: Lab) -> None:
+    """Defense in depth: with no init-nat (no drop), charon answers the site's initiation; the keeper's
+    standby sweep (link.standby_sweep) terminates that IKE_SA at once, at both ends."""
+    site = lab.add_site()
+    lab.start_charon(lab.gw)
+    lab.start_charon(site)
+    await setup_site(lab, site)
+    sink = ListSink()
+    keeper = Keeper(
+        lab.gw.charon.vici_socket,  # type: ignore[union-attr]
+        StaticPlans(ha_plan(lab, [site])),
+        PskSecrets(PSK.encode()),
+        sink,
+        HealthState(stale_after=60),
+        timing=Timing(poll_interval=0.2, resync_seconds=2),
+        role=ManualRole("standby"),
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await wait_for_async(lambda: tunnel_states(sink) == {site.role: "Standby"}, 15, "the tunnel Standby")
+        assert site.charon is not None
+        async with await ViciSession.connect(site.charon.vici_socket) as v:
+            _, reply = await v.stream(
+                "initiate", {"child": "gw-0", "timeout": "5000"}, "control-log", check=False, timeout=10
+            )
+        assert reply.get("success") == "yes", "without the drop, charon answers (the IKE_SA came up)"
+
+        async def gone() -> bool:
+            return await ike_sas(lab.gw) == {} and await ike_sas(site) == {}
+
+        await wait_for_async(gone, 10, "the answered SA cut at both ends")
+        assert keeper.fenced >= 1, "by the standby's sweep"
+        await wait_for_async(lambda: tunnel_states(sink) == {site.role: "Standby"}, 10, "Standby again")
+        tg.cancel_scope.cancel()
