@@ -21,6 +21,7 @@ lab (needs root); prints numbers, asserts nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import sys
@@ -45,7 +46,7 @@ from gwkit.wireguard.netdev import IpRouteNetDev
 from gwplan import dumps
 from lab import netns
 from lab.peers import keypair
-from lab.wait import wait_for_async
+from lab.wait import wait_for, wait_for_async
 from lab.world import Host, Lab
 from tests.integration.test_agent_ipsec import PSK, setup_site
 from tests.integration.test_ha_ipsec import ManualRole, PskSecrets, ha_plan
@@ -95,13 +96,8 @@ def sas_at(host: Host) -> list[str]:
 
 
 def poll_until(cond: Callable[[], bool], timeout: float = 30.0, interval: float = 0.005) -> float:
-    """Monotonic time ``cond`` first held (polled in this thread)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return time.monotonic()
-        time.sleep(interval)
-    raise TimeoutError("condition not reached")
+    """Monotonic time ``cond`` first held (``lab.wait.wait_for`` in this thread)."""
+    return wait_for(lambda: cond() and time.monotonic(), timeout, "the measured condition", interval=interval)
 
 
 async def bench_ipsec(sites_n: int, rounds: int) -> None:
@@ -134,7 +130,8 @@ async def bench_ipsec(sites_n: int, rounds: int) -> None:
                 t0 = time.monotonic()
                 role.set("standby")
                 t = await anyio.to_thread.run_sync(lambda: poll_until(lambda: sas_at(lab.gw) == []))
-                await wait_for_async(lambda t0=t0: marks.first("ha.fenced", t0), 10, "the fence's line")
+                fence_line = functools.partial(marks.first, "ha.fenced", t0)
+                await wait_for_async(fence_line, 10, "the fence's line")
                 gone.append(t - t0)
                 fenced.append((marks.first("ha.fenced", t0) or t0) - t0)
                 await anyio.sleep(1.0)
@@ -174,6 +171,15 @@ async def bench_ipsec(sites_n: int, rounds: int) -> None:
         summary(f"promotion -> all {sites_n} ESTABLISHED", all_up)
 
 
+def applied(procs: Procs, role: str, before: int) -> bool:
+    """init-nat logged one more apply with ``role`` in force than ``before``."""
+    return procs.output("initnat").count(f"role={role}") > before
+
+
+def all_since(handshakes: Callable[[], list[float | None]], since: float) -> bool:
+    return all(h is not None and h >= since for h in handshakes())
+
+
 def bench_initnat(rounds: int) -> None:
     with Lab(pod_mode=True, nic2_name="ens7") as lab, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -195,7 +201,7 @@ def bench_initnat(rounds: int) -> None:
                 tmp_file.write_text(want + "\n")
                 written = time.time()
                 tmp_file.replace(role_file)
-                poll_until(lambda w=want, c=count: procs.output("initnat").count(f"role={w}") > c, 10, 0.01)
+                poll_until(functools.partial(applied, procs, want, count), 10, 0.01)
                 line = [x for x in procs.output("initnat").splitlines() if f"role={want}" in x][-1]
                 stamp = datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
                 took.append(stamp - written)
@@ -245,9 +251,8 @@ async def bench_wireguard(sites_n: int, rounds: int) -> None:
             for i in range(rounds):
                 t0, wall0 = time.monotonic(), time.time()
                 role.set("active")
-                await anyio.to_thread.run_sync(
-                    lambda w=wall0: poll_until(lambda: all(h and h >= w for h in handshakes()), 20)
-                )
+                since = functools.partial(all_since, handshakes, wall0)
+                await anyio.to_thread.run_sync(poll_until, since, 20.0)
                 last = await anyio.to_thread.run_sync(handshakes)
                 up.append(max(h or 0 for h in last) - wall0)
                 await anyio.sleep(1.0)
