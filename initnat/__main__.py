@@ -54,6 +54,8 @@ FAILED = (IptablesError, RoutingError, ConntrackError, SysctlError, OSError)
 Resolver = dns.Lookup
 IPV6_PRESENT = "net.ipv6.conf.all.disable_ipv6"
 """Read (never written) to tell a kernel without IPv6 in this namespace: the file is then missing."""
+ROLE_POLL = 0.05
+"""Seconds between two reads of the role file in --watch (a tiny file: ~20 reads a second cost nothing)."""
 STATUS_FILE = "initnat-status.json"
 """The status file's name next to the plan, when --status-file is not given (report.py)."""
 
@@ -86,6 +88,8 @@ class InForce:
     plan_hash: str
     left_out: tuple[rules.LeftOut, ...] = ()
     kept: tuple[rules.Kept, ...] = ()
+    role: rules.Role = "active"
+    """The HA role whose rules went in (rules.standby_rules)."""
 
 
 @dataclass
@@ -112,14 +116,26 @@ class Gateway:
     addresses: dict[str, IPv4Address] = field(default_factory=dict)
     """targetHost -> the address in force, kept when DNS cannot answer for a moment (rules.keep_last)."""
     in_force: InForce | None = None
+    applied: Plan | None = None
+    """The plan whose rules are in the kernel: a role change is applied to it, even while a newer plan is
+    refused (the last good ruleset stays, with the new role)."""
     ip6tables: Iptables | None = None
     """ip6tables (family ipv6) for rules.ipv6_rules; None: IPv6 is left alone (main always gives one)."""
     ipv6: report.Ipv6 | None = None
     """What the last apply could do about IPv6 (None: not tried)."""
     reported: frozenset[tuple[str, str]] = frozenset()
     """(field, reason) of the exposures left out that were logged already (logged once, not per resync)."""
+    role: rules.Role = "active"
+    """The HA role the next apply puts in force (the role file's, :func:`read_role`); ``in_force.role`` is
+    the one the kernel holds."""
+    answers: dict[str, rules.Answer] | None = None
+    """The target hosts' answers the last apply used (after rules.keep_last), with its kept names: a
+    role-only apply (``resolve=False``) reuses them instead of waiting on DNS."""
+    kept: tuple[rules.Kept, ...] = ()
 
-    def apply(self, plan: Plan) -> None:
+    def apply(self, plan: Plan, *, resolve: bool = True) -> None:
+        """Apply ``plan`` with :attr:`role`. ``resolve`` False: a role change alone, applied with the target
+        hosts' last answers (no DNS round: its deadline would delay the role's rules) when it has them."""
         started = time.monotonic()
         nic_cfg = rules.validate_nic(plan.nic)
         hosts = rules.target_hosts(plan.nat)  # a bad name is refused before DNS is asked about it
@@ -130,8 +146,12 @@ class Gateway:
             )
         nic = find_nic(self.netlink, nic_cfg, mac)
         tunnels = (("wireguard.interface", plan.wireguard.interface),) if plan.wireguard else ()
-        answers = self.lookups.resolve(hosts, self.resolver, self.resolve_timeout) if hosts else {}
-        answers, kept = rules.keep_last(answers, self.addresses)
+        cached = self.answers
+        if not resolve and cached is not None and all(h in cached for h in hosts):
+            answers, kept = {h: cached[h] for h in hosts}, self.kept
+        else:
+            answers = self.lookups.resolve(hosts, self.resolver, self.resolve_timeout) if hosts else {}
+            answers, kept = rules.keep_last(answers, self.addresses)
         wg = plan.wireguard if plan.type == "wireguard" else None
         policy = rules.validate(
             plan.nat,
@@ -144,6 +164,7 @@ class Gateway:
                 nic=nic.name,
                 ipsec=plan.type == "ipsec",
                 wireguard=None if wg is None else (wg.interface, wg.listen_port),
+                standby=self.role == "standby",
             ),
         )
         # What to revoke, each mark with the mask it was SET under: what the previous plan admitted and
@@ -181,7 +202,9 @@ class Gateway:
         self.last = policy
         self.pending_flush = gone
         self.addresses = rules.remember(answers, policy)
-        self.in_force = InForce(plan_hash(plan), policy.left_out, kept)
+        self.answers, self.kept = answers, kept
+        self.in_force = InForce(plan_hash(plan), policy.left_out, kept, self.role)
+        self.applied = plan
         self._report_left_out(policy.left_out, kept)
         ipv6_changed = self._guard_ipv6(policy.guard)  # never raises: reported, not failed
         # Revocation strictly AFTER the rules stopped admitting (LAB-FACTS: else flows get re-tracked).
@@ -192,7 +215,7 @@ class Gateway:
             seconds, changed, count = seconds + self._lift(policy, gone), True, count - len(gone)
         log.info(
             "initnat.applied nic=%s mac=%s address=%s rules=%d changed=%s routing_changed=%s "
-            "revoked_marks=%s left_out=%s restore_s=%.3f total_s=%.3f ipv6=%s ipv6_changed=%s",
+            "revoked_marks=%s left_out=%s restore_s=%.3f total_s=%.3f ipv6=%s ipv6_changed=%s role=%s",
             nic.name,
             mac,
             nic.address,
@@ -205,6 +228,7 @@ class Gateway:
             time.monotonic() - started,
             "-" if self.ipv6 is None else self.ipv6.state,
             ipv6_changed,
+            self.role,
         )
 
     def _guard_ipv6(self, guard: rules.Guard | None) -> bool:
@@ -264,7 +288,12 @@ class Gateway:
         if f is None:
             return report.document(plan_hash=None, last_error=last_error, ipv6=self.ipv6)
         return report.document(
-            plan_hash=f.plan_hash, left_out=f.left_out, kept=f.kept, last_error=last_error, ipv6=self.ipv6
+            plan_hash=f.plan_hash,
+            left_out=f.left_out,
+            kept=f.kept,
+            last_error=last_error,
+            ipv6=self.ipv6,
+            role=f.role,
         )
 
     def _lift(self, policy: Policy, gone: set[rules.Flush]) -> float:
@@ -301,7 +330,30 @@ def _write(status: StatusFile | None, gw: Gateway, last_error: str | None = None
         status.write(gw.status(last_error))
 
 
-def run_once(gw: Gateway, path: Path, status: StatusFile | None = None) -> int:
+def read_role(path: Path | None) -> rules.RoleReading:
+    """The role file's verdict (rules.role_of): no file (or no ``path``: not given) is ``active``; a file
+    that cannot be read stands by, with the reason (fail closed)."""
+    if path is None:
+        return rules.role_of(None)
+    try:
+        return rules.role_of(path.read_bytes())
+    except FileNotFoundError:
+        return rules.role_of(None)
+    except OSError as exc:
+        return rules.RoleReading("standby", f"{path}: cannot read: {exc.strerror or exc}: standing by")
+
+
+def _take_role(gw: Gateway, reading: rules.RoleReading, noted: list[str | None]) -> None:
+    """Set the role the next apply puts in force; log an unreadable role file once per distinct reason."""
+    gw.role = reading.role
+    if reading.error != noted[0]:
+        noted[0] = reading.error
+        if reading.error:
+            log.error("initnat.role_unreadable error=%r role=standby", reading.error)
+
+
+def run_once(gw: Gateway, path: Path, status: StatusFile | None = None, role_file: Path | None = None) -> int:
+    _take_role(gw, read_role(role_file), [None])
     try:
         _, plan = read_plan(path)
         gw.apply(plan)
@@ -329,16 +381,25 @@ def watch(
     poll: float = 0.25,
     resync: float = 30.0,
     status: StatusFile | None = None,
+    role_file: Path | None = None,
+    role_poll: float = ROLE_POLL,
 ) -> int:
     """Apply now, then whenever the plan's bytes change (atomic rename and kubelet's ``..data`` symlink
     swap alike: the path is re-read each poll), and every ``resync`` seconds to repair drift and to ask
     DNS again about target hosts (a name that did not resolve is applied once it does). A bad plan is
     reported once per distinct content and the last good ruleset stays; a failed apply is retried. After
-    each attempt the status file says what is in force (``status``)."""
+    each attempt the status file says what is in force (``status``).
+
+    ``role_file`` (the HA role, docs/ha.md) is read every ``role_poll`` seconds, also between two plan
+    polls: a change ends the pause at once and is applied with the hosts' last answers (no DNS round), so
+    the standby's drops (rules.standby_rules) go in or out within ``role_poll`` plus one apply."""
     seen: str | None = None
     next_sync = 0.0
+    noted: list[str | None] = [None]
+    role_retry = 0.0
     while not stop.is_set():
         now = time.monotonic()
+        _take_role(gw, read_role(role_file), noted)
         try:
             data = path.read_bytes()
             digest = hashlib.sha256(data).hexdigest()[:16]
@@ -347,14 +408,21 @@ def watch(
                 log.error("initnat.rejected plan=%s error=cannot read: %s", path, exc.strerror or exc)
                 _write(status, gw, f"rejected: plan: cannot read {path}: {exc.strerror or exc}")
             seen, next_sync = "unreadable", 0.0
-            stop.wait(poll)
+            _pause(stop, poll, role_poll, gw, role_file)
             continue
-        if digest != seen or now >= next_sync:
+        in_force = gw.in_force
+        role_due = in_force is not None and in_force.role != gw.role and now >= role_retry
+        if digest != seen or now >= next_sync or role_due:
             first_look = digest != seen
+            full = first_look or now >= next_sync
             seen = digest
-            next_sync = now + resync
+            if full:
+                next_sync = now + resync
             try:
-                gw.apply(loads(data))
+                if full or gw.applied is None:
+                    gw.apply(loads(data))
+                else:  # the role alone changed: the plan in force, with the hosts' last answers
+                    gw.apply(gw.applied, resolve=False)
             except NicError as exc:  # NIC2 may still be on its way (a slow attachment): look again
                 next_sync = now + min(resync, 2.0)
                 if first_look:
@@ -372,19 +440,32 @@ def watch(
                 _write(status, gw, f"rejected: {_describe(exc)}")
             except FAILED as exc:
                 next_sync = now + min(resync, 2.0)
+                role_retry = now + min(resync, 2.0)
                 log.error(
                     "initnat.failed plan=%s digest=%s error=%r %s", path, digest, _describe(exc), outcome(exc)
                 )
                 _write(status, gw, f"failed: {_describe(exc)} ({outcome(exc)})")
             except Exception as exc:  # a bug: keep the last good ruleset and the loop alive, say so loudly
                 next_sync = now + min(resync, 2.0)
+                role_retry = now + min(resync, 2.0)
                 log.exception("initnat.failed plan=%s digest=%s error=unexpected %s", path, digest, exc)
                 _write(status, gw, f"failed: unexpected {type(exc).__name__}")
             else:
-                _write(status, gw)
-        stop.wait(poll)
+                _write(status, gw, noted[0] and f"role: {noted[0]}")
+        _pause(stop, poll, role_poll, gw, role_file)
     log.info("initnat.stopped plan=%s", path)
     return EXIT_OK
+
+
+def _pause(stop: threading.Event, poll: float, role_poll: float, gw: Gateway, role_file: Path | None) -> None:
+    """Wait ``poll`` seconds, or less: until ``stop``, or until the role file says another role than the
+    one last read (a new change: one whose apply failed waits for its retry, it does not spin)."""
+    deadline = time.monotonic() + poll
+    while not stop.wait(max(0.0, min(role_poll, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            return
+        if role_file is not None and read_role(role_file).role != gw.role:
+            return
 
 
 EPILOG = """\
@@ -447,6 +528,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"last error); default: {STATUS_FILE} next to --plan",
     )
     p.add_argument(
+        "--role-file",
+        type=Path,
+        help=f"the HA role file (docs/ha.md: 'active' or 'standby', written by the status-agent; absent: "
+        f"active); 'standby' drops IKE, ESP and the WireGuard port on NIC2. Default: {rules.ROLE_FILE} "
+        "next to the status file (in the pod: the live directory)",
+    )
+    p.add_argument(
         "--resolve-timeout",
         type=_seconds(0.1, 30),
         default=2.0,
@@ -506,7 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     variant = detect_variant() if args.iptables == "auto" else args.iptables
     flusher = NetlinkFlusher()
-    status = StatusFile(args.status_file or args.plan.parent / STATUS_FILE)
+    status_path = args.status_file or args.plan.parent / STATUS_FILE
+    status = StatusFile(status_path)
+    role_file = args.role_file or status_path.parent / rules.ROLE_FILE
     with open_netlink() as ipr:
         gw = Gateway(
             iptables=Iptables(variant),
@@ -517,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             resolve_timeout=args.resolve_timeout,
         )
         if not args.watch:
-            return run_once(gw, args.plan, status)
+            return run_once(gw, args.plan, status, role_file)
         stop = threading.Event()
 
         def _stop(signum: int, frame: FrameType | None) -> None:
@@ -527,7 +617,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
         try:
-            return watch(gw, args.plan, stop, poll=args.poll_interval, resync=args.resync, status=status)
+            return watch(
+                gw,
+                args.plan,
+                stop,
+                poll=args.poll_interval,
+                resync=args.resync,
+                status=status,
+                role_file=role_file,
+            )
         finally:
             flusher.close()
 

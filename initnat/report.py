@@ -17,6 +17,9 @@ live directory the status-agent writes the plan to and reads from), and the agen
       ],
       "ipv6": {"state": "guarded"},      IPv6 on NIC2 and the tunnels (rules.ipv6_rules): guarded, absent
                                          (the kernel has none here), or unguarded with its "reason"
+      "role": "active",                  the HA role whose rules are in the kernel (rules.standby_rules:
+                                         "standby" drops IKE/ESP or the WireGuard port on NIC2); absent
+                                         until an apply went in
       "lastError": null,                 the last apply's failure (rejected plan, kernel step), else null
       "updatedAt": "2026-01-01T00:00:00Z"  when the content last changed (the writer adds it)
     }
@@ -69,6 +72,7 @@ def document(
     kept: Iterable[Kept] = (),
     last_error: str | None = None,
     ipv6: Ipv6 | None = None,
+    role: str | None = None,
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "version": VERSION,
@@ -79,6 +83,8 @@ def document(
         ],
         "lastError": last_error,
     }
+    if role is not None:
+        doc["role"] = role
     if ipv6 is not None:
         doc["ipv6"] = {"state": ipv6.state, **({"reason": ipv6.reason} if ipv6.reason else {})}
     return doc

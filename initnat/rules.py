@@ -407,6 +407,10 @@ class Guard:
     wireguard: tuple[str, int] | None = None
     """A WireGuard gateway: (device, listen port). The port comes in on NIC2, decapsulated traffic on the
     device."""
+    standby: bool = False
+    """The pod is its HA pair's standby (the role file says ``standby``, :func:`role_of`): NIC2 drops what
+    the tunnels need (IKE and ESP, or the WireGuard port), ahead of the replies rule, so nobody reaches its
+    charon or device and no flow the pod served while it was active goes on (:func:`standby_rules`)."""
 
 
 @dataclass(frozen=True)
@@ -999,12 +1003,15 @@ def guard_rules(guard: Guard) -> tuple[str, ...]:
       and ESP for an IPsec gateway, the listen port for a WireGuard one; everything else NEW from NIC2
       is dropped (the probe and metrics ports, anything listening on 0.0.0.0).
 
+    A standby (``guard.standby``) drops first what the tunnels need on NIC2 (:func:`standby_rules`).
+
     Traffic from elsewhere (eth0: the kubelet's probes, Prometheus) is left to the cluster's
     NetworkPolicy. OUTPUT: nothing to the metadata service through NIC2 (the node's port is NIC2: the
     cloud's metadata service would answer with the node's instance data)."""
     nic = guard.nic
     replies = "-m conntrack --ctstate RELATED,ESTABLISHED"
-    out = [f"-A {INPUT_CHAIN} {replies} {_c('vpngw replies to the pod')} -j RETURN"]
+    out = [*standby_rules(guard)]
+    out.append(f"-A {INPUT_CHAIN} {replies} {_c('vpngw replies to the pod')} -j RETURN")
     if guard.ipsec:
         out.append(f"-A {INPUT_CHAIN} -m policy --dir in --pol ipsec {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
         out.append(f"-A {INPUT_CHAIN} -i {LIBIPSEC_DEVICES} {_c(_TUNNEL_NOT_FOR_POD)} -j DROP")
@@ -1024,6 +1031,64 @@ def guard_rules(guard: Guard) -> tuple[str, ...]:
     out.append(f"-A {INPUT_CHAIN} -i {nic} {_c('vpngw NIC2 is for the tunnels only')} -j DROP")
     out.append(f"-A {OUTPUT_CHAIN} -d {METADATA}/32 -o {nic} {_c(_NOT_METADATA)} -j DROP")
     return tuple(out)
+
+
+STANDBY = "vpngw HA standby: not serving"
+
+
+def standby_rules(guard: Guard) -> tuple[str, ...]:
+    """The HA standby's drops (docs/ha.md), the first rules of VPNGW-INPUT while ``guard.standby``: on NIC2,
+    IKE (UDP 500, 4500, which also carries kernel-libipsec's ESP-in-UDP) and ESP for an IPsec gateway, the
+    listen port for a WireGuard one. First, ahead of the replies rule: a conntrack entry of a flow the pod
+    served while active (UDP 4500 to a site stays ESTABLISHED while the site keeps sending) must not keep
+    a demoted pod answering. A WireGuard gateway's IKE and ESP are dropped anyway (NIC2 is for its port
+    only). Nothing else changes: the DNAT of exposures stays (only what came through a tunnel is DNATed
+    to an exposure, and a standby has no tunnel), so promotion is this list's removal, nothing more.
+    Empty while active."""
+    if not guard.standby:
+        return ()
+    nic, out = guard.nic, list[str]()
+    if guard.ipsec:
+        out.extend(
+            f"-A {INPUT_CHAIN} -i {nic} -p udp -m udp --dport {p} {_c(STANDBY)} -j DROP" for p in IKE_PORTS
+        )
+        out.append(f"-A {INPUT_CHAIN} -i {nic} -p esp {_c(STANDBY)} -j DROP")
+    if guard.wireguard is not None:
+        out.append(
+            f"-A {INPUT_CHAIN} -i {nic} -p udp -m udp --dport {guard.wireguard[1]} {_c(STANDBY)} -j DROP"
+        )
+    return tuple(out)
+
+
+Role = Literal["active", "standby"]
+ROLE_FILE = "ha-role"
+"""The HA role file's name in the live directory (docs/ha.md): the agent writes ``active`` or ``standby``."""
+
+
+@dataclass(frozen=True)
+class RoleReading:
+    """What the role file says, as init-nat acts on it."""
+
+    role: Role
+    error: str | None = None
+    """Why the file could not be taken at its word (init-nat then stands by: fail closed)."""
+
+
+def role_of(content: bytes | None) -> RoleReading:
+    """The role the file's ``content`` gives (None: there is no file). No file is ``active`` (a gateway
+    without HA never has one); ``active`` or ``standby`` (surrounding whitespace allowed) is that role;
+    anything else (empty, a half-written file, garbage) is ``standby``, with the reason: serving twice is
+    worse than not serving for a moment, and the agent writes the file by atomic rename."""
+    if content is None:
+        return RoleReading("active")
+    text = content.strip()
+    if text == b"active":
+        return RoleReading("active")
+    if text == b"standby":
+        return RoleReading("standby")
+    return RoleReading(
+        "standby", f"{ROLE_FILE}: {_show(text[:40])} is neither active nor standby: standing by"
+    )
 
 
 IPV6_NIC2 = "vpngw no IPv6 on NIC2"

@@ -200,6 +200,7 @@ async def wireguard_agent_status(*, failing: bool) -> dict[str, Any]:
         _published_at=0.0,
         settings=SimpleNamespace(resync_seconds=30.0),
         sink=sink,
+        role="active",
     )
     left_out = {"laptop-c": "Secret wg-c key psk: not found"} if failing else {}
     await agent._publish(cast(Any, SimpleNamespace(peers=peers)), left_out)

@@ -22,6 +22,18 @@ watchdog re-initiates the site tunnels at once (backoffs are reset for a new dae
 
 Secrets: values go from the Secret file straight into ``load-shared`` (field ``data``); only their versions
 (salted digests) are kept, logged or compared.
+
+HA role (``runtime.RoleSource``, docs/ha.md), followed by its own task so a change acts at once, whatever
+VICI call or initiation is in flight:
+
+* standby: connections and credentials loaded as for an active pod (children with ``start_action none``,
+  ``plan.for_role``), no watchdog, no initiation; every refresh terminates whatever IKE_SA charon has
+  (``link.standby_sweep``); tunnels without an SA are reported ``Standby``.
+* active -> standby (fenced: the pod could not renew its Lease): initiations in flight are cancelled and
+  every IKE_SA of every connection is terminated at once (``force``, no wait for the peer), on a session
+  of its own; configurations stay loaded.
+* standby -> active: initiation backoffs are forgotten and the loop is woken without its debounce: the
+  watchdog initiates every site tunnel at once (``Timing.max_initiating`` at a time).
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ import anyio
 import anyio.abc
 
 from agent.ipsec import link
-from agent.ipsec.link import Attempt, Conn, Initiate
+from agent.ipsec.link import Attempt, Conn, Initiate, standby_sweep
 from agent.ipsec.plan import (
     UNKNOWN,
     Cut,
@@ -52,6 +64,7 @@ from agent.ipsec.plan import (
     cuts,
     desired,
     diff,
+    for_role,
     stale_children,
     with_cacerts,
 )
@@ -63,7 +76,16 @@ from agent.ipsec.status import (
     tunnels_status,
     tunnels_summary,
 )
-from agent.runtime import Health, PlanSource, SecretError, Secrets, StatusSink
+from agent.runtime import (
+    ALWAYS_ACTIVE,
+    Health,
+    PlanSource,
+    Role,
+    RoleSource,
+    SecretError,
+    Secrets,
+    StatusSink,
+)
 from gwkit.vici import ViciCommandFailed, ViciError, ViciSession, ViciTimeout, ViciUnavailable
 from gwkit.vici.queries import (
     START_WOBBLE,
@@ -138,11 +160,13 @@ class Keeper:
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         since: Callable[[dict[str, Any]], float | None] = start_time,
         plan_path: Path | None = None,
+        role: RoleSource = ALWAYS_ACTIVE,
     ) -> None:
         """``clock``: monotonic seconds; ``wall``: the wall clock (status timestamps, and with ``clock``
         to take wall-clock steps out of charon's start time); ``since``: charon's start time from a
         ``stats`` reply (a seam: tests shift it to play a wall-clock step against a live charon);
-        ``plan_path``: the plan file, named in the not-ready reason while no plan is usable."""
+        ``plan_path``: the plan file, named in the not-ready reason while no plan is usable; ``role``: the
+        pod's HA role (serve only while ``active``)."""
         self.socket = socket
         self.plans = plans
         self.secrets = secrets
@@ -155,6 +179,13 @@ class Keeper:
         self._wall = wall
         self._since = since
         self.plan_path = plan_path
+        self.roles = role
+        self.role: Role = role.current
+        """The role acted on: set by ``_watch_role`` before anything else is done about a change."""
+        self.fenced = 0
+        """IKE_SAs terminated because the pod went standby (the fence and the sweeps)."""
+        self._initiating: dict[str, anyio.CancelScope] = {}
+        self._urgent = False
 
         self.plan: Plan | None = None
         self.want: Desired | None = None
@@ -198,6 +229,7 @@ class Keeper:
         self._slots = anyio.Semaphore(self.timing.max_initiating)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_plans)
+            tg.start_soon(self._watch_role)
             await self._keep_session()
 
     def _poke(self, refresh: bool = True) -> None:
@@ -221,6 +253,45 @@ class Keeper:
                 plan_hash(plan)[:19],
             )
             self._poke()
+
+    @property
+    def standby(self) -> bool:
+        return self.role == "standby"
+
+    async def _watch_role(self) -> None:
+        async for role in self.roles:
+            if role == self.role:
+                continue
+            before, self.role = self.role, role
+            log.info("ha.role from=%s to=%s", before, role)
+            if role == "standby":
+                for scope in list(self._initiating.values()):
+                    scope.cancel()
+                await self._fence()
+            else:
+                self.attempts.clear()  # every site tunnel at once, not after the backoffs of before
+            self._urgent = True
+            self._poke()
+
+    async def _fence(self) -> None:
+        """Terminate every IKE_SA of every connection at once, on a session of our own (the control
+        session may be in the middle of a call). A failure is logged: the next refresh's sweep (standby)
+        terminates what is left, on whatever charon answers next."""
+        want = self.want
+        names = sorted(set(self.loaded.conns) | set(want.conns if want else ()))
+        started = self._clock()
+        terminated = 0
+        try:
+            async with await self._connect(self.socket, self.timing.call_timeout) as s:
+                s.max_call_timeout = self.timing.call_timeout
+                for name in names:
+                    terminated += await self._terminate_ike(s, name)
+        except ViciError as exc:
+            log.warning("ha.fence_failed error=%r then=sweep", str(exc))
+        self.fenced += terminated
+        log.info(
+            "ha.fenced conns=%d ike_sas=%d ms=%.1f", len(names), terminated, (self._clock() - started) * 1000
+        )
 
     async def _keep_session(self) -> None:
         while True:
@@ -429,10 +500,11 @@ class Keeper:
         )
 
     async def _apply(self, control: ViciSession, *, force_log: bool = False) -> bool:
-        """Apply plan and secret changes; True when something was sent."""
-        want = self.want
-        if want is None:
+        """Apply plan and secret changes (as the role loads them: ``plan.for_role``); True when something
+        was sent."""
+        if self.want is None:
             return False
+        want = for_role(self.want, standby=self.standby)
         versions: dict[str, str] = {}
         for gone in set(self.secret_errors) - set(want.secrets) - set(want.creds):
             self.secret_errors.pop(gone)
@@ -661,10 +733,14 @@ class Keeper:
                 await self._refresh_status(control, tg, started=now)
                 next_resync = now + self.timing.resync_seconds
                 initiating = {t.name for t in self.want.tunnels if t.initiate} if self.want else set()
+                if self.standby:
+                    initiating = set()
                 if self.in_flight or any(
                     s.state != "Established" and s.name in initiating for s in self.statuses
                 ):
                     self._refresh = True  # poll while a site tunnel is coming up or backing off
+                if self.standby and self.sas:
+                    self._refresh = True  # a standby lists until its sweep has left charon no SA
             else:
                 stats = await control.call("stats")  # a hung charon shows up as this call's deadline
                 self._check_daemon(stats)
@@ -674,7 +750,9 @@ class Keeper:
         assert self._wake is not None
         with anyio.move_on_after(seconds):
             await self._wake.wait()
-            await self._sleep(self.timing.debounce)
+            if not self._urgent:  # a role change does not wait for sibling events
+                await self._sleep(self.timing.debounce)
+        self._urgent = False
         self._wake = anyio.Event()
 
     def _sighting(self, stats: dict[str, Any]) -> StartSighting | None:
@@ -725,10 +803,14 @@ class Keeper:
                 check=False,
                 timeout=self.timing.terminate_timeout + self.timing.call_timeout,
             )
+        if self.standby:
+            await self._sweep(control, sas)
         await self._publish(at=started)
         for s in self.statuses:
             if s.state == "Established" and s.name in self.errors:
                 self.errors.pop(s.name)
+        if self.standby:  # checked with no await before the start below: a fence cannot slip between
+            return
         for action in link.watchdog(
             applied.tunnels,
             sas,
@@ -739,7 +821,38 @@ class Keeper:
             self.in_flight.add(action.tunnel)
             tg.start_soon(self._initiate, action)
 
+    async def _sweep(self, control: ViciSession, sas: IkeSas) -> None:
+        """A standby's IKE_SAs, terminated at once (``link.standby_sweep``)."""
+        for uid in standby_sweep(sas):
+            _, reply = await control.stream(
+                "terminate",
+                {"ike-id": uid, "force": "yes", "timeout": "-1"},
+                "control-log",
+                check=False,
+                timeout=self.timing.terminate_timeout + self.timing.call_timeout,
+            )
+            self.fenced += 1
+            log.info(
+                "ha.standby_sweep name=%s ike_uniqueid=%s state=%s terminated=%s",
+                sas[uid].get("name"),
+                uid,
+                sas[uid].get("state"),
+                reply.get("terminated", 0),
+            )
+
     async def _initiate(self, action: Initiate) -> None:
+        """Initiate one tunnel's missing children; cancelled (``_initiating``) when the pod goes standby,
+        also while it waits for a slot."""
+        with anyio.CancelScope() as scope:
+            self._initiating[action.tunnel] = scope
+            try:
+                await self._initiate_children(action)
+            finally:
+                self._initiating.pop(action.tunnel, None)
+        if scope.cancelled_caught:
+            log.info("tunnel.initiate_cancelled name=%s why=standby", action.tunnel)
+
+    async def _initiate_children(self, action: Initiate) -> None:
         t = self.timing
         ok = False
         queued = 0
@@ -748,6 +861,8 @@ class Keeper:
             async with self._slots, await self._connect(self.socket, t.call_timeout) as s:
                 bulk = len(action.children) > t.bulk_children
                 for i, child in enumerate(action.children):
+                    if self.standby:
+                        break
                     # The first child creates the IKE_SA (if none): always wait for it, so the rest reuse it.
                     wait = i == 0 or not bulk
                     if wait:
@@ -818,6 +933,7 @@ class Keeper:
             in_flight=frozenset(self.in_flight),
             carry=self.carry,
             daemon_error=self.daemon_error,
+            standby=self.standby,
         )
         doc = self.status_document()
         self._published_problems = self._problems()

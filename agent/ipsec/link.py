@@ -7,6 +7,9 @@ to a unix socket costs nothing, and a restarted charon must get its configuratio
 Watchdog: a site tunnel (``initiate``) that is not up is initiated, one child after the other, never twice
 at once (``in_flight``), never while charon already has an IKE_SA for it that is still being set up (that
 would make a duplicate IKE_SA), and after a failure only once its backoff has passed.
+
+HA standby (docs/ha.md): the keeper runs no watchdog, and every IKE_SA charon has is one to terminate
+(``standby_sweep``): an initiation that was in flight when the pod was fenced, or a peer charon answered.
 """
 
 from __future__ import annotations
@@ -115,3 +118,14 @@ def watchdog(
         if missing:
             out.append(Initiate(t.name, missing))
     return out
+
+
+GONE_IKE = frozenset({"DESTROYING"})
+
+
+def standby_sweep(sas: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The unique ids of the IKE_SAs a standby terminates (pure): every one in ``sas``
+    (``queries.list_sas``: unique id -> IKE_SA) that is not already being destroyed. A standby serves
+    nobody: it initiates nothing, and one that comes up anyway (an initiation charon had queued when the
+    pod was fenced, a peer answered while init-nat's drop was not in place yet) is cut at once."""
+    return sorted((uid for uid, sa in sas.items() if sa.get("state") not in GONE_IKE), key=str)

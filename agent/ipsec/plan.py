@@ -180,6 +180,40 @@ def desired(plan: Plan) -> Desired:
     return Desired(conns, secrets, plan.ipsec.tunnels, creds, {n: p for n, p in pins.items() if p})
 
 
+QUIET = {"start_action": "none"}
+"""What a standby's children load with: charon starts nothing by itself (``start`` would initiate at load,
+``trap`` on the first packet to the remote subnet). ``dpd_action`` and ``close_action`` act on an existing
+SA only, and a standby has none (the keeper terminates any)."""
+
+
+def for_role(want: Desired, *, standby: bool) -> Desired:
+    """``want`` as a pod in that HA role loads it (pure). Active: as it is. Standby: every child with
+    ``start_action none`` (``QUIET``), so charon never initiates by itself while the agent holds back; the
+    controller renders ``none`` anyway, so for its plans both roles load the same payloads (no reload on a
+    role change: promotion costs no ``load-conn``). ``start_action`` is harmless to a change (``cuts``)."""
+    if not standby:
+        return want
+    conns: dict[str, Mapping[str, Any]] = {}
+    for name, conn in want.conns.items():
+        quiet: dict[str, Any] = {}
+        for n, body in conn.items():
+            children = body.get("children") if isinstance(body, Mapping) else None
+            if not isinstance(children, Mapping) or all(
+                isinstance(c, Mapping) and c.get("start_action", "none") == "none" for c in children.values()
+            ):
+                quiet[n] = body
+                continue
+            quiet[n] = {
+                **body,
+                "children": {
+                    c: {**child, **QUIET} if isinstance(child, Mapping) else child
+                    for c, child in children.items()
+                },
+            }
+        conns[name] = quiet
+    return Desired(conns, want.secrets, want.tunnels, want.creds, want.pins)
+
+
 def _pins(where: str, t: Tunnel, creds: Mapping[str, IkeCertificate | IkePrivateKey]) -> tuple[str, ...]:
     """The ``cert/<id>`` keys ``t``'s peer must chain to; raises PlanRejected when a certificate-authenticated
     tunnel names none (any CA charon holds would vouch for its peer) or names what is not a CA of the plan."""

@@ -29,7 +29,7 @@ async def run(
 ) -> None:
     timing = Timing(poll_interval=settings.poll_interval, resync_seconds=settings.resync_seconds)
     keeper = Keeper(
-        settings.vici_socket, plans, secrets, sink, health, timing=timing, plan_path=settings.plan
+        settings.vici_socket, plans, secrets, sink, health, timing=timing, plan_path=settings.plan, role=role
     )
     if settings.readonly_dir is None:
         await keeper.run()

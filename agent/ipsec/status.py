@@ -27,7 +27,12 @@ from typing import Any, Literal
 
 from gwplan import Tunnel
 
-TunnelState = Literal["Established", "Connecting", "Down", "Failed"]
+TunnelState = Literal["Established", "Connecting", "Down", "Failed", "Standby"]
+STANDBY_REASON = (
+    "standby: this pod is its gateway's HA standby; the active pod serves the tunnel (here it is loaded, "
+    "never initiated, never answered)"
+)
+"""``lastError`` of a standby's tunnel (state ``Standby``): not a fault, so no Connecting, Down or Failed."""
 ACTIVE_CHILD = frozenset({"INSTALLED", "REKEYING"})
 STARTING_CHILD = frozenset({"CREATED", "INSTALLING", "ROUTED", "RETRYING"})
 RETIRED_CHILD = frozenset({"REKEYED", "DELETING", "DELETED", "DESTROYING"})
@@ -147,7 +152,14 @@ def tunnel_status(
     error: str | None,
     in_flight: bool,
     carry: Carry,
+    standby: bool = False,
 ) -> tuple[TunnelStatus, Carry]:
+    """``standby``: the pod is its HA pair's standby: with no IKE_SA the tunnel is ``Standby`` (with
+    ``STANDBY_REASON``), its children Down; an SA that is there (one the keeper is terminating) is
+    reported as it is."""
+    if standby and not ikes:
+        down = tuple(ChildStatus(c.name, c.remote_subnet, "Down") for c in tunnel.children)
+        return TunnelStatus(tunnel.name, "Standby", None, None, Counters(), down, STANDBY_REASON), Carry()
     ike = _pick_ike(ikes)
     sas = [child for sa in ikes for child in (sa.get("child-sas") or {}).values()]
     # Counters: active SAs, plus what retired SAs carried before they were replaced.
@@ -240,10 +252,11 @@ def tunnels_status(
     in_flight: frozenset[str] = frozenset(),
     carry: Mapping[str, Carry] | None = None,
     daemon_error: str | None = None,
+    standby: bool = False,
 ) -> tuple[list[TunnelStatus], dict[str, Carry]]:
     """One status per tunnel of the plan, in plan order. ``sas`` is ``queries.list_sas``'s result
     (``{uniqueid: ike_sa}`` with ``name``), or None when charon could not be asked (``daemon_error``):
-    then every tunnel is Down with that reason."""
+    then every tunnel is Down with that reason. ``standby``: see ``tunnel_status``."""
     carry = carry or {}
     out: list[TunnelStatus] = []
     new_carry: dict[str, Carry] = {}
@@ -267,6 +280,7 @@ def tunnels_status(
             error=errors.get(t.name),
             in_flight=t.name in in_flight,
             carry=carry.get(t.name, Carry()),
+            standby=standby,
         )
         out.append(st)
     return out, new_carry

@@ -9,6 +9,7 @@ normalised networks (``10.0.0.1/24`` and ``10.0.0.0/24`` are the same route for 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 from gwkit.wireguard.model import (
@@ -79,3 +80,46 @@ def diff(want: DesiredDevice, have: DeviceState) -> DeviceUpdate:
     return DeviceUpdate(
         private_key=private_key, listen_port=listen_port, peers=(*removals, *changes), fwmark=fwmark
     )
+
+
+KICK_KEEPALIVE = 1
+"""The keepalive a site peer without one gets for a moment to be kicked (``handshake_kick``): the next step's
+``diff`` puts the plan's 0 back."""
+
+
+def handshake_kick(want: DesiredDevice) -> DeviceUpdate:
+    """Make every site peer (one with a planned endpoint) handshake now (pure): WireGuard handshakes only when
+    it has something to send, and a promoted standby must not wait for traffic. Setting a peer's persistent
+    keepalive from 0 to a value sends a keepalive at once on an up device (wireguard-go's and the kernel's
+    ``set``), which starts the handshake; so each site peer's keepalive goes to 0 and then to its planned
+    value (``KICK_KEEPALIVE`` when that is 0), in one request. Roaming peers are left alone: nowhere to
+    send to."""
+    peers: list[PeerUpdate] = []
+    for p in want.peers:
+        if p.endpoint is None:
+            continue
+        peers.append(PeerUpdate(public_key=p.public_key, persistent_keepalive=0))
+        peers.append(
+            PeerUpdate(public_key=p.public_key, persistent_keepalive=p.persistent_keepalive or KICK_KEEPALIVE)
+        )
+    return DeviceUpdate(peers=tuple(peers))
+
+
+def for_role(want: DesiredDevice, *, standby: bool) -> DesiredDevice:
+    """The device as a pod in that HA role runs it (pure). Active: as planned. Standby: every peer with
+    persistent keepalive 0, so nothing on the device makes it send (no traffic reaches it: its link is
+    down, and with it its routes). Measured here: wireguard-go 0.0.20220316 does not follow its TUN's link
+    state (it keeps its socket, timers and sessions with the link down), so the link alone is not
+    silence; the kernel module is (ndo_stop closes its socket)."""
+    if not standby:
+        return want
+    return dataclasses.replace(
+        want, peers=tuple(dataclasses.replace(p, persistent_keepalive=0) for p in want.peers)
+    )
+
+
+def forget_sessions(have: DeviceState) -> DeviceUpdate:
+    """Remove every peer from the device (pure), which drops its sessions and handshake state: a fenced
+    pod must keep no session a peer could go on using (WireGuard's equivalent of terminating the SAs).
+    The next ``diff`` puts the peers back as planned, with no session."""
+    return DeviceUpdate(peers=tuple(PeerUpdate(public_key=p.public_key, remove=True) for p in have.peers))

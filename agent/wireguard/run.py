@@ -20,6 +20,17 @@ A peer whose preshared key cannot be read is left off the device (removed if it 
 is gateway-level: without it the last good configuration keeps running, and ``status.agent.lastError``
 says why.
 
+HA role (``runtime.RoleSource``, docs/ha.md): a standby keeps the device configured (key, listen port,
+peers with their endpoints) but its link DOWN and every peer's persistent keepalive 0 (``diff.for_role``),
+and reports its peers ``Standby``. So it sends nothing: no route leads into a down device, and no timer
+of its own sends (wireguard-go 0.0.20220316 does not follow its TUN's link state: with the link alone it
+kept sending keepalives; the kernel module closes its socket on down); and it receives nothing: init-nat
+drops the listen port on NIC2 while the role file says standby. A role change wakes the loop at once.
+Demotion (fenced): link down first, then every peer is removed and put back, which drops its sessions
+(``diff.forget_sessions``: none is left for a peer to go on using). Promotion: link up, the routes back
+(the kernel dropped them with the link), the planned keepalives back, and every site peer kicked
+(``diff.handshake_kick``): a keepalive now, so the handshake starts at once, not at the first packet.
+
 Reconnect needs no special state: a dead daemon makes ``get`` raise DeviceUnavailable (not ready, peers
 not Connected); a restarted one reports an empty device, so the very same diff re-applies everything,
 and a changed private key (device reset or rotation) also re-runs the address/route configuration.
@@ -46,6 +57,7 @@ from agent.runtime import (
     Backend,
     Health,
     PlanSource,
+    Role,
     RoleSource,
     SecretError,
     Secrets,
@@ -54,7 +66,7 @@ from agent.runtime import (
 )
 from agent.wireguard import readonly
 from agent.wireguard.config import ConfigError, Desired, desired, hostnames, secret_key
-from agent.wireguard.diff import diff
+from agent.wireguard.diff import diff, for_role, forget_sessions, handshake_kick
 from agent.wireguard.status import peers_status, peers_summary, without_counters
 from gwkit.wireguard.backend import (
     ApplyRejected,
@@ -195,8 +207,16 @@ class WireGuardAgent:
         clock: Clock = time.time,
         monotonic: Clock = time.monotonic,
         resolve_interval: float = 60.0,
+        role: RoleSource = ALWAYS_ACTIVE,
     ) -> None:
         self.settings = settings
+        self.roles = role
+        self.role: Role = role.current
+        self._kick = False
+        """A promotion's handshake kick is owed (done once the link is up again)."""
+        self._fence = self.role == "standby"
+        """A demotion's session reset is owed (done once the link is down); also at a start as standby: the
+        device may hold sessions from before this process (an agent restarted in a fenced pod)."""
         self.secrets = secrets
         self.sink = sink
         self.health = health
@@ -217,7 +237,7 @@ class WireGuardAgent:
         self.available = False
         self._lost_reported: str | None = None
         self._apply_error: str | None = None
-        self._net_applied: tuple[str, str, tuple[str, ...]] | None = None
+        self._net_applied: tuple[str, str, tuple[str, ...], bool] | None = None
         self._net_dirty = True
         self._net_at = 0.0
         self._published: list[dict[str, Any]] | None = None
@@ -240,6 +260,7 @@ class WireGuardAgent:
 
             tg.start_soon(consume)
             tg.start_soon(self.endpoints.run, self.wake_up)
+            tg.start_soon(self._watch_role)
             try:
                 while True:
                     try:
@@ -258,8 +279,23 @@ class WireGuardAgent:
                         await self.backend.aclose()
 
     def wake_up(self) -> None:
-        """Run a step now (a new plan, a newly resolved endpoint)."""
+        """Run a step now (a new plan, a newly resolved endpoint, a role change)."""
         self.wake.set()
+
+    async def _watch_role(self) -> None:
+        async for role in self.roles:
+            if role == self.role:
+                continue
+            log.info("ha.role from=%s to=%s", self.role, role)
+            self.role = role
+            self._kick = role == "active"
+            self._fence = role == "standby"
+            self._net_dirty = True
+            self.wake_up()
+
+    @property
+    def standby(self) -> bool:
+        return self.role == "standby"
 
     async def step(self) -> None:
         self.health.beat()
@@ -351,7 +387,8 @@ class WireGuardAgent:
 
     # --- device ------------------------------------------------------------------------------------------
 
-    async def _sync(self, wg: WireGuard, want: DesiredDevice, left_out: Mapping[str, str]) -> None:
+    async def _sync(self, wg: WireGuard, planned: DesiredDevice, left_out: Mapping[str, str]) -> None:
+        want = for_role(planned, standby=self.standby)
         if self.backend is None:
             try:
                 self.backend = await self.open_backend(wg.interface, self.settings.wireguard_uapi_dir)
@@ -369,6 +406,8 @@ class WireGuardAgent:
                 self._net_dirty = True
             if self.available and not state.has_private_key:
                 log.warning("wireguard.device.reset interface=%s action=reapply", iface)
+            if self._fence and self.standby:
+                state = await self._fence_sessions(backend, wg, iface, state, left_out)
             update = diff(want, state)
             if not update.empty:
                 started = self.monotonic()
@@ -386,6 +425,8 @@ class WireGuardAgent:
             self._apply_error = None
             self.state = state
             await self._configure_net(wg, left_out)
+            if self._kick and not self.standby:
+                await self._kick_site_peers(backend, iface, planned)
         except DeviceUnavailable as exc:
             self._net_dirty = True
             self._lost(str(exc))
@@ -419,13 +460,51 @@ class WireGuardAgent:
             reason += f"; newer input rejected, last good config running: {self.config_error}"
         self.health.set_ready(True, reason)
 
+    async def _fence_sessions(
+        self,
+        backend: WireGuardBackend,
+        wg: WireGuard,
+        iface: str,
+        state: DeviceState,
+        left_out: Mapping[str, str],
+    ) -> DeviceState:
+        """Demotion: the link down first (nothing routed into the device any more), then every session
+        dropped (diff.forget_sessions); the caller's diff puts the peers back. Returns the device's state."""
+        started = self.monotonic()
+        await self._configure_net(wg, left_out)
+        await backend.apply(iface, forget_sessions(state))
+        self._fence = False
+        log.info(
+            "ha.fenced interface=%s peers=%d ms=%.1f",
+            iface,
+            len(state.peers),
+            (self.monotonic() - started) * 1000,
+        )
+        return await backend.get(iface)
+
+    async def _kick_site_peers(self, backend: WireGuardBackend, iface: str, want: DesiredDevice) -> None:
+        """Promotion: every site peer handshakes now (diff.handshake_kick). A peer whose planned keepalive
+        is 0 keeps the kick's until the next step's diff puts 0 back: by then the device has sent it."""
+        kick = handshake_kick(want)
+        started = self.monotonic()
+        if not kick.empty:
+            await backend.apply(iface, kick)
+        self._kick = False
+        log.info(
+            "ha.kicked interface=%s site_peers=%d ms=%.1f",
+            iface,
+            len(kick.peers) // 2,
+            (self.monotonic() - started) * 1000,
+        )
+
     async def _configure_net(self, wg: WireGuard, left_out: Mapping[str, str]) -> None:
         gone = frozenset(left_out)
         if self._routes is None or self._routes[0] is not wg or self._routes[1] != gone:  # once per plan
             ips = (ip for p in wg.peers if p.name not in gone for ip in p.allowed_ips)
             self._routes = (wg, gone, peer_routes(wg.address, ips))  # a left-out peer's LAN: no route
         routes = self._routes[2]
-        target = (wg.interface, wg.address, routes)
+        up = not self.standby
+        target = (wg.interface, wg.address, routes, up)
         now = self.monotonic()
         if (
             not self._net_dirty
@@ -433,15 +512,16 @@ class WireGuardAgent:
             and now - self._net_at < self.settings.resync_seconds
         ):
             return
-        added, removed = await self.netdev.configure(wg.interface, wg.address, routes)
+        added, removed = await self.netdev.configure(wg.interface, wg.address, routes, up=up)
         if added or removed or target != self._net_applied:
             log.info(
-                "wireguard.netdev.configured interface=%s address=%s routes=%d added=%d removed=%d",
+                "wireguard.netdev.configured interface=%s address=%s routes=%d added=%d removed=%d link=%s",
                 wg.interface,
                 wg.address,
-                len(routes),
+                len(routes) if up else 0,
                 added,
                 removed,
+                "up" if up else "down",
             )
         self._net_applied, self._net_dirty, self._net_at = target, False, now
 
@@ -467,7 +547,14 @@ class WireGuardAgent:
         return {"planHash": self.good_plan, "lastError": "; ".join(p for p in problems if p) or None}
 
     async def _publish(self, wg: WireGuard, left_out: Mapping[str, str]) -> None:
-        peers = peers_status(wg.peers, self.state, self.clock(), available=self.available, left_out=left_out)
+        peers = peers_status(
+            wg.peers,
+            self.state,
+            self.clock(),
+            available=self.available,
+            left_out=left_out,
+            standby=self.standby,
+        )
         agent = self._agent_status()
         sig = [*without_counters(peers), agent]
         now = self.monotonic()
@@ -513,7 +600,7 @@ async def run(
 ) -> None:
     """``runtime.Backend`` for WireGuard gateways: runs until cancelled; with ``readonly_dir`` the
     exporter's read-only UAPI socket (``readonly``) beside it."""
-    agent = WireGuardAgent(settings, secrets, sink, health)
+    agent = WireGuardAgent(settings, secrets, sink, health, role=role)
     if settings.readonly_dir is None:
         await agent.run(plans)
         return

@@ -3,7 +3,12 @@
 One entry per planned peer (VPNPeer), in plan order::
 
     {name, publicKey, endpoint, latestHandshake (RFC 3339 UTC, absent if never), bytesIn, bytesOut,
-     allowedIPs, state: Connected | Stale | NeverConnected | Failed, lastError (only with Failed)}
+     allowedIPs, state: Connected | Stale | NeverConnected | Failed | Standby, lastError (with Failed
+     and Standby)}
+
+"Standby": the pod is its gateway's HA standby (docs/ha.md): the device is configured but down, the
+active pod serves the peer; ``lastError`` says so (a Failed peer stays Failed: its key material is
+missing whatever the role).
 
 "Failed": the agent left the peer off the device because its key material is missing or unusable
 (config.Desired.left_out); ``lastError`` says which Secret and why, as an IPsec tunnel's does.
@@ -26,7 +31,11 @@ from gwkit.wireguard.model import DeviceState, PeerState
 from gwplan import WgPeer
 
 CONNECTED_WITHIN = 180.0
-CONNECTED, STALE, NEVER, FAILED = "Connected", "Stale", "NeverConnected", "Failed"
+CONNECTED, STALE, NEVER, FAILED, STANDBY = "Connected", "Stale", "NeverConnected", "Failed", "Standby"
+STANDBY_REASON = (
+    "standby: this pod is its gateway's HA standby; the active pod serves the peer (here the device is "
+    "configured and down)"
+)
 
 
 def rfc3339(ts: float) -> str:
@@ -53,11 +62,12 @@ def peers_status(
     *,
     available: bool = True,
     left_out: Mapping[str, str] | None = None,
+    standby: bool = False,
 ) -> list[dict[str, Any]]:
     """``state`` is the device's latest reading (None: never read). While the device is unavailable
     (``available=False``: daemon dead, interface gone) the last reading is kept for handshake time and
     counters, but no peer is reported Connected. ``left_out``: peer name -> why the agent did not put it
-    on the device (reported Failed with that reason)."""
+    on the device (reported Failed with that reason). ``standby``: every other peer is Standby."""
     left_out = left_out or {}
     on_device: Mapping[str, PeerState] = {p.public_key: p for p in state.peers} if state else {}
     out = []
@@ -76,6 +86,9 @@ def peers_status(
         if p.name in left_out:
             entry["state"] = FAILED
             entry["lastError"] = f"left out: {left_out[p.name]}"
+        elif standby:
+            entry["state"] = STANDBY
+            entry["lastError"] = STANDBY_REASON
         endpoint = (have.endpoint if have else None) or p.endpoint
         if endpoint:
             entry["endpoint"] = endpoint

@@ -129,10 +129,17 @@ class FakeNetDev:
     calls: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
     routes: tuple[str, ...] = ()
     fail: str | None = None
+    up: bool | None = None
+    """The link state last asked for."""
 
-    async def configure(self, interface: str, address: str, routes: tuple[str, ...]) -> tuple[int, int]:
+    async def configure(
+        self, interface: str, address: str, routes: tuple[str, ...], *, up: bool = True
+    ) -> tuple[int, int]:
         if self.fail:
             raise NetDevError(self.fail)
+        self.up = up
+        if not up:
+            routes = ()  # the kernel drops a down device's routes
         self.calls.append((interface, address, routes))
         added, removed = len(set(routes) - set(self.routes)), len(set(self.routes) - set(routes))
         self.routes = routes

@@ -90,9 +90,12 @@ def _claimed_ipv6(wanted: Iterable[str], added: AbstractSet[str]) -> AbstractSet
 
 
 class NetDev(Protocol):
-    async def configure(self, interface: str, address: str, routes: tuple[str, ...]) -> tuple[int, int]:
+    async def configure(
+        self, interface: str, address: str, routes: tuple[str, ...], *, up: bool = True
+    ) -> tuple[int, int]:
         """Address on, link up, exactly ``routes`` (ours) via the device. Returns (added, removed)
-        routes. Raises NetDevError."""
+        routes. Raises NetDevError. ``up`` False (an HA standby): address on, link DOWN, no routes (the
+        kernel drops a down device's IPv4 routes itself; they come back with the next ``up``)."""
         ...
 
 
@@ -125,7 +128,9 @@ class IpRouteNetDev:
     def _ipr(self) -> Any:
         return AsyncIPRoute(netns=self.netns, flags=0) if self.netns else AsyncIPRoute()
 
-    async def configure(self, interface: str, address: str, routes: tuple[str, ...]) -> tuple[int, int]:
+    async def configure(
+        self, interface: str, address: str, routes: tuple[str, ...], *, up: bool = True
+    ) -> tuple[int, int]:
         iface = ipaddress.ip_interface(address)
         try:
             async with self._ipr() as ipr:
@@ -154,7 +159,12 @@ class IpRouteNetDev:
                     }
                     if want not in now:
                         await ipr.addr("add", index=index, address=want[0], prefixlen=want[1])
-                await ipr.link("set", index=index, state="up")
+                # Down, the device sends and receives nothing: wireguard-go closes its UDP socket and stops
+                # its peers on the TUN's down event, the kernel module in its ndo_stop; both open the socket
+                # again on up, and send a keepalive to each peer with persistent keepalive.
+                await ipr.link("set", index=index, state="up" if up else "down")
+                if not up:
+                    return 0, 0
                 # One family at a time, IPv4 first and in full (adds, then deletes): a device without IPv6
                 # (disable_ipv6) refuses IPv6 routes, and that must not leave IPv4 routes of removed peers
                 # in place. An IPv6 failure is reported after IPv4 has converged (not ready, retried).
