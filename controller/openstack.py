@@ -126,6 +126,11 @@ class OpenStackSettings:
     cluster: str | None = None
     """The cluster's identity (``cloudplan.cluster_tag``): tagged on everything, and what ``owned`` lists;
     None: no cluster tag, no cloud-wide sweep."""
+    floating_ip_hold: float = 0.0
+    """Seconds a moved floating IP stays on no port (after Neutron shows it disassociated) before it is
+    associated with the new port: the L3 agent must see it on no port to drop its conntrack entries, or
+    running flows stay on the old port. 0: only the natural gap (the lab's follower, polling every 0.2 s,
+    saw ~0.3 s); raise it where the cloud's L3 agent is measured to miss that."""
 
 
 def server_of(provider_id: str | None) -> str | None:
@@ -577,6 +582,8 @@ class OpenStackCloud:
                         "FloatingIPDisassociate",
                         "floating IP",
                     )
+                    if self.settings.floating_ip_hold > 0:
+                        self._sleep(self.settings.floating_ip_hold)
             else:
                 with _Step("FloatingIPAssociate"):
                     log.info("cloud.fip_associate gateway=%s fip=%s port=%s", key, fip.id, to)

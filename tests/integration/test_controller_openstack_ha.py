@@ -27,7 +27,7 @@ import pytest
 
 from controller.cloud import CloudError, CloudWant, HaWant
 from controller.cloudplan import Slot, cluster_tag, port_name, sweepable, tags
-from controller.openstack import server_of
+from controller.openstack import OpenStackCloud, OpenStackSettings, server_of
 from lab.openstack.fixtures import OpenStackLab
 from lab.openstack.proxy import Fault, Record
 from tests.integration.test_controller_openstack import (
@@ -331,3 +331,27 @@ def test_slot_b_without_a_node_has_an_unattached_port_and_no_fence(lab: OpenStac
     with pytest.raises(CloudError) as err:
         ensure(backend(lab), bad)
     assert err.value.step == "NoProviderID" and "(slot b)" in str(err.value)
+
+
+def test_the_floating_ip_is_held_on_no_port_for_the_configured_time_before_it_is_associated(
+    lab: OpenStackLab,
+) -> None:
+    """``floating_ip_hold``: the backend's sleep (injected here: no timing in tests) runs between the
+    disassociation and the association, never else."""
+    slept: list[tuple[float, int]] = []
+    conn = lab.connect(connect_retries=0, status_code_retries=0)
+    net = lab.cloud
+    settings = OpenStackSettings(
+        net.gateway.network_id,
+        net.external.network_id,
+        net.gateway.subnet_id,
+        "test",
+        floating_ip_hold=1.5,
+    )
+    cloud = OpenStackCloud(conn, settings, sleep=lambda s: slept.append((s, len(fip_writes(lab)))))
+    ensure(cloud, ha_want(lab))
+    assert all(s != 1.5 for s, _ in slept), "nothing moved, nothing held"
+    lab.neutron_proxy.clear_log()
+    ensure(cloud, ha_want(lab, active="b"))
+    assert (1.5, 1) in slept, "held after the disassociation (one floating IP write), before the association"
+    assert [body_port_id(r) for r in fip_writes(lab)] == [None, slot_ports(lab)["b"].id]
