@@ -317,18 +317,21 @@ class OpenStackCloud:
             port = ports[0] if ports else None
             slot_b = [p for p in everything if slot_of(p.tags or []) == "b"]
             address = str((port.fixed_ips or [{}])[0].get("ip_address") or "") if port is not None else ""
+            address_b = str((slot_b[0].fixed_ips or [{}])[0].get("ip_address") or "") if slot_b else ""
             routes_on: list[dict[str, str]] = []
-            if address:
+            routes_b: list[dict[str, str]] = []
+            if address or address_b:
                 transit = self._transit_routers()
                 for router in net.routers():
                     if router.id in transit:
-                        routes_on += [
-                            {"router": str(router.id), "destination": str(r.get("destination"))}
-                            for r in router.routes or []
-                            if r.get("nexthop") == address
-                        ]
+                        for r in router.routes or []:
+                            route = {"router": str(router.id), "destination": str(r.get("destination"))}
+                            if address and r.get("nexthop") == address:
+                                routes_on.append(route)
+                            elif address_b and r.get("nexthop") == address_b:
+                                routes_b.append(route)
             group = groups[0] if groups else None
-        return {
+        facts: dict[str, Any] = {
             "port": None
             if port is None
             else {
@@ -339,14 +342,6 @@ class OpenStackCloud:
                 "device_id": str(port.device_id or ""),
             },
             "ports": len(ports),
-            "slot_b_port": None
-            if not slot_b
-            else {
-                "id": str(slot_b[0].id),
-                "status": str(slot_b[0].status),
-                "address": str((slot_b[0].fixed_ips or [{}])[0].get("ip_address") or ""),
-                "device_id": str(slot_b[0].device_id or ""),
-            },
             "floating_ips": [
                 {"id": str(f.id), "address": str(f.floating_ip_address), "port_id": str(f.port_id or "")}
                 for f in fips
@@ -356,6 +351,15 @@ class OpenStackCloud:
             else {"id": str(group.id), "rules": len(group.security_group_rules or [])},
             "routes": routes_on,
         }
+        if slot_b:  # HA: slot b's port (only then: the facts of a gateway without HA are as they were)
+            facts["slot_b_port"] = {
+                "id": str(slot_b[0].id),
+                "status": str(slot_b[0].status),
+                "address": address_b,
+                "device_id": str(slot_b[0].device_id or ""),
+                "routes": routes_b,
+            }
+        return facts
 
     # --- steps ----------------------------------------------------------------------------------
 

@@ -164,6 +164,10 @@ def test_failover_disassociates_first_then_moves_everything_to_slot_b_and_a_repe
     assert via(lab, address(b)) == VIPS and via(lab, address(a)) == [], "routes via b only"
     assert not lab.nova_proxy.writes(r"."), "no port moved between servers"
     assert state.nic is not None and state.nic.mac == a.mac_address, "nic stays slot a's"
+    facts = anyio.run(cloud.inspect, KEY)  # diagnose's read-only view
+    assert facts["port"]["id"] == a.id and facts["ports"] == 1, "slot b's port is no duplicate of a's"
+    assert facts["slot_b_port"]["id"] == b.id and facts["routes"] == []
+    assert sorted(r["destination"] for r in facts["slot_b_port"]["routes"]) == VIPS
 
     lab.neutron_proxy.clear_log()
     lab.nova_proxy.clear_log()
