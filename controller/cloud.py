@@ -143,8 +143,8 @@ class StaticCloud:
         if missing:
             nic = self.nics.get(name)
             return CloudState(
-                Nic2(nic.mac, nic.address, nic.gateway) if nic is not None else None,
-                None,
+                Nic2(nic.mac, nic.address, nic.gateway) if nic is not None else None,  # HA: slot a serves on
+                nic.public_ip if nic is not None else None,
                 (
                     Condition(
                         CLOUD_READY,

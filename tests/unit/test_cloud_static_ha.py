@@ -110,5 +110,6 @@ def test_with_ha_a_missing_slot_b_entry_is_named_and_slot_a_kept() -> None:
     assert (ready.status, ready.reason) == (False, "NoStaticNIC")
     assert "no entry t/hq#b (slot b of the HA gateway)" in ready.message
     assert state.nic is not None and state.nic_b is None, "slot a's pod keeps its NIC2"
+    assert state.public_ip == "203.0.113.10"
     none = ensure(StaticCloud({}), HaWant("n1", None))
     assert "no entry t/hq or t/hq#b" in none.conditions[0].message and none.nic is None
