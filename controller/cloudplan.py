@@ -13,6 +13,14 @@ From the plan in force and the ClusterLinks that serve the gateway:
 * router extra routes: each reverse exposure's virtual IP /32 via the port's address, on the routers of
   the ClusterLinks that name this gateway only (the seed put them on every link's router: a route into
   one customer's service CIDR on another customer's router).
+
+Warm-standby HA (docs/ha.md) gives a gateway two slots, ``a`` and ``b``, each with its own port. Slot a's
+port is the port a gateway without HA has (its name and tags: enabling HA leaves the running pod's port
+alone); slot b's is named ``<slot a's name>#b`` and tagged ``vpngw-slot:b`` besides. The floating IP,
+the address pairs and the routes' next hop belong to the ACTIVE slot's port only (``slot_pairs``); a
+floating IP on another port is disassociated first, then associated (``floating_ip_updates``): Neutron's
+L3 agent drops a floating IP's conntrack entries on disassociation only, so a one-step move keeps the
+remote sites' running UDP flows (IKE, NAT-T) on the old port.
 """
 
 from __future__ import annotations
@@ -84,6 +92,48 @@ def cluster_tag(cluster: str) -> str:
     """The cluster's identity (its kube-system namespace's uid): what a cloud-wide sweep may touch, so two
     clusters with the same instance name in one project never release each other's gateways."""
     return f"{CLUSTER_TAG}{cluster}"
+
+
+Slot = Literal["a", "b"]
+"""A warm-standby gateway's two slots (docs/ha.md): two pods on two nodes, each with its own port."""
+SLOT_TAG = "vpngw-slot:"
+
+
+def slot_tag(slot: Slot) -> str | None:
+    """The tag slot ``slot``'s port carries besides ``tags``: ``vpngw-slot:b`` for slot b; None for slot
+    a, whose port is tagged as a gateway without HA has it (enabling HA leaves it alone)."""
+    return f"{SLOT_TAG}{slot}" if slot != "a" else None
+
+
+def slot_of(resource_tags: Iterable[str]) -> Slot:
+    """The slot a port of a gateway (``tags``) serves: b when tagged ``vpngw-slot:b``, else a."""
+    return "b" if f"{SLOT_TAG}b" in set(resource_tags) else "a"
+
+
+def port_name(key: GatewayKey, slot: Slot) -> str:
+    """The name of slot ``slot``'s port: slot a's is ``resource_name`` (the port without HA), slot b's
+    ``<that>#b``. Not ``-b``: ``vpngw-acme.tenant-acme-b`` is also slot a's port name of gateway acme in
+    namespace tenant-acme-b, and an untagged port is adopted by its name (``_find``); ``#`` is in no
+    namespace or gateway name."""
+    return resource_name(key) if slot == "a" else f"{resource_name(key)}#{slot}"
+
+
+def other_slot(slot: Slot) -> Slot:
+    return "b" if slot == "a" else "a"
+
+
+def floating_ip_updates(on: str | None, to: str) -> tuple[str | None, ...]:
+    """The ``port_id`` updates, in order, that put a floating IP associated with port ``on`` (None: with
+    none) on port ``to``: none when it is there; one association when it is on no port; on another port,
+    a disassociation (None) first, then the association. Neutron's legacy L3 agent deletes the floating
+    IP's conntrack entries when it is disassociated, not when it moves to another fixed IP in one update:
+    a one-step move keeps running UDP flows (remote sites' IKE and NAT-T) on the old port (measured in
+    the lab: 45 s and counting, docs/ha.md)."""
+    if on == to:
+        return ()
+    if not on:
+        return (to,)
+    return (None, to)
 
 
 def gateway_of(resource_tags: Iterable[str]) -> GatewayKey | None:
@@ -247,6 +297,22 @@ def address_pairs(
     want = keep + mine
     have_ours = sorted(p["ip_address"].split("/")[0] for p in current if ours(p))
     return PairsChange(tuple(want), have_ours != sorted(vips))
+
+
+def slot_pairs(
+    current: Mapping[Slot, Sequence[dict[str, str]]],
+    vips: Sequence[str],
+    service_cidr: str | None,
+    active: Slot,
+) -> dict[Slot, PairsChange]:
+    """Each slot's port's address pairs (``current``: slot -> its port's pairs now): the virtual IPs on the
+    ``active`` slot's port only, ours removed from the other's, anyone else's kept on both
+    (``address_pairs``). The lab reads no address pairs (no port security is modelled), so this is where
+    a pair left on the standby's port is caught."""
+    return {
+        slot: address_pairs(pairs, vips if slot == active else (), service_cidr)
+        for slot, pairs in current.items()
+    }
 
 
 def routes(vips: Sequence[str], nexthop: str) -> list[dict[str, str]]:

@@ -22,6 +22,20 @@ fails (``PortFailed``, ``AttachFailed``, ...):
 ``release`` deletes all of it (the finalizer; and a gateway gone without it). openstacksdk is
 synchronous: each call runs on a worker thread.
 
+Warm-standby HA (``CloudWant.ha``, docs/ha.md): slot a's port is the port above (its name and tags
+unchanged: enabling HA leaves the running pod alone); slot b's is a second port (``cloudplan.port_name``:
+``<name>#b``, tagged ``vpngw-slot:b`` besides; the same network, subnet and group; steps ``SlotBPort``,
+``SlotBAttach``) on slot b's node's server. The floating IP, the address pairs and the routes' next hop
+are the ACTIVE slot's port's, in this order, all before the attachments (a failover does not wait for a
+dead node's port to be moved): a floating IP on another port is disassociated, waited for until Neutron
+shows it on no port, then associated (steps ``FloatingIPDisassociate``, ``FloatingIPAssociate``; a
+failure in between leaves it on no port, and the next ``ensure`` associates it); pairs are set on the
+active's port, then ours removed from the other's; routes are added via the active's address, then ours
+via the other's removed. Without HA (also without HA again) the order is the one above, and a floating IP
+found on another port is moved the same two-step way; slot b's port, if any, is detached and deleted
+(step ``SlotBRelease``) once everything is on slot a's. The sweep (``owned``) and ``release`` find both
+ports by the gateway's tags (``release`` also slot b's left untagged by a crash, by its name).
+
 Every call on ``conn.network`` and ``conn.compute`` goes through one wrapper (``_Guarded``), which asks
 the leadership guard before a write and tells ``observe`` (the controller's metrics) of each call:
 ``(operation, seconds, error)``, operation ``network.create_port``, error None or what it raised; a
@@ -44,17 +58,23 @@ import anyio
 from controller.cloud import CLOUD_READY, CloudError, CloudState, CloudWant
 from controller.cloudplan import (
     Rule,
-    address_pairs,
+    Slot,
     adoption_refusal,
     cluster_tag,
+    floating_ip_updates,
     foreign_cluster,
     gateway_of,
     instance_tag,
+    other_slot,
     plan_cloud,
+    port_name,
     resource_name,
     routes,
     routing_condition,
     scope_condition,
+    slot_of,
+    slot_pairs,
+    slot_tag,
     tags,
 )
 from controller.desired import Nic2
@@ -106,6 +126,11 @@ class OpenStackSettings:
     cluster: str | None = None
     """The cluster's identity (``cloudplan.cluster_tag``): tagged on everything, and what ``owned`` lists;
     None: no cluster tag, no cloud-wide sweep."""
+    floating_ip_hold: float = 0.0
+    """Seconds a moved floating IP stays on no port (after Neutron shows it disassociated) before it is
+    associated with the new port: the L3 agent must see it on no port to drop its conntrack entries, or
+    running flows stay on the old port. 0: only the natural gap (the lab's follower, polling every 0.2 s,
+    saw ~0.3 s); raise it where the cloud's L3 agent is measured to miss that."""
 
 
 def server_of(provider_id: str | None) -> str | None:
@@ -287,21 +312,26 @@ class OpenStackCloud:
                 ]
                 return sorted(found, key=lambda r: str(getattr(r, "created_at", "") or ""))
 
-            ports, fips, groups = mine(net.ports), mine(net.ips), mine(net.security_groups)
+            everything, fips, groups = mine(net.ports), mine(net.ips), mine(net.security_groups)
+            ports = [p for p in everything if slot_of(p.tags or []) == "a"]
             port = ports[0] if ports else None
+            slot_b = [p for p in everything if slot_of(p.tags or []) == "b"]
             address = str((port.fixed_ips or [{}])[0].get("ip_address") or "") if port is not None else ""
+            address_b = str((slot_b[0].fixed_ips or [{}])[0].get("ip_address") or "") if slot_b else ""
             routes_on: list[dict[str, str]] = []
-            if address:
+            routes_b: list[dict[str, str]] = []
+            if address or address_b:
                 transit = self._transit_routers()
                 for router in net.routers():
                     if router.id in transit:
-                        routes_on += [
-                            {"router": str(router.id), "destination": str(r.get("destination"))}
-                            for r in router.routes or []
-                            if r.get("nexthop") == address
-                        ]
+                        for r in router.routes or []:
+                            route = {"router": str(router.id), "destination": str(r.get("destination"))}
+                            if address and r.get("nexthop") == address:
+                                routes_on.append(route)
+                            elif address_b and r.get("nexthop") == address_b:
+                                routes_b.append(route)
             group = groups[0] if groups else None
-        return {
+        facts: dict[str, Any] = {
             "port": None
             if port is None
             else {
@@ -321,6 +351,15 @@ class OpenStackCloud:
             else {"id": str(group.id), "rules": len(group.security_group_rules or [])},
             "routes": routes_on,
         }
+        if slot_b:  # HA: slot b's port (only then: the facts of a gateway without HA are as they were)
+            facts["slot_b_port"] = {
+                "id": str(slot_b[0].id),
+                "status": str(slot_b[0].status),
+                "address": address_b,
+                "device_id": str(slot_b[0].device_id or ""),
+                "routes": routes_b,
+            }
+        return facts
 
     # --- steps ----------------------------------------------------------------------------------
 
@@ -367,17 +406,23 @@ class OpenStackCloud:
                 if missing := [t for t in self._cluster_tags() if t not in have]:
                     self.conn.network.set_tags(r, [*have, *missing])
             return found
+        return self._orphans(listing, key, (), **adopt)
+
+    def _orphans(
+        self, listing: Callable[..., Any], key: GatewayKey, extra: tuple[str, ...], **adopt: Any
+    ) -> list[Any]:
+        """The untagged resources ``adopt`` finds (``_find``), tagged as ``key``'s now (and ``extra``)."""
         orphans = [r for r in listing(**adopt) if not (getattr(r, "tags", None) or [])]
         for r in orphans:
             log.info("cloud.adopted gateway=%s resource=%s id=%s", key, type(r).__name__, r.id)
-            self._tagged(r, key)
+            self._tagged(r, key, extra)
         return orphans
 
     def _cluster_tags(self) -> list[str]:
         return [cluster_tag(self.settings.cluster)] if self.settings.cluster else []
 
-    def _tagged(self, resource: Any, key: GatewayKey) -> Any:
-        return self.conn.network.set_tags(resource, [*self._tags(key), *self._cluster_tags()])
+    def _tagged(self, resource: Any, key: GatewayKey, extra: tuple[str, ...] = ()) -> Any:
+        return self.conn.network.set_tags(resource, [*self._tags(key), *self._cluster_tags(), *extra])
 
     async def owned(self) -> dict[GatewayKey, str]:
         return await anyio.to_thread.run_sync(self._owned)
@@ -445,11 +490,30 @@ class OpenStackCloud:
                     net.delete_security_group_rule(rid, ignore_missing=True)
         return sg
 
-    def _port(self, key: GatewayKey, sg: Any) -> Any:
+    def _ports(self, key: GatewayKey) -> dict[Slot, list[Any]]:
+        """The gateway's ports by slot, oldest first, from ONE listing by the gateway's tags (slot b's
+        port carries them too): without HA the same calls as before HA existed. Slot a's untagged port
+        (a crash between create and tag) is adopted by its name when none is tagged, as ``_find`` does."""
+        net = self.conn.network
+        net_id = self._network()[0]
+        with _Step("Port"):
+            found = self._find(net.ports, key)
+            by: dict[Slot, list[Any]] = {"a": [], "b": []}
+            for p in found:
+                by[slot_of(p.tags or [])].append(p)
+            if not by["a"]:
+                by["a"] = self._orphans(net.ports, key, (), name=port_name(key, "a"), network_id=net_id)
+        return by
+
+    def _port(self, key: GatewayKey, sg: Any, found: list[Any], slot: Slot = "a") -> Any:
+        """Slot ``slot``'s port: the oldest ``found`` (``_ports``), or slot b's untagged one adopted by its
+        name, or a new one; with our group."""
         net = self.conn.network
         net_id, sub_id, *_ = self._network()
-        with _Step("Port"):
-            found = self._find(net.ports, key, name=resource_name(key), network_id=net_id)
+        extra = tuple(t for t in [slot_tag(slot)] if t)
+        with _Step("Port" if slot == "a" else "SlotBPort"):
+            if not found and slot != "a":
+                found = self._orphans(net.ports, key, extra, name=port_name(key, slot), network_id=net_id)
             if found:
                 port = found[0]
                 if sg.id not in (port.security_group_ids or []):
@@ -457,20 +521,31 @@ class OpenStackCloud:
                 return port
             port = net.create_port(
                 network_id=net_id,
-                name=resource_name(key),
-                description=f"VPN gateway {key} NIC2 (vpngw {self.settings.instance})",
+                name=port_name(key, slot),
+                description=f"VPN gateway {key} NIC2{'' if slot == 'a' else ', HA slot ' + slot} "
+                f"(vpngw {self.settings.instance})",
                 fixed_ips=[{"subnet_id": sub_id}],
                 security_groups=[sg.id],
                 port_security_enabled=True,
             )
-            self._tagged(port, key)
+            self._tagged(port, key, extra)
             return net.get_port(port.id)
 
-    def _pairs(self, port: Any, vips: tuple[str, ...], service_cidr: str | None) -> Any:
+    def _pairs(
+        self,
+        port: Any,
+        vips: tuple[str, ...],
+        service_cidr: str | None,
+        slot: Slot = "a",
+        active: Slot = "a",
+    ) -> Any:
+        """Slot ``slot``'s port's pairs (``cloudplan.slot_pairs``: the virtual IPs when it is the
+        ``active`` slot's, none of ours otherwise; anyone else's kept)."""
         net = self.conn.network
         with _Step("AddressPairs"):
             for _ in range(5):
-                change = address_pairs(list(port.allowed_address_pairs or []), vips, service_cidr)
+                current = list(port.allowed_address_pairs or [])
+                change = slot_pairs({slot: current}, vips, service_cidr, active)[slot]
                 if not change.changed:
                     return port
                 try:
@@ -495,39 +570,71 @@ class OpenStackCloud:
                 )
                 return self._tagged(fip, key)
             fip = found[0]
-            if fip.port_id != port.id:
-                fip = net.update_ip(fip, port_id=port.id)
-            return fip
+        for to in floating_ip_updates(fip.port_id or None, str(port.id)):
+            if to is None:
+                # Disassociated first: Neutron's L3 agent deletes the floating IP's conntrack entries on
+                # a disassociation only; moved in one update, running UDP flows (the sites' IKE and
+                # NAT-T) stay on the old port (docs/ha.md).
+                with _Step("FloatingIPDisassociate"):
+                    log.info("cloud.fip_disassociate gateway=%s fip=%s port=%s", key, fip.id, fip.port_id)
+                    net.update_ip(fip, port_id=None)
+                    fip = self._wait(
+                        net.get_ip,
+                        fip.id,
+                        lambda f: not f.port_id,
+                        "on no port",
+                        "FloatingIPDisassociate",
+                        "floating IP",
+                    )
+                    if self.settings.floating_ip_hold > 0:
+                        self._sleep(self.settings.floating_ip_hold)
+            else:
+                with _Step("FloatingIPAssociate"):
+                    log.info("cloud.fip_associate gateway=%s fip=%s port=%s", key, fip.id, to)
+                    fip = net.update_ip(fip, port_id=to)
+        return fip
 
-    def _attach(self, port: Any, server: str) -> Any:
+    def _attach(self, port: Any, server: str, step: str = "Attach") -> Any:
         compute = self.conn.compute
-        with _Step("Attach"):
+        with _Step(step):
             if port.device_id == server:
                 return port
             if port.device_id:
                 if not str(port.device_owner or "").startswith("compute:"):
-                    raise CloudError("AttachFailed", f"Attach: port {port.id} is used by {port.device_owner}")
+                    raise CloudError(
+                        f"{step}Failed", f"{step}: port {port.id} is used by {port.device_owner}"
+                    )
                 log.info("cloud.detaching port=%s server=%s", port.id, port.device_id)
                 compute.delete_server_interface(port.id, server=port.device_id, ignore_missing=True)
-                port = self._wait_port(port.id, lambda p: not p.device_id, "detached")
+                port = self._wait_port(port.id, lambda p: not p.device_id, "detached", step)
             compute.create_server_interface(server, port_id=port.id)
-            return self._wait_port(port.id, lambda p: p.device_id == server, f"attached to {server}")
+            return self._wait_port(port.id, lambda p: p.device_id == server, f"attached to {server}", step)
 
-    def _wait_port(self, port_id: str, done: Callable[[Any], bool], what: str) -> Any:
+    def _wait_port(self, port_id: str, done: Callable[[Any], bool], what: str, step: str = "Attach") -> Any:
+        return self._wait(self.conn.network.get_port, port_id, done, what, step)
+
+    def _wait(
+        self,
+        get: Callable[[str], Any],
+        rid: str,
+        done: Callable[[Any], bool],
+        what: str,
+        step: str,
+        kind: str = "port",
+    ) -> Any:
+        """``get(rid)`` once ``done`` with it (every 0.1 s, doubling to 2 s), ``attach_timeout`` at most."""
         deadline = time.monotonic() + self.settings.attach_timeout
         delay = 0.1
         while True:
-            port = self.conn.network.get_port(port_id)
-            if done(port):
-                return port
+            found = get(rid)
+            if done(found):
+                return found
             if not self.guard():  # deposed while waiting: the wait is the new leader's now
-                raise CloudError(
-                    "NotLeading", f"Attach: stopped waiting for port {port_id}, no longer leading"
-                )
+                raise CloudError("NotLeading", f"{step}: stopped waiting for {kind} {rid}, no longer leading")
             if time.monotonic() > deadline:
                 raise CloudError(
-                    "AttachFailed",
-                    f"Attach: port {port_id} not {what} after {self.settings.attach_timeout:g} s",
+                    f"{step}Failed",
+                    f"{step}: {kind} {rid} not {what} after {self.settings.attach_timeout:g} s",
                 )
             self._sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -545,12 +652,20 @@ class OpenStackCloud:
         }
 
     def _routes(
-        self, routers: tuple[str, ...], vips: tuple[str, ...], nexthop: str, *, releasing: bool = False
+        self,
+        routers: tuple[str, ...],
+        vips: tuple[str, ...],
+        nexthop: str,
+        *,
+        releasing: bool = False,
+        others: tuple[str, ...] = (),
     ) -> None:
         """Our routes exactly on ``routers`` and on no other. Ours: next hop the port's address and a /32
         destination (we program nothing else); a wider route someone pointed at the gateway is theirs and
         stays, until ``releasing``: the port's address is about to be free, and a route left pointing at
-        it would send that traffic to whichever port gets the address next."""
+        it would send that traffic to whichever port gets the address next. ``others``: the gateway's
+        other ports' addresses (HA: the standby slot's), whose /32 routes are ours and go (after the
+        active's are added, in the same pass over the routers)."""
         net = self.conn.network
         with _Step("Routes"):
             want = {(r["destination"], r["nexthop"]) for r in routes(vips, nexthop)}
@@ -561,7 +676,7 @@ class OpenStackCloud:
                 have = {
                     (r["destination"], r["nexthop"])
                     for r in router.routes or []
-                    if r.get("nexthop") == nexthop
+                    if (r.get("nexthop") == nexthop or r.get("nexthop") in others)
                     and (releasing or str(r.get("destination", "")).endswith("/32"))
                 }
                 target = want if router.id in routers else set()
@@ -584,10 +699,36 @@ class OpenStackCloud:
         cp = plan_cloud(want.plan, want.routers)
         _, _, _, _, prefix, gateway_ip = self._network()
         sg = self._security_group(want.key, cp.rules)
-        port = self._port(want.key, sg)
+        ha = want.ha
+        found = self._ports(want.key)
+        ports: dict[Slot, Any] = {"a": self._port(want.key, sg, found["a"])}
+        if ha is not None:
+            ports["b"] = self._port(want.key, sg, found["b"], "b")
+        active: Slot = ha.active if ha is not None else "a"
         service_cidr = want.plan.nat.service_cidr if want.plan is not None else None
-        port = self._pairs(port, cp.vips, service_cidr)
-        fip = self._floating_ip(want.key, port)
+        fip = None
+        if ha is not None:  # a failover moves the floating IP first: the sites' tunnels wait for it
+            fip = self._floating_ip(want.key, ports[active])
+        # The active's pairs first, then ours off the other port: the virtual IPs are never on neither.
+        for slot in (active, other_slot(active)):
+            if slot in ports:
+                ports[slot] = self._pairs(ports[slot], cp.vips, service_cidr, slot, active)
+        if fip is None:
+            fip = self._floating_ip(want.key, ports[active])
+        nexthop = str(ports[active].fixed_ips[0]["ip_address"])
+        # Our routes via the gateway's other ports go: the standby slot's, and slot b's once HA is off.
+        leftover = found["b"] if ha is None else []
+        others = tuple(
+            str(p.fixed_ips[0]["ip_address"])
+            for p in [*ports.values(), *leftover]
+            if p.fixed_ips and str(p.fixed_ips[0]["ip_address"]) != nexthop
+        )
+        routed: CloudError | None = None
+        if ha is not None:
+            # Before the attachments: a failover's re-placed slot (its dead node's server may refuse to
+            # let go of its port) must not keep the routes on the port that stopped serving.
+            routed = self._try_routes(want.key, cp.routers, cp.vips, nexthop, others)
+        port = ports["a"]
         address = str(port.fixed_ips[0]["ip_address"])
         nic = Nic2(str(port.mac_address), f"{address}/{prefix}", str(gateway_ip))
         server = server_of(want.provider_id)
@@ -596,26 +737,71 @@ class OpenStackCloud:
                 raise CloudError(
                     "NoProviderID", f"node {want.node} has no OpenStack providerID ({want.provider_id!r})"
                 )
-            port = self._attach(port, server)
+            port = ports["a"] = self._attach(port, server)
         where = f"attached to server {server}" if want.node is not None else "not attached (no node)"
         # _attach returned: Neutron shows the port on the pinned node's server, detached from any other.
         fenced = want.node is not None
-        ready = Condition(
-            CLOUD_READY,
-            True,
-            "Ready",
-            f"port {port.id} {address}, floating IP {fip.floating_ip_address}, {where}",
+        message = f"port {port.id} {address}, floating IP {fip.floating_ip_address}, {where}"
+        nic_b, fenced_b = None, False
+        if ha is not None:
+            port_b = ports["b"]
+            address_b = str(port_b.fixed_ips[0]["ip_address"])
+            nic_b = Nic2(str(port_b.mac_address), f"{address_b}/{prefix}", str(gateway_ip))
+            server_b = server_of(ha.provider_id)
+            if ha.node is not None:
+                if server_b is None:
+                    raise CloudError(
+                        "NoProviderID",
+                        f"node {ha.node} (slot b) has no OpenStack providerID ({ha.provider_id!r})",
+                    )
+                port_b = ports["b"] = self._attach(port_b, server_b, "SlotBAttach")
+            where_b = f"attached to server {server_b}" if ha.node is not None else "not attached (no node)"
+            fenced_b = ha.node is not None
+            message = (
+                f"slot a: port {port.id} {address}, {where}; slot b: port {port_b.id} {address_b}, "
+                f"{where_b}; floating IP {fip.floating_ip_address} on slot {active}'s port"
+            )
+        ready = Condition(CLOUD_READY, True, "Ready", message)
+        if ha is None:
+            # Routes last: a router that refuses them (a ClusterLink's, the tenant's choice) must not keep
+            # the gateway's own port from its node; RoutingReady says why, and the reconcile is retried.
+            routed = self._try_routes(want.key, cp.routers, cp.vips, nexthop, others)
+        self._drop_slot_b(want.key, leftover)
+        conds = (ready, scope_condition(cp), routing_condition(cp, routed is None, str(routed or "")))
+        return CloudState(
+            nic,
+            str(fip.floating_ip_address),
+            conds,
+            failed=routed is not None,
+            fenced=fenced,
+            nic_b=nic_b,
+            floating_ip_slot=active if ha is not None else None,
+            fenced_b=fenced_b,
         )
-        # Routes last: a router that refuses them (a ClusterLink's, the tenant's choice) must not keep the
-        # gateway's own port from its node; RoutingReady says why, and the reconcile is retried.
+
+    def _try_routes(
+        self,
+        key: GatewayKey,
+        routers: tuple[str, ...],
+        vips: tuple[str, ...],
+        nexthop: str,
+        others: tuple[str, ...],
+    ) -> CloudError | None:
+        """``_routes``; its failure returned (RoutingReady says it, the reconcile is retried), not raised."""
         try:
-            self._routes(cp.routers, cp.vips, address)
+            self._routes(routers, vips, nexthop, others=others)
         except CloudError as exc:
-            log.warning("cloud.failed gateway=%s step=%s error=%r", want.key, exc.step, str(exc))
-            conds = (ready, scope_condition(cp), routing_condition(cp, False, str(exc)))
-            return CloudState(nic, str(fip.floating_ip_address), conds, failed=True, fenced=fenced)
-        conds = (ready, scope_condition(cp), routing_condition(cp, True))
-        return CloudState(nic, str(fip.floating_ip_address), conds, fenced=fenced)
+            log.warning("cloud.failed gateway=%s step=%s error=%r", key, exc.step, str(exc))
+            return exc
+        return None
+
+    def _drop_slot_b(self, key: GatewayKey, ports: list[Any]) -> None:
+        """HA is off: slot b's port(s) detached and deleted, once the floating IP, the pairs and the routes
+        are slot a's."""
+        with _Step("SlotBRelease"):
+            for port in ports:
+                log.info("cloud.slot_b_released gateway=%s port=%s", key, port.id)
+                self._delete_port(port)
 
     def adopt(
         self,
@@ -721,8 +907,19 @@ class OpenStackCloud:
                 tuple(tagged),
             )
 
+    def _delete_port(self, port: Any) -> None:
+        """Our routes via its address (also wider ones: the address is about to be free), its
+        attachment (waited for), then the port."""
+        address = port.fixed_ips[0]["ip_address"] if port.fixed_ips else None
+        if address:
+            self._routes((), (), str(address), releasing=True)
+        if port.device_id and str(port.device_owner or "").startswith("compute:"):
+            self.conn.compute.delete_server_interface(port.id, server=port.device_id, ignore_missing=True)
+            self._wait_port(port.id, lambda p: not p.device_id, "detached")
+        self.conn.network.delete_port(port, ignore_missing=True)
+
     def _release(self, key: GatewayKey) -> int:
-        net, compute = self.conn.network, self.conn.compute
+        net = self.conn.network
         deleted = 0
         with _Step("Release"):
             ports = self._find(net.ports, key, name=resource_name(key))
@@ -731,14 +928,10 @@ class OpenStackCloud:
             for fip in fips.values():
                 net.delete_ip(fip, ignore_missing=True)
                 deleted += 1
+            # Slot b's port left untagged by a crash (created, never tagged) is found by its name only.
+            ports += [p for p in net.ports(name=port_name(key, "b")) if not (p.tags or [])]
             for port in ports:
-                address = port.fixed_ips[0]["ip_address"] if port.fixed_ips else None
-                if address:
-                    self._routes((), (), str(address), releasing=True)
-                if port.device_id and str(port.device_owner or "").startswith("compute:"):
-                    compute.delete_server_interface(port.id, server=port.device_id, ignore_missing=True)
-                    self._wait_port(port.id, lambda p: not p.device_id, "detached")
-                net.delete_port(port, ignore_missing=True)
+                self._delete_port(port)
                 deleted += 1
             for sg in self._find(net.security_groups, key, name=resource_name(key)):
                 net.delete_security_group(sg, ignore_missing=True)

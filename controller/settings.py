@@ -102,6 +102,10 @@ class NetworkPolicySettings:
     address on port 443 and 6443 (the API server's address is not known)."""
 
 
+STATIC_SLOT_B = "#b"
+"""The ``staticNICs`` key suffix of a warm-standby gateway's second slot: ``namespace/name#b``."""
+
+
 @dataclass(frozen=True)
 class StaticNic:
     mac: str
@@ -138,7 +142,10 @@ class Settings:
     network_policy: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
     cloud: Literal["static", "openstack"] = "static"
     static_nics: Mapping[str, StaticNic] = field(default_factory=dict)
-    """``namespace/name`` -> NIC2 of that gateway (the static cloud backend)."""
+    """``namespace/name`` -> NIC2 of that gateway (the static cloud backend); ``namespace/name#b`` -> NIC2
+    of its slot b when it runs with warm-standby HA (``controller.cloud.StaticCloud``: its own MAC and
+    address; no publicIP of its own, as the gateway has one public address, which
+    the operator routes to the active slot's NIC2)."""
     operator_namespace: str = "vpngw-system"
     gateway_namespace: str = "vpngw-gateways"
     """Where the gateway pods and their objects live: the operator's, never a tenant's (the pods hold
@@ -370,15 +377,27 @@ def _quantity_value(canonical: str) -> Fraction:
 
 
 def _static_nics(doc: Any, what: str) -> dict[str, StaticNic]:
+    """``staticNICs``: ``namespace/name: {mac, address, gateway, publicIP?}``, and for a warm-standby
+    gateway's slot b ``namespace/name#b: {mac, address, gateway}`` beside its slot a entry (its own MAC
+    and address, no publicIP: the public address is the gateway's one, and the operator points it at the
+    active slot)."""
     out: dict[str, StaticNic] = {}
     if doc is None:
         return out
     if not isinstance(doc, Mapping):
         raise SettingsError(f"{what}: expected a mapping of namespace/name to mac, address, gateway")
     for key, body in doc.items():
-        ns, _, name = str(key).partition("/")
-        if not (_DNS_LABEL.fullmatch(ns) and _DNS_LABEL.fullmatch(name)) or not isinstance(body, Mapping):
-            raise SettingsError(f"{what}: {key!r}: expected namespace/name: {{mac, address, gateway}}")
+        ns, _, rest = str(key).partition("/")
+        name, hash_, slot = rest.partition("#")
+        if (
+            not (_DNS_LABEL.fullmatch(ns) and _DNS_LABEL.fullmatch(name))
+            or (hash_ and slot != "b")
+            or not isinstance(body, Mapping)
+        ):
+            raise SettingsError(
+                f"{what}: {key!r}: expected namespace/name (or namespace/name{STATIC_SLOT_B}, an HA "
+                "gateway's slot b): {mac, address, gateway}"
+            )
         mac = str(body.get("mac", "")).lower()
         if not _MAC.fullmatch(mac):
             raise SettingsError(f"{what}.{key}.mac: {body.get('mac')!r} is not a MAC address")
@@ -392,12 +411,28 @@ def _static_nics(doc: Any, what: str) -> dict[str, StaticNic]:
         if gw not in iface.network:
             raise SettingsError(f"{what}.{key}.gateway: {gw} is not on {iface.network}")
         public = body.get("publicIP")
+        if public is not None and hash_:
+            raise SettingsError(
+                f"{what}.{key}.publicIP: slot b has no public IP of its own: the gateway's is "
+                f"{ns}/{name}'s, and the operator routes it to the active slot's NIC2"
+            )
         if public is not None:
             try:
                 public = str(ipaddress.IPv4Address(str(public)))
             except ValueError:
                 raise SettingsError(f"{what}.{key}.publicIP: {public!r} is not an IPv4 address") from None
-        out[f"{ns}/{name}"] = StaticNic(mac, str(iface), str(gw), public)
+        out[f"{ns}/{name}{STATIC_SLOT_B if hash_ else ''}"] = StaticNic(mac, str(iface), str(gw), public)
+    for key, b in out.items():
+        if not key.endswith(STATIC_SLOT_B):
+            continue
+        base = key[: -len(STATIC_SLOT_B)]
+        a = out.get(base)
+        if a is None:
+            raise SettingsError(f"{what}.{key}: slot b of {base}, which has no entry of its own (slot a)")
+        if a.mac == b.mac or a.address.split("/")[0] == b.address.split("/")[0]:
+            raise SettingsError(
+                f"{what}.{key}: the same MAC or address as {base}'s: each slot's pod needs its own NIC2"
+            )
     return out
 
 
