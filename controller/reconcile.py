@@ -23,13 +23,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import gwplan
-from controller import diff, placement, status
+from controller import diff, ha, placement, status
 from controller.api.model import IPsecGateway, VPNGateway, VPNPeer, parse
 from controller.api.schema import FieldError, show
 from controller.api.validate import InvalidInput, Item, Neighbour, Problem, admit
 from controller.cloud import CLOUD_READY, CloudState
 from controller.cloudplan import NO_ROUTER, ROUTING_READY
-from controller.desired import HOME_KINDS, TENANT_SLOTS, Desired, Inputs, desired, plan_of, too_large
+from controller.desired import (
+    HA_SLOTS,
+    HOME_SLOTS,
+    SLOT_B,
+    TENANT_SLOTS,
+    Desired,
+    HaInputs,
+    Inputs,
+    Nic2,
+    desired,
+    plan_of,
+    too_large,
+)
 from controller.names import (
     FINALIZER,
     LABEL_OWNER_UID,
@@ -544,7 +556,9 @@ class Report:
     public_ip: str | None
     now: str
     also: tuple[StatusEvent, ...] = ()
-    """Events of the decision that no condition carries (``Repinned``)."""
+    """Events of the decision that no condition carries (``Repinned``, ``Failover``)."""
+    ha: Mapping[str, Any] | None = None
+    """``status.ha`` of an HA gateway (``controller.ha.ha_status``); None: no HA."""
 
 
 def outcome(report: Report, failures: Sequence[WriteFailure] = ()) -> tuple[Obj | None, list[StatusEvent]]:
@@ -563,6 +577,7 @@ def outcome(report: Report, failures: Sequence[WriteFailure] = ()) -> tuple[Obj 
         "observedGeneration": report.generation,
         "nodeName": report.node,
         "publicIP": report.public_ip,
+        "ha": dict(report.ha) if report.ha is not None else None,
     }
     return status.status_patch(report.seen, wanted), [*status.events(before, conds), *report.also]
 
@@ -673,7 +688,11 @@ def decide(
     where: placement.Placement,
     cloud: CloudState,
     now: str,
+    pair: HaPlan | None = None,
+    nic_b: Nic2 | None = None,
 ) -> Decision:
+    """``where``: slot a's placement; ``pair``: an HA gateway's part (``plan_ha``), with ``nic_b`` its slot
+    b's NIC2 as the cloud reports it."""
     plan = rendered.in_force
     plan_desired: Desired | None = None
     actions: list[diff.Action] = []
@@ -684,9 +703,24 @@ def decide(
                 plan.nic, mac=cloud.nic.mac, address=cloud.nic.address, gateway=cloud.nic.gateway
             )
             plan = with_nic(plan, nic)
-        inputs = Inputs(snap.key, snap.uid, plan, settings, cloud.nic, where.node, snap.secrets)
+        slot_b = None
+        if pair is not None and pair.mode != "off":
+            slot_b = HaInputs(pair.slot_b.node if pair.mode == "full" else None, nic_b, pair.lease)
+        inputs = Inputs(snap.key, snap.uid, plan, settings, cloud.nic, where.node, snap.secrets, slot_b)
         plan_desired = desired(inputs)
         held: set[str] = set()
+        if pair is not None and pair.hold_b:
+            plan_desired = Desired(
+                tuple((s, o) for s, o in plan_desired.objects if s != "Deployment/b"),
+                plan_desired.held | {"Deployment/b"},
+            )
+        if pair is not None and pair.mode == "drain":
+            # HA off, a pod of slot b still there: slot b's objects go (surplus), the Lease and slot a's
+            # plan section stay until its pods are gone, so that the leaving standby never takes the Lease.
+            plan_desired = Desired(
+                tuple((s, o) for s, o in plan_desired.objects if s not in SLOT_B),
+                plan_desired.held - set(SLOT_B),
+            )
         if cloud.nic is None:
             # Without NIC2 nothing can run: keep what exists (a running pod keeps its plan) and add only
             # what does not depend on it.
@@ -707,6 +741,14 @@ def decide(
             )
         acts, foreign = diff.plan_actions(plan_desired.objects, snap.owned, snap.uid)
         actions = list(acts)
+        # What only HA has, once HA no longer wants it (slot b, then the Lease).
+        actions += diff.surplus(
+            plan_desired.objects, plan_desired.held, snap.owned, snap.uid, HA_SLOTS, "HA is off"
+        )
+        if pair is not None and pair.handover is not None:
+            md = pair.handover["metadata"]
+            why = "HA is off: slot b hands over to slot a (its agent releases the Lease as it stops)"
+            actions.append(diff.Delete("Pod", str(md["namespace"]), str(md["name"]), str(md.get("uid")), why))
     if settings.migrate:
         actions += diff.deletions(snap.leftovers, snap.uid, "moved to the gateway namespace")
     routing = links_condition(snap.key, snap.links, cloud.conditions)
@@ -718,7 +760,31 @@ def decide(
         parts.append(routing)
     if not any(c.type == CLOUD_READY for c in cloud.conditions):
         parts.append(Condition(CLOUD_READY, True, "Ready", "the cloud holds what the gateway needs"))
-    parts.append(pod_condition(snap, where.node, cloud.nic is not None, where))
+    serving_where = where
+    if pair is not None and pair.mode == "full":
+        serving_where = pair.decision.placement.of(pair.active)
+        parts.append(
+            Condition(
+                ha.STANDBY_READY,
+                False,
+                "StandbyPending",
+                "slot b's pod starts once slot a's pod holds the gateway's Lease (its agent takes it within "
+                "a second of its plan naming it)",
+            )
+            if pair.hold_b
+            else pair.decision.condition
+        )
+    elif ha_requested(snap.gateway) and not settings.ha_allowed:
+        parts.append(
+            Condition(
+                ha.STANDBY_READY,
+                False,
+                "HANotAllowed",
+                "spec.ha.enabled: the operator does not allow warm-standby HA here (the controller's "
+                "--allow-ha, the chart's ha.allowed; docs/ha.md): the gateway runs one pod",
+            )
+        )
+    parts.append(pod_condition(snap, serving_where.node, cloud.nic is not None, serving_where))
     if rendered.previous_error and rendered.plan is None:
         parts.append(Condition(DEPLOYED_PLAN, False, "PreviousPlanInvalid", rendered.previous_error))
     report = Report(
@@ -726,14 +792,18 @@ def decide(
         foreign=tuple(f"{f.kind}/{f.name}" for f in foreign),
         seen=snap.current_status,
         generation=snap.generation,
-        node=where.node if where.node is not None else snap.current_node,
+        node=serving_where.node if serving_where.node is not None else snap.current_node,
         public_ip=cloud.public_ip,
         now=now,
         also=(
-            (StatusEvent("Normal", "Repinned", where.message),)
-            if where.moved_from is not None and where.node is not None
-            else ()
+            *(
+                (StatusEvent("Normal", "Repinned", where.message),)
+                if where.moved_from is not None and where.node is not None
+                else ()
+            ),
+            *(pair.decision.events if pair is not None and pair.mode == "full" else ()),
         ),
+        ha=pair.decision.status if pair is not None and pair.mode == "full" else None,
     )
     patch, evts = outcome(report)
     return Decision(
@@ -746,6 +816,98 @@ def decide(
     )
 
 
+def ha_requested(gateway: Mapping[str, Any]) -> bool:
+    """``spec.ha.enabled`` (read raw: a gateway that does not render still has its pair placed)."""
+    return bool(((gateway.get("spec") or {}).get("ha") or {}).get("enabled"))
+
+
+def ha_pins(snap: Snapshot) -> ha.Pins:
+    """Each slot's Deployment's node now."""
+
+    def node(slot: str) -> str | None:
+        dep = snap.owned.get(slot) or {}
+        pinned = ((dep.get("spec") or {}).get("template") or {}).get("spec", {}).get("nodeName")
+        return str(pinned) if pinned else None
+
+    return {"a": node("Deployment") or snap.current_status.get("nodeName"), "b": node("Deployment/b")}
+
+
+def ha_involved(snap: Snapshot) -> bool:
+    """``snap``'s gateway wants HA, or something of HA is left to wind down (slot b's objects or pods,
+    the Lease, ``status.ha``)."""
+    if ha_requested(snap.gateway) or snap.current_status.get("ha") is not None:
+        return True
+    return any(s in snap.owned for s in HA_SLOTS) or any(ha.slot_of_pod(p) == "b" for p in snap.pods)
+
+
+@dataclass(frozen=True)
+class HaPlan:
+    """An HA gateway's part of one reconcile (``plan_ha``)."""
+
+    mode: str
+    """``full``: both slots; ``drain``: HA is off and slot b's pods are going (slot b's objects go, the
+    Lease and slot a's ``ha`` plan section stay); ``off``: nothing of HA is left to keep (the Lease goes)."""
+    decision: ha.HaDecision
+    slot_a: placement.Placement
+    slot_b: placement.Placement
+    active: ha.Slot
+    """Where the floating IP, the address pairs and the routes belong: the serving slot, else where they
+    are, else slot a."""
+    lease: gwplan.Ha
+    handover: Mapping[str, Any] | None = None
+    """HA being turned off while slot b serves: slot b's pod to delete (gracefully: its agent releases the
+    Lease) once slot a stands by Ready, so that slot a, the one that stays, takes over."""
+    hold_b: bool = False
+    """HA just turned on for a serving gateway: slot b's Deployment waits until slot a's pod holds the
+    Lease."""
+
+
+def plan_ha(
+    snap: Snapshot, settings: Settings, observed: ha.Observation, now: float, wall: str
+) -> HaPlan | None:
+    """The HA part of ``snap``'s reconcile: None for a gateway that has and wants nothing of HA."""
+    if not ha_involved(snap):
+        return None
+    requested = ha_requested(snap.gateway) and settings.ha_allowed
+    pins = ha_pins(snap)
+    decision = ha.decide(
+        status=snap.current_status,
+        pins=pins,
+        observed=observed,
+        now=now,
+        wall=wall,
+        pods=snap.pods,
+        nodes=snap.nodes,
+        pinned=snap.pinned,
+        selector=settings.pod.node_selector,
+        tolerations=settings.pod.tolerations,
+        cap=settings.pod.max_gateways_per_node,
+    )
+    serving = decision.serving.slot or ha.recorded_slot(snap.current_status) or "a"
+    lease = gwplan.Ha(snap.key.home_name)
+    if requested:
+        a, b = decision.placement.a, decision.placement.b
+        # Turned on for a gateway that serves: slot b's pod waits until slot a's holds the Lease (its plan
+        # names it now), else slot b's agent, first to find it free, would take it from the pod serving.
+        running_a = ha.slot_pod(snap.pods, "a", pins.get("a")) is not None
+        any_b = "Deployment/b" in snap.owned or any(ha.slot_of_pod(p) == "b" for p in snap.pods)
+        hold_b = decision.serving.holder is None and running_a and not any_b
+        return HaPlan("full", decision, a, b, serving, lease, hold_b=hold_b)
+    if serving == "b":
+        # Turned off while slot b serves: slot a stays (its names are the gateway's), so slot b hands over
+        # first; meanwhile both run as before.
+        stb = ha.slot_pod(snap.pods, "a", pins.get("a"))
+        ready_a = ha.standby_ready(snap.pods, snap.nodes, "a", pins.get("a"))
+        pod_b = ha.slot_pod(snap.pods, "b", pins.get("b"))
+        handover = pod_b if stb is not None and ready_a and pod_b is not None else None
+        a, b = decision.placement.a, decision.placement.b
+        return HaPlan("full", decision, a, b, "b", lease, handover)
+    where = place(snap, settings)
+    none = placement.Placement(None, "HaOff", "HA is off")
+    mode = "drain" if any(ha.slot_of_pod(p) == "b" for p in snap.pods) else "off"
+    return HaPlan(mode, decision, where, none, "a", lease)
+
+
 def moving(snap: Snapshot, settings: Settings) -> bool:
     """A pod of this gateway still runs outside the gateway namespace (an earlier release's)."""
     return any((p.get("metadata") or {}).get("namespace") != settings.gateway_namespace for p in snap.pods)
@@ -755,7 +917,7 @@ def cleanup(snap: Snapshot) -> list[diff.Delete]:
     """What the gateway's finalizer deletes: its objects in the gateway namespace (nothing there can
     carry an ownerReference to it) and what an earlier release left in its namespace. Its Role and
     RoleBinding in its own namespace go with it (garbage collector)."""
-    home = [o for slot, o in snap.owned.items() if slot in HOME_KINDS]
+    home = [o for slot, o in snap.owned.items() if slot in HOME_SLOTS]
     return diff.deletions([*home, *snap.leftovers], snap.uid, "the gateway is deleted")
 
 

@@ -24,7 +24,7 @@ import ipaddress
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -45,7 +45,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import gwplan
 from controller import execute, ha, placement
-from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant
+from controller.cloud import CLOUD_READY, Cloud, CloudError, CloudState, CloudWant, HaWant
 from controller.cloudplan import sweepable
 from controller.desired import HOME_INFORMER_KINDS, LEFTOVER_KINDS, TENANT_SLOTS, Nic2, home_slots, plan_of
 from controller.informer import Informer, lean, metadata_only
@@ -67,18 +67,21 @@ from controller.placement import ready
 from controller.reconcile import (
     TRANSIT_UNKNOWN,
     Claim,
+    HaPlan,
     Rendered,
     Snapshot,
     claim_of,
     cleanup,
     cluster_links,
     decide,
+    ha_involved,
     holds,
     my_claim,
     neighbours,
     orphans,
     peers_of,
     place,
+    plan_ha,
     provider_id,
     refused_as_is,
     render_gateway,
@@ -217,6 +220,29 @@ class Metrics:
             "Cloud resources deleted because the gateway they were held for no longer exists.",
             registry=r,
         )
+        self.failovers = Counter(
+            ha.FAILOVERS_TOTAL,
+            "HA gateways' failovers (the floating IP moved to the other slot), by why: LeaseExpired (the "
+            "active stopped renewing) or Released (it stopped gracefully).",
+            ["reason"],
+            registry=r,
+        )
+        self.failover_seconds = Histogram(
+            ha.FAILOVER_SECONDS,
+            "From the previous holder's last renewal the controller saw to its decision to move the "
+            "floating IP (the cloud's move and the tunnels' renegotiation come after).",
+            buckets=(0.5, 1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 60),
+            registry=r,
+        )
+
+    def ha(self, samples: Iterable[ha.Sample]) -> None:
+        """Record an HA decision's metric samples (``controller.ha.failover_metrics``)."""
+        for sample in samples:
+            labels = dict(sample.labels)
+            if sample.name == ha.FAILOVERS_TOTAL:
+                self.failovers.labels(**labels).inc(sample.value)
+            elif sample.name == ha.FAILOVER_SECONDS:
+                self.failover_seconds.observe(sample.value)
 
     def api_error(self, res: Resource | str, exc: BaseException) -> None:
         code = (
@@ -316,6 +342,8 @@ class Operator:
         self.queue: WorkQueue[GatewayKey] = WorkQueue(on_wait=self.metrics.queue_wait.observe)
         self.metrics.watch_queue(self.queue)
         self.pins: dict[GatewayKey, str] = {}
+        self.pins_b: dict[GatewayKey, str] = {}
+        """HA gateways' slot b's nodes (``pins`` holds slot a's)."""
         self._deployed: dict[GatewayKey, tuple[tuple[str, str], str | None]] = {}
         """The serviceCIDR of each gateway's deployed plan, by the ConfigMap's (uid, resourceVersion)."""
         self._place_lock = anyio.Lock()
@@ -441,7 +469,7 @@ class Operator:
             if old is not None and new is not None and not _placement_relevant(old, new):
                 return keys
             names = {str(o["metadata"]["name"]) for o in objs}
-            keys |= {k for k, node in self.pins.items() if node in names}
+            keys |= {k for pins in (self.pins, self.pins_b) for k, node in pins.items() if node in names}
             # And those with a pod there (re-pinned away: the pod may now be deleted without its kubelet,
             # placement.stranded, when the node is tainted out-of-service or goes).
             for pod in self.informers["Pod"].items():
@@ -554,7 +582,7 @@ class Operator:
                 # namespace label), and only a pod of this namespace can be this gateway's.
                 pods += [p for p in tenant.items("Pod") if _pod_of(p, key, where=key.namespace)]
         peers = peers_of(key, list(self.informers["VPNPeer"].items())) if key.kind == "VPNGateway" else ()
-        pinned = Tally(node for k, node in self.pins.items() if k != key)
+        pinned = Tally(node for pins in (self.pins, self.pins_b) for k, node in pins.items() if k != key)
         claim = my_claim(key, gateway, self._deployed_cidr(key))
         others: list[Claim] = []
         for g in self._gateways():
@@ -604,6 +632,7 @@ class Operator:
         gateway = self.informers[key.kind].get(key.namespace, key.name)
         if gateway is None:
             self.pins.pop(key, None)
+            self.pins_b.pop(key, None)
             self.leases.pop(key, None)
             if self.settings.namespace not in (None, key.namespace):
                 return "gone"  # not watched here: its gateway's existence is unknown
@@ -633,6 +662,7 @@ class Operator:
         snap = self.snapshot(key, gateway)
         if snap.deleting:
             self.pins.pop(key, None)
+            self.pins_b.pop(key, None)
             self.leases.pop(key, None)
             if snap.has_finalizer:
                 await self.cloud.release(key)
@@ -647,10 +677,12 @@ class Operator:
         # one tenant's large gateway never stalls the informers, the other workers or the Lease.
         rendered = await anyio.to_thread.run_sync(render_gateway, snap, self.settings, transit)
         cloud_failed = False
+        pair: HaPlan | None = None
         if rendered.in_force is None:
             # Nothing to serve (a new gateway that does not render): no node slot, no cloud resources.
             # A tenant's invalid or unserved CRs must not take capacity every tenant shares.
             self.pins.pop(key, None)
+            self.pins_b.pop(key, None)
             where = placement.Placement(None, "NotRendered", "nothing to serve until the gateway renders")
             cloud = CloudState(None, None, (Condition(CLOUD_READY, False, "NotRendered", where.message),))
             if transit is None:  # the cloud cannot be asked: say so, and try again with the backoff
@@ -668,15 +700,29 @@ class Operator:
                 self.metrics.writes.labels("patch").inc()
             async with self._place_lock:
                 snap = self.snapshot(key, gateway, tenant)  # the pins of reconciles that placed meanwhile
-                where = place(snap, self.settings)
+                pair = self._plan_ha(key, snap)
+                where = pair.slot_a if pair is not None else place(snap, self.settings)
                 if where.node is not None:
                     self.pins[key] = where.node
+                if pair is not None and pair.mode == "full" and pair.slot_b.node is not None:
+                    self.pins_b[key] = pair.slot_b.node
+                else:
+                    self.pins_b.pop(key, None)
+            ha_want = None
+            if pair is not None and pair.mode != "off":
+                node_b = pair.slot_b.node if pair.mode == "full" else None
+                ha_want = HaWant(node_b, provider_id(snap, node_b), pair.active)
             want = CloudWant(
-                key, where.node, provider_id(snap, where.node), rendered.in_force, snap.links.routers
+                key,
+                where.node,
+                provider_id(snap, where.node),
+                rendered.in_force,
+                snap.links.routers,
+                ha=ha_want,
             )
             cloud, cloud_failed = await self._ensure(key, want, snap, rendered)
         now = now_rfc3339()
-        decision = decide(snap, self.settings, rendered, where, cloud, now)
+        decision = decide(snap, self.settings, rendered, where, cloud, now, pair, cloud.nic_b)
         counts = execute.Counts()
         try:
             await execute.apply(
@@ -696,19 +742,29 @@ class Operator:
         # The Deployment now pins the new node; the old pod on a dead node is deleted without its kubelet's
         # word once it cannot serve (the cloud fenced it off, or the node is gone or out of service):
         # else the Recreate Deployment waits for it forever (no kubelet confirms its deletion).
+        if pair is not None and pair.mode == "full":
+            self.metrics.ha(pair.decision.metrics)
+            if pair.decision.serving.move is not None and pair.decision.serving.move.failover:
+                move = pair.decision.serving.move
+                log.warning(
+                    "ha.failover gateway=%s from=%s to=%s reason=%s seconds=%s",
+                    key,
+                    move.from_pod,
+                    move.to_pod,
+                    move.reason,
+                    f"{move.seconds:.2f}" if move.seconds is not None else "unknown",
+                )
+            if pair.decision.requeue_at is not None:  # a fence or a hold ends then: look again
+                self.queue.add_after(key, max(0.0, pair.decision.requeue_at - time.monotonic()))
         homed = [p for p in snap.pods if p["metadata"].get("namespace") == self.settings.gateway_namespace]
-        for pod in placement.stranded(homed, snap.nodes, where.node, fenced=cloud.fenced):
-            on = pod["spec"]["nodeName"]
-            why = (
-                f"node {on} is not Ready and NIC2 is attached to {where.node} now"
-                if cloud.fenced
-                else f"node {on} is gone or out of service"
-            )
-            if await execute.force_delete(
-                self.kube, key, gateway, pod, why, now=now, reporter=self.elector.identity
-            ):
-                self.metrics.writes.labels("delete").inc()
-                self.metrics.force_deleted.inc()
+        slots: list[tuple[list[Mapping[str, Any]], str | None, bool]] = [(homed, where.node, cloud.fenced)]
+        if pair is not None and pair.mode == "full":  # each slot's pods against its own pin and port
+            slots = [
+                ([p for p in homed if ha.slot_of_pod(p) == "a"], where.node, cloud.fenced),
+                ([p for p in homed if ha.slot_of_pod(p) == "b"], pair.slot_b.node, cloud.fenced_b),
+            ]
+        for pods, pin, fenced in slots:
+            await self._delete_stranded(key, gateway, pods, snap, pin, fenced, now)
         if counts.writes:
             log.info(
                 "gateway.reconciled gateway=%s writes=%d node=%s rendered=%s",
@@ -720,6 +776,43 @@ class Operator:
         if counts.failures:  # the status says them; try again with the backoff
             raise execute.Failed(counts.failures)
         return "cloud-failed" if cloud_failed else "ok"
+
+    async def _delete_stranded(
+        self,
+        key: GatewayKey,
+        gateway: Obj,
+        pods: list[Mapping[str, Any]],
+        snap: Snapshot,
+        pin: str | None,
+        fenced: bool,
+        now: str,
+    ) -> None:
+        """The Deployment now pins ``pin``; its old pod on a dead node is deleted without its kubelet's
+        word once it cannot serve (the cloud fenced it off, or the node is gone or out of service): else
+        the Recreate Deployment waits for it forever (no kubelet confirms its deletion)."""
+        for pod in placement.stranded(pods, snap.nodes, pin, fenced=fenced):
+            on = pod["spec"]["nodeName"]
+            why = (
+                f"node {on} is not Ready and NIC2 is attached to {pin} now"
+                if fenced
+                else f"node {on} is gone or out of service"
+            )
+            if await execute.force_delete(
+                self.kube, key, gateway, pod, why, now=now, reporter=self.elector.identity
+            ):
+                self.metrics.writes.labels("delete").inc()
+                self.metrics.force_deleted.inc()
+
+    def _plan_ha(self, key: GatewayKey, snap: Snapshot) -> HaPlan | None:
+        """The HA part of ``key``'s reconcile (``reconcile.plan_ha``) over this replica's watch of its Lease
+        (first read from the cache when this replica has seen no version yet)."""
+        if not ha_involved(snap):
+            return None
+        now = time.monotonic()
+        observed = self.leases.get(key)
+        if observed is None:
+            observed = self.leases[key] = ha.observe(None, snap.owned.get("Lease"), now)
+        return plan_ha(snap, self.settings, observed, now, now_rfc3339())
 
     def _count_writes(self, counts: execute.Counts) -> None:
         for verb, n in (("create", counts.creates), ("replace", counts.replaces)):
@@ -742,6 +835,7 @@ class Operator:
                 _deployed_nic(rendered),
                 snap.current_status.get("publicIP"),
                 (Condition(CLOUD_READY, False, exc.step, str(exc)),),
+                nic_b=_deployed_nic_b(snap) if want.ha is not None else None,
             )
             return state, True
 
@@ -1004,7 +1098,19 @@ def _placement_relevant(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 def _deployed_nic(rendered: Rendered) -> Nic2 | None:
     """NIC2 as the deployed plan has it: what a reconcile uses while the cloud cannot be asked."""
-    p = rendered.previous
+    return _nic_of(rendered.previous)
+
+
+def _deployed_nic_b(snap: Snapshot) -> Nic2 | None:
+    """An HA gateway's slot b's NIC2 as its deployed plan (``ConfigMap/b``) has it."""
+    cm = snap.owned.get("ConfigMap/b")
+    try:
+        return _nic_of(plan_of(cm)) if cm is not None else None
+    except gwplan.PlanError:
+        return None
+
+
+def _nic_of(p: gwplan.Plan | None) -> Nic2 | None:
     if p is None or not (p.nic.mac and p.nic.address and p.nic.gateway):
         return None
     return Nic2(p.nic.mac, p.nic.address, p.nic.gateway)

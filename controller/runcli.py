@@ -107,6 +107,12 @@ def add_run_parser(sub: Any) -> None:
     )
     r.add_argument("--max-gateways-per-node", type=int, default=0, help="0: no cap (Nova's interface limit)")
     r.add_argument(
+        "--allow-ha",
+        action="store_true",
+        help="let tenants run warm-standby HA gateways (spec.ha.enabled: two pods, nodes and NIC2s each; "
+        "docs/ha.md); without it such a gateway runs one pod",
+    )
+    r.add_argument(
         "--gateway-sysctls",
         choices=("pod", "privileged-init", "none"),
         default="pod",
@@ -341,6 +347,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
         gateway_namespace=args.gateway_namespace,
         migrate=args.migrate,
         instance=args.instance,
+        ha_allowed=args.allow_ha,
     )
     if args.config is not None:
         try:

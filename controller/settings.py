@@ -160,6 +160,9 @@ class Settings:
     """namespace -> what its gateways may reach; a namespace not named gets ``default_allowance``."""
     default_allowance: Allowance = field(default_factory=Allowance)
     """For every namespace without its own entry: nothing, unless the operator says otherwise."""
+    ha_allowed: bool = False
+    """Tenants may run warm-standby HA gateways (``spec.ha.enabled``: a second pod, node slot and NIC2 per
+    gateway; docs/ha.md). Off: such a gateway runs one pod and ``StandbyReady`` says why."""
 
     def allowance(self, namespace: str) -> Allowance:
         return self.allowances.get(namespace, self.default_allowance)

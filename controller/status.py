@@ -1,6 +1,6 @@
 """The controller's half of a gateway's status, and the Events its changes deserve. Pure.
 
-The controller owns ``conditions``, ``observedGeneration``, ``nodeName`` and ``publicIP``; the
+The controller owns ``conditions``, ``observedGeneration``, ``nodeName``, ``publicIP`` and ``ha``; the
 status-agent owns ``tunnels`` / ``peers`` / ``agent``. Each writes only its own keys with a merge patch,
 so neither clobbers the other (tests write both at once).
 
@@ -17,6 +17,8 @@ computes an unchanged status and the controller writes nothing:
 * (with OpenStack) ``RoutingReady``, ``SecurityGroupScoped``: passed through from the cloud backend.
   ``SecurityGroupScoped`` False says the IKE/WireGuard port is open wider than the peers' addresses
   (a peer known by hostname); the gateway still serves, so it does not make ``Ready`` False.
+* (with HA) ``StandbyReady``: a second pod stands by Ready on another node (``controller.ha``); advisory,
+  as the gateway serves without one.
 * ``OwnedObjects`` (only while False): an object of the gateway's name is not ours (``ObjectNameTaken``),
   or the API refused a write of one (``owned_condition``: the API's reason, ``Forbidden``, ``NotFound``,
   ``AlreadyExists``, ``Invalid``, and its message; never the object's content).
@@ -121,7 +123,7 @@ def owned_condition(foreign: Sequence[str], failures: Sequence[WriteFailure]) ->
     return Condition(OWNED_OBJECTS, False, reason or "Error", "; ".join(said))
 
 
-ADVISORY = frozenset({"SecurityGroupScoped"})
+ADVISORY = frozenset({"SecurityGroupScoped", "StandbyReady"})
 """Conditions that say something worth knowing but do not stop the gateway serving: not part of Ready."""
 
 
@@ -150,22 +152,28 @@ def conditions(
     return out
 
 
-CONTROLLER_KEYS = ("conditions", "observedGeneration", "nodeName", "publicIP")
+CONTROLLER_KEYS = ("conditions", "observedGeneration", "nodeName", "publicIP", "ha")
 """The status keys the controller owns (the status-agent owns the others)."""
 
 
 def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> Obj | None:
     """A merge patch of the controller's status keys that turns ``current`` into ``wanted``; None when
-    they already agree (a no-op reconcile writes nothing). A key we no longer want is patched to null."""
+    they already agree (a no-op reconcile writes nothing). A key we no longer want is patched to null; an
+    object (``ha``) is patched key by key, its keys that go as null (RFC 7386 merges nested objects)."""
     patch: Obj = {}
     for key in CONTROLLER_KEYS:
         want = wanted.get(key)
-        if current.get(key) != want:
+        have = current.get(key)
+        if have == want:
+            continue
+        if isinstance(want, Mapping) and isinstance(have, Mapping):
+            patch[key] = {k: want.get(k) for k in sorted({*have, *want}) if have.get(k) != want.get(k)}
+        else:
             patch[key] = want
     return patch or None
 
 
-QUIET_FIRST = frozenset({"NoPod", "NoNIC2"})
+QUIET_FIRST = frozenset({"NoPod", "NoNIC2", "StandbyPending"})
 """First reasons that are a gateway's normal way into being (no pod yet): not worth an Event."""
 
 

@@ -333,16 +333,14 @@ esp = Obj(
     description="ESP (phase 2, CHILD_SA) settings: the proposals.",
 )
 ha = Obj(
-    {"enabled": Bool("Reserved: warm-standby HA is not built; only false is accepted. Default false.")},
-    description="High availability (reserved: a warm-standby gateway pod is not built yet).",
-    rules=(
-        Rule(
-            "!has(self.enabled) || !self.enabled",
-            "is not supported: HA (a warm-standby gateway pod) is not built yet; set false or omit ha",
-            lambda o: not o.get("enabled", False),
-            field_path=".enabled",
-        ),
-    ),
+    {
+        "enabled": Bool(
+            "Warm standby: a second gateway pod on another node, with its own NIC2, takes over in seconds "
+            "when the serving one fails (docs/ha.md). Needs the operator's allowance (the chart's "
+            "ha.allowed); without it the gateway runs one pod and StandbyReady says why. Default false."
+        )
+    },
+    description="High availability: a warm-standby gateway pod (docs/ha.md).",
 )
 
 
@@ -725,7 +723,8 @@ condition = Obj(
     {
         "type": Str(
             "Condition type: Ready (the gateway serves its plan), ConfigRendered, CloudReady, PodReady, "
-            "DeployedPlan, OwnedObjects, and with OpenStack RoutingReady and SecurityGroupScoped."
+            "DeployedPlan, OwnedObjects, with OpenStack RoutingReady and SecurityGroupScoped, and with HA "
+            "StandbyReady."
         ),
         "status": Str("True, False or Unknown."),
         "reason": Str("One CamelCase word for the condition's last transition, e.g. NoPod or Invalid."),
@@ -820,6 +819,22 @@ init_nat = Obj(
     },
     description="What init-nat (the gateway pod's NAT rules) reports; absent when it has nothing to say.",
 )
+ha_status = Obj(
+    {
+        "activeSlot": Str("The slot serving (a or b): its pod holds the gateway's Lease."),
+        "activePod": Str("The pod serving (holding the gateway's Lease)."),
+        "activeNode": Str("The node the serving pod runs on."),
+        "standbyPod": Str("The pod standing by."),
+        "standbyNode": Str("The node the standby is pinned to."),
+        "lastFailoverTime": Str(f"When the floating IP last moved to the other slot ({_RFC3339})."),
+        "lastFailoverReason": Str(
+            "Why: LeaseExpired (the serving pod stopped renewing its Lease) or Released (it stopped "
+            "gracefully)."
+        ),
+    },
+    description="Warm-standby HA (spec.ha.enabled): who serves, who stands by, the last failover; written "
+    "by the controller.",
+)
 GATEWAY_STATUS = Obj(
     {
         "conditions": Arr(
@@ -839,9 +854,10 @@ GATEWAY_STATUS = Obj(
         ),
         "agent": agent_status,
         "initNat": init_nat,
+        "ha": ha_status,
     },
     description="The observed state, written by the controller (conditions, observedGeneration, nodeName, "
-    "publicIP) and by the gateway pod's status-agent (tunnels or peers, tunnelsSummary, agent, initNat).",
+    "publicIP, ha) and by the gateway pod's status-agent (tunnels or peers, tunnelsSummary, agent, initNat).",
 )
 PEER_STATUS = Obj(
     {
