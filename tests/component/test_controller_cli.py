@@ -106,7 +106,7 @@ def test_render_keeps_previous_allocations(tmp_path: Path) -> None:
 def test_invalid_input_lists_every_error_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     docs = list(yaml.safe_load_all((EXAMPLES / "ipsec.yaml").read_text()))
     docs[1]["spec"]["ipsec"]["remoteSubnets"][1] = "192.168.20.0/33"
-    docs[0]["spec"]["ha"]["enabled"] = True
+    docs[0]["spec"]["ipsec"]["pskSecretRef"]["key"] = ".."
     docs[2]["spec"]["ipsec"]["id"] = "bad id"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump_all(docs))
@@ -118,7 +118,9 @@ def test_invalid_input_lists_every_error_exits_2_and_writes_nothing(tmp_path: Pa
     assert (
         'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[1]: "192.168.20.0/33" is not an IPv4 CIDR' in lines
     )
-    assert any(line.startswith('VPNGateway/tenant-acme/acme: spec.ha.enabled: "true"') for line in lines)
+    assert any(
+        line.startswith('VPNGateway/tenant-acme/acme: spec.ipsec.pskSecretRef.key: ".."') for line in lines
+    )
     assert any(line.startswith('VPNPeer/tenant-acme/s2: spec.ipsec.id: "bad id"') for line in lines)
 
 

@@ -196,7 +196,8 @@ def test_status_follows_the_lease_and_a_failover_waits_for_the_expiry(
     assert time.monotonic() - last_renewal >= 3.0, "moved before the previous holder's Lease expired"
     st = ha_status(cluster)
     assert st["activePod"] == pod_b and st["lastFailoverReason"] == "LeaseExpired", st
-    assert metric(ctl, "vpngw_controller_ha_failovers_total") == 1
+    # Counted once the reconcile's writes went through: a moment after the status the test just read.
+    wait_for(lambda: metric(ctl, "vpngw_controller_ha_failovers_total") == 1, 10, "the failover counted")
     reasons = [e.get("reason") for e in cluster.kube.list("v1", "Event", NS)]
     assert "Failover" in reasons, reasons
 
@@ -241,7 +242,8 @@ def test_ha_where_the_operator_does_not_allow_it_runs_one_pod_and_says_why(clust
     start(cluster, config=ha_config(cluster))
     apply_ha(cluster)
     wait_for(lambda: condition(gw(cluster), "StandbyReady").get("reason") == "HANotAllowed", 20, "refused")
-    assert home(cluster, "Deployment") is not None and home(cluster, "Deployment", "b") is None
+    wait_for(lambda: home(cluster, "Deployment"), 20, "slot a's Deployment")
+    assert home(cluster, "Deployment", "b") is None
     assert home(cluster, "Lease", api=COORD) is None
     cm = home(cluster, "ConfigMap", "a", "v1")
     assert cm is not None and plan_of(cm).ha is None

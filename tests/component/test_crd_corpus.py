@@ -262,9 +262,6 @@ INVALID: list[Case] = [
         "is not a Secret name",
     ),
     _c(
-        "gw-ha-true", GATEWAY, ["spec", "ha", "enabled"], True, 'spec.ha.enabled: "true" is not supported: HA'
-    ),
-    _c(
         "gw-ipsec-on-wg",
         WG_GATEWAY,
         ["spec", "ipsec"],

@@ -248,14 +248,15 @@ def test_every_problem_is_reported_not_just_the_first() -> None:
 
 def test_per_object_problems_of_every_document_are_reported_together() -> None:
     bad = edit(IPSEC, 1, ["spec", "ipsec", "remoteSubnets", 1], "192.168.20.0/33")
-    bad = edit(bad, 0, ["spec", "ha"], {"enabled": True})
+    bad = edit(bad, 0, ["spec", "ipsec", "pskSecretRef", "key"], "..")
     found = [str(p) for p in problems(bad)]
     assert (
         'VPNPeer/tenant-acme/s1: spec.ipsec.remoteSubnets[1]: "192.168.20.0/33" is not an IPv4 CIDR' in found
     )
     assert any(
-        p.startswith('VPNGateway/tenant-acme/acme: spec.ha.enabled: "true" is not supported') for p in found
-    )
+        p.startswith('VPNGateway/tenant-acme/acme: spec.ipsec.pskSecretRef.key: ".." is not a Secret key')
+        for p in found
+    ), found
 
 
 def test_overlap_check_scales_to_thousands_of_subnets() -> None:
