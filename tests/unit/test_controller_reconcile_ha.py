@@ -1,0 +1,111 @@
+"""The HA part of one reconcile (``controller.reconcile.plan_ha``), pure: which mode the pair is in (both
+slots, slot b draining, nothing left), slot b held back while HA is turned on for a serving gateway, and
+the handover when HA is turned off while slot b serves. The decisions inside (placement, the Lease, who
+serves) are controller/ha.py's and tested in test_controller_ha.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from controller import ha
+from controller.names import GatewayKey
+from controller.reconcile import Snapshot, plan_ha
+from controller.settings import Settings
+from tests.unit.test_controller_ha import lease, node, pod
+
+KEY = GatewayKey("VPNGateway", "tenant-acme", "acme")
+ALLOWED = Settings(ha_allowed=True)
+NOW = 1000.0
+WALL = "2026-12-03T16:00:00Z"
+NODES = (node("node-a"), node("node-b"))
+
+
+def gateway(enabled: bool, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "acme", "namespace": "tenant-acme", "uid": "u1", "generation": 1},
+        "spec": {"ha": {"enabled": enabled}},
+        "status": status or {},
+    }
+
+
+def deployment(node_name: str) -> dict[str, Any]:
+    return {"spec": {"template": {"spec": {"nodeName": node_name}}}}
+
+
+def snap(
+    enabled: bool,
+    *,
+    pods: tuple[dict[str, Any], ...] = (),
+    owned: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+) -> Snapshot:
+    return Snapshot(
+        key=KEY,
+        gateway=gateway(enabled, status),
+        pods=pods,
+        owned=owned or {},
+        nodes=NODES,
+    )
+
+
+def held(holder: str, *, at: float = NOW - 0.5) -> ha.Observation:
+    """The Lease as a controller that has watched it a while saw it: ``holder`` renewed at ``at``."""
+    first = ha.observe(None, lease(holder="", renew="t0"), NOW - 100)
+    return ha.observe(first, lease(holder=holder, renew="t1"), at)
+
+
+NONE = ha.observe(None, None, NOW - 100)
+
+
+def test_a_gateway_that_neither_wants_nor_had_ha_has_no_ha_part() -> None:
+    assert plan_ha(snap(False), ALLOWED, NONE, NOW, WALL) is None
+
+
+def test_ha_turned_on_for_a_serving_gateway_holds_slot_b_until_slot_a_holds_the_lease() -> None:
+    serving = snap(
+        True,
+        pods=(pod("a-1", "a", "node-a"),),
+        owned={"Deployment": deployment("node-a")},
+        status={"nodeName": "node-a"},
+    )
+    first = plan_ha(serving, ALLOWED, NONE, NOW, WALL)
+    assert first is not None and first.mode == "full" and first.hold_b
+    assert first.slot_a.node == "node-a" and first.slot_b.node == "node-b"
+    taken = plan_ha(serving, ALLOWED, held("a-1"), NOW, WALL)
+    assert taken is not None and not taken.hold_b and taken.active == "a"
+
+
+def test_a_new_ha_gateway_holds_nothing_back() -> None:
+    fresh = plan_ha(snap(True), ALLOWED, NONE, NOW, WALL)
+    assert fresh is not None and fresh.mode == "full" and not fresh.hold_b
+
+
+def test_ha_the_operator_does_not_allow_is_no_ha() -> None:
+    serving = snap(True, pods=(pod("a-1", "a", "node-a"),), owned={"Deployment": deployment("node-a")})
+    off = plan_ha(serving, dataclasses.replace(ALLOWED, ha_allowed=False), NONE, NOW, WALL)
+    assert off is not None and off.mode == "off" and off.active == "a"
+
+
+def test_ha_turned_off_while_slot_b_serves_hands_over_once_slot_a_stands_by_ready() -> None:
+    pods = (pod("a-1", "a", "node-a"), pod("b-1", "b", "node-b"))
+    owned = {"Deployment": deployment("node-a"), "Deployment/b": deployment("node-b")}
+    status = {"ha": {"activeSlot": "b"}, "nodeName": "node-b"}
+    s = snap(False, pods=pods, owned=owned, status=status)
+    plan = plan_ha(s, ALLOWED, held("b-1"), NOW, WALL)
+    assert plan is not None and plan.mode == "full" and plan.active == "b"
+    assert plan.handover is not None and plan.handover["metadata"]["name"] == "b-1"
+    not_ready = (pod("a-1", "a", "node-a", ready=False), pod("b-1", "b", "node-b"))
+    waiting = plan_ha(dataclasses.replace(s, pods=not_ready), ALLOWED, held("b-1"), NOW, WALL)
+    assert waiting is not None and waiting.handover is None, "no handover to a standby that is not Ready"
+
+
+def test_ha_turned_off_while_slot_a_serves_drains_slot_b_then_is_off() -> None:
+    pods = (pod("a-1", "a", "node-a"), pod("b-1", "b", "node-b"))
+    owned = {"Deployment": deployment("node-a"), "Deployment/b": deployment("node-b"), "Lease": {}}
+    s = snap(False, pods=pods, owned=owned, status={"ha": {"activeSlot": "a"}})
+    draining = plan_ha(s, ALLOWED, held("a-1"), NOW, WALL)
+    assert draining is not None and draining.mode == "drain" and draining.handover is None
+    gone = dataclasses.replace(s, pods=pods[:1], owned={"Deployment": deployment("node-a"), "Lease": {}})
+    off = plan_ha(gone, ALLOWED, held("a-1"), NOW, WALL)
+    assert off is not None and off.mode == "off"
