@@ -227,6 +227,11 @@ class StatusGate:
     def open(self) -> bool:
         return self.role.current == "active"
 
+    @property
+    def in_flight(self) -> int:
+        """Writes running now (each cancelled by a fence)."""
+        return len(self._writing)
+
     def changed(self, role: Role) -> None:
         """The role is now ``role``: a fence cancels the writes in flight; every waiting writer looks
         again."""
