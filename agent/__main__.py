@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="serve the exporter's read-only view here (an emptyDir the exporter mounts read-only): "
-        "plan.json, a copy of every accepted plan, and a socket that can only read the daemon: charon.vici "
+        "plan.json, a copy of every accepted plan, ha-role, the pod's HA role (active/standby), and a "
+        "socket that can only read the daemon: charon.vici "
         "(a VICI relay passing queries only; control commands get 'unknown command') or <interface>.sock "
         "(a UAPI socket answering get=1 without private or preshared keys; set=1 gets errno=1)",
     )
