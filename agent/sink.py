@@ -14,12 +14,12 @@ writers follow the pod's role through one ``StatusGate``: they write only while 
 While standby they keep the latest status (``due`` says ``hold``) and write it the moment the pod is
 promoted, whether or not it changed since (another pod wrote the CR in between). The role is read at the
 instant a write starts (``RoleSource.current``: no write starts after the elector went standby), and a
-fence cancels the writes in flight. What a cancel cannot undo: bytes the API server already received
-(it may still apply them). Such a write was sent while this pod was active, which by the elector's rules
-(``agent.election``) is at least its margin (0.5 s or more) before any other pod may turn active, so it
-lands before the new active's first write unless the network holds it longer than that. Without HA
-(``ALWAYS_ACTIVE``) the gate is always open and nothing changes. The status file and the logs are not
-gated.
+fence cancels the writes in flight (``StatusGate.follow`` hears of it at the next turn of the event
+loop). What a cancel cannot undo: bytes the API server already received (it may still apply them). Such
+a write was sent while this pod was active, which by the elector's rules (``agent.election``) is at
+least its margin (0.5 s or more) before any other pod may turn active, so it lands before the new
+active's first write unless the network holds it longer than that. Without HA (``ALWAYS_ACTIVE``) the
+gate is always open and nothing changes. The status file and the logs are not gated.
 """
 
 from __future__ import annotations
@@ -240,11 +240,11 @@ class StatusGate:
         self._seen = role
         if role != "active":
             self.term += 1
-            for scope in self._writing:
+            for scope in list(self._writing):
                 scope.cancel()
-        for event in self.waiting:
+        waiting, self.waiting = self.waiting, set()
+        for event in waiting:
             event.set()
-        self.waiting.clear()
 
     async def follow(self) -> None:
         async for role in self.role:
