@@ -28,7 +28,15 @@ from agent.follow import PlanFollower
 from agent.ha import ROLE_FILE, Api, FollowHa, LeaseElector
 from agent.health import HealthState, serve, split_listen
 from agent.runtime import Backend, PlanSource, Settings, StatusSink
-from agent.sink import FileStatusSink, KubeStatusApi, KubeStatusSink, WithInitNat, WithPeerStatus
+from agent.sink import (
+    CopiedRole,
+    FileStatusSink,
+    KubeStatusApi,
+    KubeStatusSink,
+    StatusGate,
+    WithInitNat,
+    WithPeerStatus,
+)
 from agent.sources import CopiedPlans, FilePlanSource, FileSecrets
 from gwkit.kube import ClusterConfig, ConfigError, KubeClient, load
 from gwkit.logs import LEVELS, add_log_format_flag, setup_logging
@@ -108,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="serve the exporter's read-only view here (an emptyDir the exporter mounts read-only): "
-        "plan.json, a copy of every accepted plan, and a socket that can only read the daemon: charon.vici "
+        "plan.json, a copy of every accepted plan, ha-role, the pod's HA role (active/standby), and a "
+        "socket that can only read the daemon: charon.vici "
         "(a VICI relay passing queries only; control commands get 'unknown command') or <interface>.sock "
         "(a UAPI socket answering get=1 without private or preshared keys; set=1 gets errno=1)",
     )
@@ -257,6 +266,8 @@ async def main_async(settings: Settings) -> int:
     health = HealthState(stale_after=max(60.0, 3 * settings.resync_seconds))
     plans = FilePlanSource(settings.plan, settings.poll_interval)
     secrets = FileSecrets(settings.secrets_dir)
+    role_copy = CopiedRole(settings.readonly_dir / ROLE_FILE) if settings.readonly_dir is not None else None
+    elector: LeaseElector | None = None
     async with anyio.create_task_group() as tg:
 
         async def stop_on_signal() -> None:
@@ -306,16 +317,27 @@ async def main_async(settings: Settings) -> int:
                 )
         plan = await _heartbeat_until_first_plan(plans, health)
         backend = load_backend(plan.type)
+        # The HA role (agent.ha): active forever while the plan has no ha; follows every later plan.
+        identity = settings.ha_identity or os.environ.get("POD_NAME") or socket.gethostname()
+        role = elector = LeaseElector(
+            ha_api,
+            identity,
+            plan.ha,
+            role_file=settings.live_dir / ROLE_FILE if settings.live_dir is not None else None,
+        )
         sink: StatusSink
         if settings.kube_status:
             assert client is not None
-            kube = KubeStatusSink(plan.gateway, KubeStatusApi(client))
+            # Both pods of an HA pair write the same CR and VPNPeers: only the active one may (agent.sink).
+            gate = StatusGate(role)
+            tg.start_soon(gate.follow)
+            kube = KubeStatusSink(plan.gateway, KubeStatusApi(client), gate=gate)
             tg.start_soon(kube.run)
             sink = kube
             if settings.status_file:
                 sink = _Both(FileStatusSink(settings.status_file), kube)
             # Each planned VPNPeer's status too (its gateway's Role grants patch on exactly those).
-            sink = WithPeerStatus(sink, plan.gateway, KubeStatusApi(client), tg)
+            sink = WithPeerStatus(sink, plan.gateway, KubeStatusApi(client), tg, gate=gate)
         elif settings.status_file:
             sink = FileStatusSink(settings.status_file)
         else:
@@ -332,18 +354,14 @@ async def main_async(settings: Settings) -> int:
         same: PlanSource = SameTypePlans(plans, plan.type)
         if settings.readonly_dir is not None:  # the exporter's copy (it mounts nothing else of ours)
             same = CopiedPlans(same, settings.readonly_dir / "plan.json")
-        # The HA role (agent.ha): active forever while the plan has no ha; follows every later plan.
-        identity = settings.ha_identity or os.environ.get("POD_NAME") or socket.gethostname()
-        role = LeaseElector(
-            ha_api,
-            identity,
-            plan.ha,
-            role_file=settings.live_dir / ROLE_FILE if settings.live_dir is not None else None,
-        )
+        if role_copy is not None:  # the exporter's copy of the role (its tunnel alerts follow it)
+            tg.start_soon(role_copy.follow, role)
         tg.start_soon(role.run)
         same = FollowHa(same, role)
         await backend(settings, same, secrets, sink, health, role=role)
         tg.cancel_scope.cancel()
+    if role_copy is not None and elector is not None:
+        role_copy.write(elector.current)  # stopping, the elector went standby after the copier's end
     return EXIT_OK
 
 

@@ -48,10 +48,10 @@ class Settings:
     wireguard_uapi_dir: Path | None = None
     """Where wireguard-go's UAPI sockets are, when not /var/run/wireguard."""
     readonly_dir: Path | None = None
-    """Serve the exporter's read-only view here: ``plan.json`` (a copy of every plan the agent accepts)
-    and a socket that can only read the daemon: ``charon.vici`` (a VICI relay passing queries only,
-    ``agent.ipsec.relay``) or ``<interface>.sock`` (a UAPI socket answering ``get=1`` without keys,
-    ``agent.wireguard.readonly``)."""
+    """Serve the exporter's read-only view here: ``plan.json`` (a copy of every plan the agent accepts),
+    ``ha-role`` (the pod's HA role, ``agent.sink.CopiedRole``) and a socket that can only read the
+    daemon: ``charon.vici`` (a VICI relay passing queries only, ``agent.ipsec.relay``) or
+    ``<interface>.sock`` (a UAPI socket answering ``get=1`` without keys, ``agent.wireguard.readonly``)."""
     poll_interval: float = 0.5
     """How often the plan and secret files are checked for changes (changes apply within 2 s)."""
     resync_seconds: float = 30.0

@@ -8,6 +8,18 @@ project's Kubernetes client (``gwkit.kube``). Statuses published while a write i
 backoff, always with the newest status. The Kubernetes call itself sits behind the small ``StatusApi``
 Protocol: ``KubeStatusApi`` is the real one, ``FakeStatusApi`` (next to it) is an in-memory fake that
 scripts conflicts and failures in zero time (the real one is tested against the API emulator).
+
+Warm-standby HA (docs/ha.md): both pods of a pair write the same CR and the same VPNPeers, so the API
+writers follow the pod's role through one ``StatusGate``: they write only while the role is ``active``.
+While standby they keep the latest status (``due`` says ``hold``) and write it the moment the pod is
+promoted, whether or not it changed since (another pod wrote the CR in between). The role is read at the
+instant a write starts (``RoleSource.current``: no write starts after the elector went standby), and a
+fence cancels the writes in flight (``StatusGate.follow`` hears of it at the next turn of the event
+loop). What a cancel cannot undo: bytes the API server already received (it may still apply them). Such
+a write was sent while this pod was active, which by the elector's rules (``agent.election``) is at
+least its margin (0.5 s or more) before any other pod may turn active, so it lands before the new
+active's first write unless the network holds it longer than that. Without HA (``ALWAYS_ACTIVE``) the
+gate is always open and nothing changes. The status file and the logs are not gated.
 """
 
 from __future__ import annotations
@@ -17,16 +29,17 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import anyio.abc
 
 from agent.peerstatus import peer_statuses
-from agent.runtime import StatusSink
+from agent.runtime import ALWAYS_ACTIVE, Role, RoleSource, StatusSink
 from gwkit.backoff import backoff as _backoff
 from gwkit.kube import ApiError, KubeClient, KubeError, Resource
 from gwplan import GatewayRef
@@ -183,23 +196,99 @@ def backoff(failures: int, base: float = 0.2, cap: float = 30.0) -> float:
     return _backoff(failures, base=base, cap=cap)
 
 
+Due = Literal["idle", "hold", "write"]
+
+
+def due(latest: bytes | None, written: bytes | None, role: Role) -> Due:
+    """What a status writer does now (pure). ``written``: what it wrote in the role's current active term
+    (None after a fence: what the CR holds since is not ours to know). Nothing new: ``idle``; something new
+    while standby: ``hold`` it (written on promotion); while active: ``write``."""
+    if latest is None or latest == written:
+        return "idle"
+    return "write" if role == "active" else "hold"
+
+
+class StatusGate:
+    """The pod's role as the API status writers see it: one per agent, shared by the gateway's writer and
+    every VPNPeer's. ``follow()`` runs in a task; ``role.current`` is read when a write starts."""
+
+    def __init__(self, role: RoleSource = ALWAYS_ACTIVE) -> None:
+        self.role = role
+        self.term = 0
+        """Counts the fences seen: what a writer wrote before the last one is not what the CR holds now
+        (the other pod wrote it meanwhile). A fence and a promotion both come through ``follow`` long
+        before another pod can have written: a takeover takes the Lease's duration."""
+        self._seen: Role = role.current
+        self.waiting: set[anyio.Event] = set()
+        """Writers waiting for news: set at every role change (a promotion may make them write)."""
+        self._writing: set[anyio.CancelScope] = set()
+
+    @property
+    def open(self) -> bool:
+        return self.role.current == "active"
+
+    @property
+    def in_flight(self) -> int:
+        """Writes running now (each cancelled by a fence)."""
+        return len(self._writing)
+
+    def changed(self, role: Role) -> None:
+        """The role is now ``role``: a fence cancels the writes in flight; every waiting writer looks
+        again."""
+        if role == self._seen:
+            return
+        self._seen = role
+        if role != "active":
+            self.term += 1
+            for scope in list(self._writing):
+                scope.cancel()
+        waiting, self.waiting = self.waiting, set()
+        for event in waiting:
+            event.set()
+
+    async def follow(self) -> None:
+        async for role in self.role:
+            self.changed(role)
+
+    @contextmanager
+    def writing(self) -> Iterator[anyio.CancelScope]:
+        """A scope for one write, cancelled if the pod is fenced while it runs."""
+        with anyio.CancelScope() as scope:
+            self._writing.add(scope)
+            try:
+                yield scope
+            finally:
+                self._writing.discard(scope)
+
+
 class KubeStatusSink:
     """``runtime.StatusSink`` for the CR's status subresource; start ``run()`` in a task group."""
 
     def __init__(
-        self, gateway: GatewayRef, api: StatusApi, *, sleep: Sleep = anyio.sleep, min_interval: float = 2.0
+        self,
+        gateway: GatewayRef,
+        api: StatusApi,
+        *,
+        sleep: Sleep = anyio.sleep,
+        min_interval: float = 2.0,
+        gate: StatusGate | None = None,
     ) -> None:
         self.gateway = gateway
         self._api = api
         self._sleep = sleep
+        self.gate = gate or StatusGate()
+        """Writes only while the pod is active (warm-standby HA); without HA always open."""
         self.min_interval = min_interval
         """Seconds between two successful writes: a tunnel flapping or counters moving every poll must
         not turn into a PATCH (and a watch event for every controller) twice a second. Latest wins."""
         self._latest: bytes | None = None
         self._written: bytes | None = None
+        self._written_term = -1
         self._wake: anyio.Event | None = None  # created in the running loop
         self.failures = 0
         self.last_error: str | None = None
+        self.held = False
+        """A status is held back because the pod is standby."""
 
     async def publish(self, status: Mapping[str, Any]) -> None:
         data = render(status)
@@ -209,56 +298,109 @@ class KubeStatusSink:
         if self._wake is not None:
             self._wake.set()
 
+    def _due(self) -> Due:
+        written = self._written if self._written_term == self.gate.term else None
+        return due(self._latest, written, "active" if self.gate.open else "standby")
+
     @property
     def pending(self) -> bool:
-        return self._latest is not None and self._latest != self._written
+        return self._due() != "idle"
 
     async def run(self) -> None:
         """The writer: runs until cancelled."""
         while True:
-            if not self.pending:
-                self._wake = anyio.Event()
-                await self._wake.wait()
-            while self.pending:
-                data = self._latest
-                assert data is not None
+            step = self._due()
+            if step != "write":
+                self.held = step == "hold"
+                wake = self._wake = anyio.Event()  # set by publish() and by a role change
+                self.gate.waiting.add(wake)
                 try:
-                    body = json.loads(data)
-                    await self._api.patch_status(self.gateway, body)
+                    await wake.wait()
+                finally:
+                    self.gate.waiting.discard(wake)
+                continue
+            data = self._latest
+            assert data is not None
+            term, promoted = self.gate.term, self.held
+            error: StatusWriteError | None = None
+            with self.gate.writing() as scope:
+                try:
+                    await self._api.patch_status(self.gateway, json.loads(data))
                 except StatusWriteError as exc:
-                    self.failures += 1
-                    self.last_error = str(exc)
-                    delay = backoff(self.failures) if exc.retry else max(backoff(self.failures), 10.0)
-                    # A conflict is routine; a write still failing after PERSISTENT tries (minutes: a 403
-                    # that never clears is a Role that does not grant it) is an error an SRE must see.
-                    level = (
-                        logging.INFO
-                        if exc.conflict
-                        else logging.ERROR
-                        if self.failures >= PERSISTENT
-                        else logging.WARNING
-                    )
-                    log.log(
-                        level,
-                        "status.write_failed gateway=%s/%s error=%r retry_in=%.1f failures=%d",
-                        self.gateway.namespace,
-                        self.gateway.name,
-                        str(exc),
-                        delay,
-                        self.failures,
-                    )
-                    await self._sleep(delay)
-                    continue
-                self._written = data
-                if self.failures:
-                    log.info("status.write_recovered failures=%d", self.failures)
-                self.failures = 0
-                self.last_error = None
-                if self.min_interval > 0:
-                    await self._sleep(self.min_interval)
+                    error = exc
+            if scope.cancelled_caught:  # fenced mid-write: held from now on (the server may have it or not)
+                continue
+            if error is not None:
+                await self._failed(error)
+                continue
+            self._written, self._written_term, self.held = data, term, False
+            if self.failures:
+                log.info("status.write_recovered failures=%d", self.failures)
+            self.failures = 0
+            self.last_error = None
+            # A promotion's first write (what was held, maybe still Standby) is followed at once by
+            # the backend's first status as active.
+            if self.min_interval > 0 and not promoted:
+                await self._sleep(self.min_interval)
+
+    async def _failed(self, exc: StatusWriteError) -> None:
+        self.failures += 1
+        self.last_error = str(exc)
+        delay = backoff(self.failures) if exc.retry else max(backoff(self.failures), 10.0)
+        # A conflict is routine; a write still failing after PERSISTENT tries (minutes: a 403 that never
+        # clears is a Role that does not grant it) is an error an SRE must see.
+        level = (
+            logging.INFO
+            if exc.conflict
+            else logging.ERROR
+            if self.failures >= PERSISTENT
+            else logging.WARNING
+        )
+        log.log(
+            level,
+            "status.write_failed gateway=%s/%s error=%r retry_in=%.1f failures=%d",
+            self.gateway.namespace,
+            self.gateway.name,
+            str(exc),
+            delay,
+            self.failures,
+        )
+        await self._sleep(delay)
 
 
 _conforms_file: StatusSink = FileStatusSink(Path("/nonexistent"))
+
+
+class CopiedRole:
+    """The pod's HA role for the exporter (which mounts only the read-only directory): ``path`` holds
+    ``active`` or ``standby`` (atomic rename, mode 0644, as ``agent.sources.CopiedPlans`` copies the plan),
+    written at start and at every change; its tunnel alerts stay silent while it says standby. A failed
+    write is logged once per reason and never holds anything up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: str | None = None
+
+    def write(self, role: Role) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text(role + "\n")
+            tmp.chmod(0o644)
+            tmp.replace(self.path)
+        except OSError as exc:
+            if str(exc) != self.error:
+                log.error("ha.role_copy_failed path=%s error=%r", self.path, str(exc))
+            self.error = str(exc)
+            return
+        if self.error is not None:
+            log.info("ha.role_copy_written path=%s after_error=yes", self.path)
+        self.error = None
+
+    async def follow(self, roles: RoleSource) -> None:
+        """The current role, then each change, until cancelled."""
+        async for role in roles:
+            self.write(role)
 
 
 def init_nat_report(doc: Any) -> dict[str, Any] | None:
@@ -344,8 +486,10 @@ class WithPeerStatus:
         sleep: Sleep = anyio.sleep,
         counters_every: float = 300.0,
         counters_rate: float = 2.0,
+        gate: StatusGate | None = None,
     ) -> None:
         self.sink = sink
+        self.gate = gate or StatusGate()
         self.gateway = gateway
         self._api = api
         self._tg = tg
@@ -384,7 +528,7 @@ class WithPeerStatus:
                 continue
             if name not in self.writers:
                 ref = GatewayRef("VPNPeer", self.gateway.api_version, self.gateway.namespace, name)
-                writer = KubeStatusSink(ref, self._api, sleep=self._sleep)
+                writer = KubeStatusSink(ref, self._api, sleep=self._sleep, gate=self.gate)
                 self.writers[name] = (writer, await self._tg.start(_serve, writer))
             await self.writers[name][0].publish(doc)
             if self._last.get(name) != doc:

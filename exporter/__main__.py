@@ -25,8 +25,10 @@ from exporter.http import serve
 from exporter.service import (
     DEFAULT_VICI_SOCKET,
     REMIND_EVERY,
+    ROLE_FILE,
     Exporter,
     PlanFile,
+    RoleFile,
     follow_charon_events,
     watch_plan,
 )
@@ -45,8 +47,8 @@ it does not answer).
 
 metrics: strongswan_up, strongswan_tunnel_up{{tunnel}}, strongswan_tunnel_bytes_total{{tunnel,direction}}
 (monotonic across CHILD_SA rekeys), wireguard_up{{interface}}, wireguard_peer_*{{interface,peer}},
-vpngw_exporter_plan_valid, ... (see docs/exporter.md). The scrape deadline (--scrape-timeout) stays below
-Prometheus' default 10 s.
+vpngw_exporter_plan_valid, vpngw_ha_standby (1 while the pod is the HA standby), ... (see
+docs/exporter.md). The scrape deadline (--scrape-timeout) stays below Prometheus' default 10 s.
 
 endpoints: /metrics, /healthz (200 while serving), /readyz (503 until the --plan file was valid once).
 A missing or invalid --plan at start is waited for, not an exit: the exporter serves, /readyz says
@@ -119,6 +121,13 @@ def parser() -> argparse.ArgumentParser:
         help="gateway plan JSON: names tunnels and peers; configured-but-absent ones appear with 0",
     )
     p.add_argument(
+        "--ha-role",
+        type=Path,
+        metavar="PATH",
+        help=f"the agent's copy of the pod's HA role (active/standby; absent = active), reported as "
+        f"vpngw_ha_standby (default: {ROLE_FILE} beside --plan; without either, not reported)",
+    )
+    p.add_argument(
         "--scrape-timeout",
         type=_timeout,
         default=8.0,
@@ -139,6 +148,13 @@ def charon_mode(args: argparse.Namespace) -> Literal["always", "ipsec-plan"]:
     return "ipsec-plan"
 
 
+def role_file(args: argparse.Namespace) -> RoleFile | None:
+    """``--ha-role``, else the role file beside ``--plan`` (the agent's read-only directory); None without
+    either."""
+    path = args.ha_role or (args.plan.parent / ROLE_FILE if args.plan is not None else None)
+    return RoleFile(path) if path is not None else None
+
+
 async def run(args: argparse.Namespace, plan: PlanFile) -> None:
     socket = args.vici_socket or DEFAULT_VICI_SOCKET
     strongswan = StrongswanSource(socket)
@@ -151,6 +167,7 @@ async def run(args: argparse.Namespace, plan: PlanFile) -> None:
         plan=plan,
         scrape_timeout=args.scrape_timeout,
         charon=charon_mode(args),
+        role=role_file(args),
     )
     host, port = args.listen
     async with anyio.create_task_group() as tg:

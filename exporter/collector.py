@@ -79,6 +79,9 @@ class Snapshot:
     """None when the exporter watches no WireGuard interface."""
     plan_valid: bool | None = None
     """Whether the ``--plan`` file is valid now; None without ``--plan``."""
+    ha_standby: bool | None = None
+    """Whether the agent's role file says this pod is the HA standby; None when there is no role file to
+    read (no ``--plan``, no ``--ha-role``)."""
 
 
 # get-counters keys -> (metric, labels). Message counters: <exchange>-<in|out>-<req|resp>.
@@ -302,6 +305,14 @@ def families(snapshot: Snapshot) -> Iterator[Family]:
             "named by the last good plan, and before the first one only what the command line names is "
             "watched).",
             value=float(snapshot.plan_valid),
+        )
+    if snapshot.ha_standby is not None:
+        yield Family.gauge(
+            "vpngw_ha_standby",
+            "1 while the agent's role file says this pod is its gateway's warm standby (HA: it does not "
+            "serve, its tunnels and peers are down by design and its tunnel alerts are silenced); 0 when "
+            "it serves: active, no HA, no role file, or one that says neither.",
+            value=float(snapshot.ha_standby),
         )
     if snapshot.strongswan is not None:
         yield from strongswan_families(snapshot.strongswan)

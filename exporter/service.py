@@ -166,6 +166,56 @@ class PlanFile:
             )
 
 
+ROLE_FILE = "ha-role"
+"""The role file's name beside the plan in the agent's read-only directory (``agent.sink.CopiedRole``)."""
+
+
+def is_standby(data: bytes | None) -> tuple[bool, str | None]:
+    """What the role file's bytes say (pure): (standby, why the content is not understood). Absent (None)
+    or ``active``: not standby; ``standby``: standby. Anything else counts as active, with the reason: the
+    gauge can only silence tunnel alerts, and silence needs a clear ``standby`` (a bad file on the active
+    pod must not hide an outage; on a standby it makes alerts that point at it). The agent writes only the
+    two words, by atomic rename."""
+    if data is None:
+        return False, None
+    word = data.strip()
+    if word == b"standby":
+        return True, None
+    if word == b"active":
+        return False, None
+    shown = word[:32].decode("ascii", "replace")
+    return False, f"neither active nor standby: {shown!r}" + ("..." if len(word) > 32 else "")
+
+
+class RoleFile:
+    """The agent's copy of the pod's HA role (``<read-only dir>/ha-role``), read at every scrape (a few
+    bytes from a memory emptyDir). A file that cannot be read or is not understood is logged once per
+    reason and counts as active (``is_standby``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: str | None = None
+
+    def standby(self) -> bool:
+        try:
+            data: bytes | None = self.path.read_bytes()
+        except FileNotFoundError:
+            data = None
+        except OSError as exc:
+            self._complain(f"cannot read: {exc.strerror or exc}")
+            return False
+        standby, why = is_standby(data)
+        self._complain(why)
+        return standby
+
+    def _complain(self, why: str | None) -> None:
+        if why != self.error and why is not None:
+            log.warning("exporter.ha_role.invalid path=%s error=%r counted=active", self.path, why)
+        elif why is None and self.error is not None:
+            log.info("exporter.ha_role.valid path=%s", self.path)
+        self.error = why
+
+
 async def watch_plan(plan: PlanFile, interval: float = 1.0, *, sleep: Sleep = anyio.sleep) -> None:
     """Check the plan file every ``interval`` even when nobody scrapes: readiness and the waiting
     reminders follow the file, and charon's event follower starts once an IPsec plan appears."""
@@ -191,6 +241,7 @@ class Exporter:
         scrape_timeout: float = 8.0,
         clock: Callable[[], float] = time.monotonic,
         charon: Literal["always", "ipsec-plan"] = "always",
+        role: RoleFile | None = None,
     ) -> None:
         """``charon``: watch ``strongswan`` in every scrape, or only while the plan is an IPsec plan
         (a WireGuard gateway has no charon: its ``strongswan_up 0`` would be a false alert)."""
@@ -199,6 +250,8 @@ class Exporter:
         self.wireguard = wireguard
         self.interfaces = interfaces
         self.plan = plan or PlanFile(None)
+        self.role = role
+        """The pod's HA role (``vpngw_ha_standby``); None: not reported."""
         self.scrape_timeout = scrape_timeout
         self._clock = clock
         self._flight: _Flight | None = None
@@ -247,7 +300,10 @@ class Exporter:
         wg = None
         if self.wireguard is not None and interfaces:
             wg = _wireguard_down(0.0, interfaces, _peer_names(names))
-        return Snapshot(strongswan=ss, wireguard=wg, plan_valid=self.plan.valid)
+        return Snapshot(strongswan=ss, wireguard=wg, plan_valid=self.plan.valid, ha_standby=self._standby())
+
+    def _standby(self) -> bool | None:
+        return None if self.role is None else self.role.standby()
 
     async def _query(self) -> Snapshot:
         self.queries += 1
@@ -286,7 +342,7 @@ class Exporter:
             ss = StrongswanSnapshot(up=False, duration=self.scrape_timeout)
         if self.wireguard is not None and interfaces and wg is None:
             wg = _wireguard_down(self.scrape_timeout, interfaces, peer_names)
-        return Snapshot(strongswan=ss, wireguard=wg, plan_valid=self.plan.valid)
+        return Snapshot(strongswan=ss, wireguard=wg, plan_valid=self.plan.valid, ha_standby=self._standby())
 
 
 def _peer_names(names: PlanNames) -> dict[str, dict[str, str]]:

@@ -241,6 +241,8 @@ def test_readonly_dir_holds_the_plan_copy_and_a_relay_that_closes_while_charon_i
         assert (ro / "plan.json").read_bytes() == dumps(plan)
         assert (ro / "plan.json").stat().st_mode & 0o777 == 0o644
         assert (ro / "charon.vici").stat().st_mode & 0o777 == 0o666
+        assert (ro / "ha-role").read_text() == "active\n", "no ha in the plan: active, for the exporter"
+        assert (ro / "ha-role").stat().st_mode & 0o777 == 0o644
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(5)
             s.connect(str(ro / "charon.vici"))

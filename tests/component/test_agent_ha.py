@@ -459,7 +459,7 @@ def test_the_agent_process_follows_ha_in_its_plan_and_releases_on_sigterm(
     """``python -m agent`` as the pod runs it (``$POD_NAME``, ``$POD_NAMESPACE``, the pod's kubeconfig,
     ``--live-dir``), charon absent: the plan's ``ha`` makes it take the Lease and write the role file; ``ha``
     dropped from the plan releases the Lease and keeps it active; back, it takes it again; SIGTERM releases
-    it and leaves ``standby`` in the role file."""
+    it and leaves ``standby`` in the role file, and in the exporter's copy (``--readonly-dir``)."""
     gateway = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", world.namespace, "gw")
     conn = {"s1": {"version": "2", "children": {"s1-0": {"remote_ts": ["10.1.0.0/24"]}}}}
     plan = Plan(
@@ -468,16 +468,16 @@ def test_the_agent_process_follows_ha_in_its_plan_and_releases_on_sigterm(
         ipsec=Ipsec(tunnels=(Tunnel("s1", True, (Child("s1-0", "10.1.0.0/24"),), conn),)),
         ha=HA,
     )
-    plan_file, live = tmp_path / "plan.json", tmp_path / "live"
+    plan_file, live, ro = tmp_path / "plan.json", tmp_path / "live", tmp_path / "ro"
 
     def write(p: Plan) -> None:
         tmp = plan_file.with_name(".plan.tmp")
         tmp.write_bytes(dumps(p))
         tmp.replace(plan_file)
 
-    def role_file() -> str:
+    def role_file(directory: Path = live) -> str:
         try:
-            return (live / ROLE_FILE).read_text().strip()
+            return (directory / ROLE_FILE).read_text().strip()
         except OSError:
             return ""
 
@@ -489,12 +489,14 @@ def test_the_agent_process_follows_ha_in_its_plan_and_releases_on_sigterm(
         sys.executable, "-m", "agent", "--plan", str(plan_file), "--secrets-dir", str(tmp_path),
         "--vici-socket", str(tmp_path / "no-charon.vici"), "--live-dir", str(live),
         "--kubeconfig", str(world.pod_kubeconfig("pod-a")), "--poll-interval", "0.05",
+        "--readonly-dir", str(ro),
     ]  # fmt: skip
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stderr=out, cwd=ROOT)
     try:
         wait_for(lambda: holder(world) == "pod-a" and role_file() == "active", 30, "pod-a holding the Lease")
+        wait_for(lambda: role_file(ro) == "active", 5, "the exporter's copy of the role")
         write(dataclasses.replace(plan, ha=None))
         wait_for(lambda: holder(world) == "", 15, "the Lease released when ha left the plan")
         assert role_file() == "active"
@@ -509,6 +511,7 @@ def test_the_agent_process_follows_ha_in_its_plan_and_releases_on_sigterm(
     text = log.read_text()
     assert proc.returncode == 0, text
     assert holder(world) == "" and role_file() == "standby", text
+    assert role_file(ro) == "standby", "the exporter's copy, written once more on the way out"
     assert "ha.released" in text and "ha.disabled" in text, text
     assert "Bearer" not in text and "token" not in text.lower(), "no credential in the log"
 

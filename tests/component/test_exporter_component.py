@@ -525,15 +525,56 @@ async def test_command_line_waits_for_a_missing_plan_not_ready_then_serves_it(tm
     assert f"not ready: no valid plan at {path}: cannot read {path}: No such file".encode() in waiting
     build = {k: v for k, v in before.items() if k.startswith("vpngw_build_info{")}
     assert list(build.values()) == [1.0] and 'program="exporter"' in next(iter(build)), before
-    assert {k: v for k, v in before.items() if k not in build} == {"vpngw_exporter_plan_valid": 0.0}, (
-        "nothing to watch until the plan says what (beside the build's info)"
-    )
+    assert {k: v for k, v in before.items() if k not in build} == {
+        "vpngw_exporter_plan_valid": 0.0,
+        "vpngw_ha_standby": 0.0,
+    }, "nothing to watch until the plan says what (beside the build's info and the pod's role)"
     assert ready.endswith(f"ready: plan {path} loaded\n".encode())
     assert after["vpngw_exporter_plan_valid"] == 1 and "strongswan_up" in after
     assert f"exporter.plan.waiting path={path} reason=" in text and "exporter.plan.loaded" in text
     assert proc.returncode == 0, text
     lines = [ln for ln in text.splitlines() if ln]
     assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z [A-Z]+ \S+ \S+", ln) for ln in lines), lines
+
+
+async def test_the_role_file_beside_the_plan_is_vpngw_ha_standby(tmp_path: Path) -> None:
+    """As the pod runs it (``--plan <read-only dir>/plan.json``): the agent's copy of the HA role beside
+    the plan is read at every scrape; absent is active (0), ``standby`` is 1, a content that says neither
+    counts as active (the gauge only silences alerts) and is logged once."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "plan.json").write_bytes(dumps(plan("t1")))
+    role = ro / "ha-role"
+
+    def put(text: str) -> None:
+        (ro / ".ha-role.tmp").write_text(text)
+        (ro / ".ha-role.tmp").replace(role)
+
+    log = tmp_path / "exporter.log"
+    async with exporter_process("--plan", str(ro / "plan.json"), log=log) as (proc, port):
+
+        async def standby() -> float:
+            return metric_lines(await _http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))["vpngw_ha_standby"]
+
+        seen = [await standby()]
+        put("standby\n")
+        seen.append(await standby())
+        put("active\n")
+        seen.append(await standby())
+        put("standby\n")
+        seen.append(await standby())
+        put("passive\n")
+        seen += [await standby(), await standby()]
+        role.unlink()
+        seen.append(await standby())
+    assert seen == [0, 1, 0, 1, 0, 0, 0]
+    text = log.read_text()
+    assert (
+        text.count("exporter.ha_role.invalid") == 1
+        and "error=\"neither active nor standby: 'passive'\"" in text
+    )
+    assert "counted=active" in text and "exporter.ha_role.valid" in text
+    assert proc.returncode == 0, text
 
 
 async def test_help_says_what_is_watched_and_that_a_bad_plan_is_waited_for() -> None:

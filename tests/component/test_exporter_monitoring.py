@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.names import GatewayKey
 from controller.run import Metrics
 from controller.workqueue import WorkQueue
-from exporter.collector import families
+from exporter.collector import Snapshot, families
 from exporter.family import Renderer
 from gwkit.kube.client import PODS
 from tests.unit.test_exporter_collector import ipsec_snapshot, wg_snapshot
@@ -39,7 +39,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def emitted() -> set[str]:
     names: set[str] = set()
-    for snap in (ipsec_snapshot(), wg_snapshot()):
+    for snap in (ipsec_snapshot(), wg_snapshot(), Snapshot(ha_standby=True)):
         text = Renderer().render(families(snap)).decode()
         for fam in text_string_to_metric_families(text):
             names |= {s.name for s in fam.samples}
