@@ -43,6 +43,7 @@ from controller.desired import (
     too_large,
 )
 from controller.names import (
+    ANNOTATION_HASH,
     FINALIZER,
     LABEL_OWNER_UID,
     LABEL_TENANT,
@@ -714,6 +715,13 @@ def decide(
                 tuple((s, o) for s, o in plan_desired.objects if s != "Deployment/b"),
                 plan_desired.held | {"Deployment/b"},
             )
+        if pair is not None and pair.mode == "full":
+            waits = rollout_waits(snap.owned, plan_desired.objects, pair.active)
+            if waits is not None:
+                plan_desired = Desired(
+                    tuple((s, o) for s, o in plan_desired.objects if s != waits),
+                    plan_desired.held | {waits},
+                )
         if pair is not None and pair.mode == "drain":
             # HA off, a pod of slot b still there: slot b's objects go (surplus), the Lease and slot a's
             # plan section stay until its pods are gone, so that the leaving standby never takes the Lease.
@@ -814,6 +822,50 @@ def decide(
         plan_desired,
         report,
     )
+
+
+def rollout_done(deployment: Mapping[str, Any]) -> bool:
+    """The Deployment's pods all run its current template and are available (``kubectl rollout status``'s
+    test: the controller saw this generation, every replica updated, no old one left, all available)."""
+    md, spec, st = (
+        deployment.get("metadata") or {},
+        deployment.get("spec") or {},
+        deployment.get("status") or {},
+    )
+    want = int(spec.get("replicas", 1))
+    return (
+        int(st.get("observedGeneration") or 0) >= int(md.get("generation") or 0)
+        and int(st.get("updatedReplicas") or 0) >= want
+        and int(st.get("replicas") or 0) <= int(st.get("updatedReplicas") or 0)
+        and int(st.get("availableReplicas") or 0) >= int(st.get("updatedReplicas") or 0)
+    )
+
+
+def rollout_waits(
+    owned: Mapping[str, Mapping[str, Any]], objects: Sequence[tuple[str, Mapping[str, Any]]], active: ha.Slot
+) -> str | None:
+    """An HA gateway's pod template changes (a new image, a log format): the standby's Deployment rolls
+    first, the active's only once the standby's has rolled out (its new pod available), so that the
+    active's roll (its pod stopping releases the Lease) hands over to a standby already running the new
+    template, instead of both pods restarting at once. The slot to hold back now, or None. Nothing is held
+    without a standby's Deployment to roll first; a standby whose new pod never becomes available (a bad
+    image) keeps the active on the old template: a canary."""
+    active_slot, standby_slot = (
+        ("Deployment", "Deployment/b") if active == "a" else ("Deployment/b", "Deployment")
+    )
+    want = dict(objects)
+    have_active, have_standby = owned.get(active_slot), owned.get(standby_slot)
+    if have_active is None or have_standby is None or active_slot not in want:
+        return None
+
+    def changes(slot: str, have: Mapping[str, Any]) -> bool:
+        wanted = ((want.get(slot) or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION_HASH)
+        return bool(wanted != ((have.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_HASH))
+
+    if not changes(active_slot, have_active):
+        return None
+    standby_rolling = standby_slot in want and changes(standby_slot, have_standby)
+    return active_slot if standby_rolling or not rollout_done(have_standby) else None
 
 
 def ha_requested(gateway: Mapping[str, Any]) -> bool:

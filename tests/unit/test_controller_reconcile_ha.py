@@ -9,8 +9,8 @@ import dataclasses
 from typing import Any
 
 from controller import ha
-from controller.names import GatewayKey
-from controller.reconcile import Snapshot, plan_ha
+from controller.names import ANNOTATION_HASH, GatewayKey
+from controller.reconcile import Snapshot, plan_ha, rollout_waits
 from controller.settings import Settings
 from tests.unit.test_controller_ha import lease, node, pod
 
@@ -109,3 +109,41 @@ def test_ha_turned_off_while_slot_a_serves_drains_slot_b_then_is_off() -> None:
     gone = dataclasses.replace(s, pods=pods[:1], owned={"Deployment": deployment("node-a"), "Lease": {}})
     off = plan_ha(gone, ALLOWED, held("a-1"), NOW, WALL)
     assert off is not None and off.mode == "off"
+
+
+def dep(
+    hash_: str, *, generation: int = 2, observed: int = 2, updated: int = 1, available: int = 1
+) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": generation, "annotations": {ANNOTATION_HASH: hash_}},
+        "spec": {"replicas": 1},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": updated,
+            "updatedReplicas": updated,
+            "availableReplicas": available,
+        },
+    }
+
+
+def want(hash_a: str, hash_b: str) -> list[tuple[str, dict[str, Any]]]:
+    return [("Deployment", dep(hash_a)), ("Deployment/b", dep(hash_b))]
+
+
+def test_a_new_template_rolls_the_standby_first_and_the_active_once_the_standby_rolled_out() -> None:
+    old = {"Deployment": dep("old"), "Deployment/b": dep("old")}
+    assert rollout_waits(old, want("new", "new"), "a") == "Deployment", "both change: the active waits"
+    assert rollout_waits(old, want("new", "new"), "b") == "Deployment/b", "slot b serving: it waits"
+    rolling = {"Deployment": dep("old"), "Deployment/b": dep("new", generation=3, observed=2)}
+    assert rollout_waits(rolling, want("new", "new"), "a") == "Deployment", "standby not rolled out yet"
+    starting = {"Deployment": dep("old"), "Deployment/b": dep("new", generation=3, observed=3, available=0)}
+    assert rollout_waits(starting, want("new", "new"), "a") == "Deployment", "its new pod not available yet"
+    rolled = {"Deployment": dep("old"), "Deployment/b": dep("new", generation=3, observed=3)}
+    assert rollout_waits(rolled, want("new", "new"), "a") is None, "standby rolled out: the active rolls"
+
+
+def test_nothing_waits_without_a_change_to_the_active_or_without_a_standby() -> None:
+    same = {"Deployment": dep("h"), "Deployment/b": dep("h", available=0)}
+    assert rollout_waits(same, want("h", "h"), "a") is None
+    alone = {"Deployment": dep("old")}
+    assert rollout_waits(alone, [("Deployment", dep("new"))], "a") is None, "no standby: roll as without HA"
