@@ -1,11 +1,13 @@
 """Benchmark: the controller (a real process) against the Kubernetes API emulator, many gateways.
 
-    .venv/bin/python bench/bench_controller.py [--gateways 500] [--peers 10] [--edits 50]
+    .venv/bin/python bench/bench_controller.py [--gateways 500] [--peers 10] [--edits 50] [--ha]
 
 Measures: cold start (every CR already stored, the controller started) until every gateway has all its
 objects and ConfigRendered=True; CR edit (a peer's grant revoked or restored) until the plan ConfigMap
 holds it (p50/p99 over ``--edits``); API writes in a no-op resync; the controller's RSS (current and peak).
 Targets (issue #13): converged under 60 s, edit p99 under 1 s, zero writes, RSS under 250 MB.
+``--ha``: every gateway with ``spec.ha.enabled`` (the controller with ``--allow-ha``, slot b's static NIC2s):
+converged means both slots' Deployments and the Lease exist (issue #23: 100 HA gateways).
 The emulator runs in this process (its own thread), the controller in its own: both share the machine.
 """
 
@@ -22,15 +24,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.desired import plan_of
-from lab.cluster import Cluster
+from lab.cluster import Cluster, home_of
 from lab.wait import wait_for
 
 VPN = "vpn.bnerd.net/v1alpha1"
 
 
-def gateway_docs(i: int, peers: int) -> list[dict[str, Any]]:
+def gateway_docs(i: int, peers: int, ha: bool = False) -> list[dict[str, Any]]:
     ns, name = f"tenant-{i // 10}", f"gw{i}"
-    gw = {
+    gw: dict[str, Any] = {
         "apiVersion": VPN,
         "kind": "VPNGateway",
         "metadata": {"name": name, "namespace": ns},
@@ -47,6 +49,8 @@ def gateway_docs(i: int, peers: int) -> list[dict[str, Any]]:
             },
         },
     }
+    if ha:
+        gw["spec"]["ha"] = {"enabled": True}
     out = [gw]
     for p in range(peers):
         out.append(
@@ -80,6 +84,7 @@ def main() -> int:
     ap.add_argument("--edits", type=int, default=50)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--keep", type=Path, help="keep the controller's log and config in this directory")
+    ap.add_argument("--ha", action="store_true", help="every gateway with spec.ha.enabled (warm standby)")
     a = ap.parse_args()
     nics = {
         f"tenant-{i // 10}/gw{i}": {
@@ -89,6 +94,15 @@ def main() -> int:
         }
         for i in range(a.gateways)
     }
+    if a.ha:  # slot b's NIC2s: their own MACs and addresses
+        nics |= {
+            f"tenant-{i // 10}/gw{i}#b": {
+                "mac": f"fa:16:3e:01:{i // 256:02x}:{i % 256:02x}",
+                "address": "192.0.2.3/26",
+                "gateway": "192.0.2.1",
+            }
+            for i in range(a.gateways)
+        }
     with (
         tempfile.TemporaryDirectory() as tmp,
         Cluster(a.keep or Path(tmp), bookmark_interval=60.0, history=200000) as c,
@@ -97,7 +111,7 @@ def main() -> int:
             c.add_node(f"node-{n:02d}")
         t0 = time.monotonic()
         for i in range(a.gateways):
-            c.apply(gateway_docs(i, a.peers))
+            c.apply(gateway_docs(i, a.peers, a.ha))
         print(f"stored {a.gateways} gateways x {a.peers} peers in {time.monotonic() - t0:.1f} s")
         keys = [(f"tenant-{i // 10}", f"gw{i}") for i in range(a.gateways)]
 
@@ -105,13 +119,18 @@ def main() -> int:
             gw = c.get(VPN, "VPNGateway", name, ns)
             conds = (gw or {}).get("status", {}).get("conditions") or []
             ok = any(x["type"] == "ConfigRendered" and x["status"] == "True" for x in conds)
-            return ok and c.get("apps/v1", "Deployment", f"vpngw-{name}", ns) is not None
+            home, home_ns = home_of(name, ns)
+            ok = ok and c.get("apps/v1", "Deployment", home, home_ns) is not None
+            if a.ha:
+                ok = ok and c.get("apps/v1", "Deployment", f"{home}-b", home_ns) is not None
+                ok = ok and c.get("coordination.k8s.io/v1", "Lease", home, home_ns) is not None
+            return ok
 
         started = time.monotonic()
         ctl = c.start_controller(
             {"internalSourceCIDRs": ["192.0.2.128/26"], "staticNICs": nics,
              "allowances": {"default": {"exposureTargets": ["192.0.2.64/26"]}}},
-            "--workers", str(a.workers), "--resync-seconds", "20",
+            "--workers", str(a.workers), "--resync-seconds", "20", *(["--allow-ha"] if a.ha else []),
         )  # fmt: skip
         pending = set(keys)
 
@@ -146,7 +165,7 @@ def main() -> int:
             t = time.monotonic()
 
             def landed(ns: str = ns, name: str = name, peer: str = peer, revoke: bool = revoke) -> bool:
-                cm = c.get("v1", "ConfigMap", f"vpngw-{name}", ns)
+                cm = c.get("v1", "ConfigMap", *home_of(name, ns))
                 plan = plan_of(cm) if cm else None
                 has = plan is not None and any(
                     g.peer == peer and g.exposure == "svc1" for g in plan.nat.grants
