@@ -69,7 +69,7 @@ slots per node. ``StandbyReady`` is advisory (``status.ADVISORY``) and ``ha`` a 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from controller.names import LABEL_HA_SLOT
@@ -209,6 +209,30 @@ def fenced(observed: Observation, now: float, margin: float = DEFAULT_MARGIN) ->
     return now >= observed.fence_until + margin
 
 
+def refence(observed: Observation, now: float, duration: float) -> Observation:
+    """``observed`` after versions went unseen (the informer listed anew): any holder may have renewed
+    just before ``now``, so nothing moves before ``now`` plus a duration, as for a controller that starts."""
+    return replace(observed, fence_until=max(observed.fence_until, now + duration))
+
+
+def release_fence(observed: Observation, pods: Sequence[Mapping[str, Any]]) -> Observation:
+    """A release counts as one only while its holder's pod is gone or being deleted: a pod that emptied
+    the holder and runs on (a compromised agent flapping the Lease between itself and the other slot's pod
+    name) gets the fence of a holder that stopped renewing, so it cannot move the floating IP faster than
+    once per lease duration (found by review)."""
+    prev = observed.previous
+    if prev is None or not prev.released:
+        return observed
+    pod = find_pod(pods, prev.holder)
+    if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return observed
+    return replace(
+        observed,
+        previous=replace(prev, released=False),
+        fence_until=max(observed.fence_until, prev.renewed_at + prev.duration),
+    )
+
+
 # --- pods and slots ---------------------------------------------------------------------------------------
 
 
@@ -337,6 +361,7 @@ def serve(
     """Where the floating IP, the address pairs and the routes belong (module docstring, "Who serves").
     ``current``: where they were last decided to be (``recorded_slot``); ``pins``: each slot's node now
     (where its port is attached)."""
+    observed = release_fence(observed, pods)
     holder = valid_holder(observed, now)
     if holder is None:
         rec = observed.record

@@ -737,6 +737,8 @@ def decide(
             # The pod an earlier release ran in the tenant's namespace still holds NIC2 (host-device moved
             # it into its netns): the new one starts once it is gone.
             held = {"Deployment"}
+        if pair is not None and pair.keep_lease:
+            held.add("Lease")
         if not snap.namespace_enabled or snap.secrets_unreadable is not None:
             # What the tenant's namespace holds cannot be read: its Role (with the pod's Secret grants) is
             # left as it is, never rewritten from what is not known (a pod restarted meanwhile would
@@ -884,12 +886,39 @@ def ha_pins(snap: Snapshot) -> ha.Pins:
     return {"a": node("Deployment") or snap.current_status.get("nodeName"), "b": node("Deployment/b")}
 
 
-def ha_involved(snap: Snapshot) -> bool:
-    """``snap``'s gateway wants HA, or something of HA is left to wind down (slot b's objects or pods,
-    the Lease, ``status.ha``)."""
-    if ha_requested(snap.gateway) or snap.current_status.get("ha") is not None:
+def ha_pods(snap: Snapshot, settings: Settings) -> tuple[Mapping[str, Any], ...]:
+    """The gateway's pods HA decides over: those in the gateway namespace only. A pod in the tenant's own
+    namespace with the gateway's labels is an earlier release's leftover (or anyone's forgery there): it
+    must never count as a slot (found by review: one labelled ha-slot b switched HA's machinery on)."""
+    return tuple(
+        p for p in snap.pods if (p.get("metadata") or {}).get("namespace") == settings.gateway_namespace
+    )
+
+
+def ha_involved(snap: Snapshot, settings: Settings) -> bool:
+    """``snap``'s gateway wants HA, or something of HA the controller made is left to wind down (slot b's
+    objects or pods, the Lease). ``status.ha`` alone is no evidence: the pod's own ServiceAccount may patch
+    its CR's status."""
+    if ha_requested(snap.gateway):
         return True
-    return any(s in snap.owned for s in HA_SLOTS) or any(ha.slot_of_pod(p) == "b" for p in snap.pods)
+    return any(s in snap.owned for s in HA_SLOTS) or any(
+        ha.slot_of_pod(p) == "b" for p in ha_pods(snap, settings)
+    )
+
+
+def trusted_status(snap: Snapshot, cloud_slot: ha.Slot | None) -> Mapping[str, Any]:
+    """The status ``controller.ha`` reads where the floating IP is (``status.ha.activeSlot``), corrected by
+    what the controller knows itself: the slot its last cloud step left the floating IP on, when this
+    replica made one (a status write lost after a move, or a controller restarted, must not move it back);
+    and never slot b while the controller has no slot b (a status patched by the pod or the tenant)."""
+    status = snap.current_status
+    recorded = ha.recorded_slot(status)
+    slot = cloud_slot or recorded
+    if slot == "b" and "Deployment/b" not in snap.owned and cloud_slot is None:
+        slot = "a"
+    if slot == recorded:
+        return status
+    return {**status, "ha": {**(status.get("ha") or {}), "activeSlot": slot}}
 
 
 @dataclass(frozen=True)
@@ -912,52 +941,65 @@ class HaPlan:
     hold_b: bool = False
     """HA just turned on for a serving gateway: slot b's Deployment waits until slot a's pod holds the
     Lease."""
+    keep_lease: bool = False
+    """HA off: the Lease stays while its holder still renews it."""
 
 
 def plan_ha(
-    snap: Snapshot, settings: Settings, observed: ha.Observation, now: float, wall: str
+    snap: Snapshot,
+    settings: Settings,
+    observed: ha.Observation,
+    now: float,
+    wall: str,
+    cloud_slot: ha.Slot | None = None,
 ) -> HaPlan | None:
-    """The HA part of ``snap``'s reconcile: None for a gateway that has and wants nothing of HA."""
-    if not ha_involved(snap):
+    """The HA part of ``snap``'s reconcile: None for a gateway that has and wants nothing of HA.
+    ``cloud_slot``: where this replica's last cloud step left the floating IP (None: it made none)."""
+    if not ha_involved(snap, settings):
         return None
     requested = ha_requested(snap.gateway) and settings.ha_allowed
     pins = ha_pins(snap)
+    pods = ha_pods(snap, settings)
+    status = trusted_status(snap, cloud_slot)
     decision = ha.decide(
-        status=snap.current_status,
+        status=status,
         pins=pins,
         observed=observed,
         now=now,
         wall=wall,
-        pods=snap.pods,
+        pods=pods,
         nodes=snap.nodes,
         pinned=snap.pinned,
         selector=settings.pod.node_selector,
         tolerations=settings.pod.tolerations,
         cap=settings.pod.max_gateways_per_node,
     )
-    serving = decision.serving.slot or ha.recorded_slot(snap.current_status) or "a"
-    lease = gwplan.Ha(snap.key.home_name)
+    serving = decision.serving.slot or ha.recorded_slot(status) or "a"
+    lease = gwplan.Ha(snap.key.home_name, settings.ha_lease_seconds, settings.ha_renew_seconds)
     if requested:
         a, b = decision.placement.a, decision.placement.b
         # Turned on for a gateway that serves: slot b's pod waits until slot a's holds the Lease (its plan
         # names it now), else slot b's agent, first to find it free, would take it from the pod serving.
-        running_a = ha.slot_pod(snap.pods, "a", pins.get("a")) is not None
-        any_b = "Deployment/b" in snap.owned or any(ha.slot_of_pod(p) == "b" for p in snap.pods)
+        running_a = ha.slot_pod(pods, "a", pins.get("a")) is not None
+        any_b = "Deployment/b" in snap.owned or any(ha.slot_of_pod(p) == "b" for p in pods)
         hold_b = decision.serving.holder is None and running_a and not any_b
         return HaPlan("full", decision, a, b, serving, lease, hold_b=hold_b)
-    if serving == "b":
+    if serving == "b" and "Deployment/b" in snap.owned:
         # Turned off while slot b serves: slot a stays (its names are the gateway's), so slot b hands over
         # first; meanwhile both run as before.
-        stb = ha.slot_pod(snap.pods, "a", pins.get("a"))
-        ready_a = ha.standby_ready(snap.pods, snap.nodes, "a", pins.get("a"))
-        pod_b = ha.slot_pod(snap.pods, "b", pins.get("b"))
+        stb = ha.slot_pod(pods, "a", pins.get("a"))
+        ready_a = ha.standby_ready(pods, snap.nodes, "a", pins.get("a"))
+        pod_b = ha.slot_pod(pods, "b", pins.get("b"))
         handover = pod_b if stb is not None and ready_a and pod_b is not None else None
         a, b = decision.placement.a, decision.placement.b
         return HaPlan("full", decision, a, b, "b", lease, handover)
     where = place(snap, settings)
     none = placement.Placement(None, "HaOff", "HA is off")
-    mode = "drain" if any(ha.slot_of_pod(p) == "b" for p in snap.pods) else "off"
-    return HaPlan(mode, decision, where, none, "a", lease)
+    mode = "drain" if any(ha.slot_of_pod(p) == "b" for p in pods) else "off"
+    # The Lease goes once nobody renews it: slot a's agent stops when its plan loses ``ha`` (deleted at
+    # once, a holder that reads it before its new plan would stand down and cut every tunnel).
+    keep_lease = mode == "off" and "Lease" in snap.owned and ha.valid_holder(observed, now) is not None
+    return HaPlan(mode, decision, where, none, "a", lease, keep_lease=keep_lease)
 
 
 def moving(snap: Snapshot, settings: Settings) -> bool:

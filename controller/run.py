@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -361,7 +362,7 @@ class Operator:
                 label_selector=selector,
                 on_change=lambda old, new: self._changed(res.kind, old, new),
                 on_error=self.metrics.api_error,
-                on_relist=self.metrics.relisted,
+                on_relist=self._relisted,
                 **kw,
             )
 
@@ -380,10 +381,18 @@ class Operator:
         )
         self.tenants: dict[str, TenantCaches] = {}
         """Per enabled tenant namespace: what the controller reads there (``TenantCaches``)."""
+        self.fip_slots: dict[GatewayKey, ha.Slot] = {}
+        """Per HA gateway: the slot this replica's last cloud step left the floating IP on (what the
+        status says may be stale: a status write lost after the move)."""
         self.leases: dict[GatewayKey, ha.Observation] = {}
         """Per HA gateway: its Lease as this replica has watched it (``ha.observe``, fed every version the
         informer delivers: a renewal never seen would end the previous holder's fence too early)."""
         self._tg: anyio.abc.TaskGroup | None = None
+
+    def _relisted(self, res: Resource) -> None:
+        self.metrics.relisted(res)
+        if res.kind == "Lease":
+            self._leases_relisted()
 
     # --- events -> keys ----------------------------------------------------------------------------
 
@@ -402,12 +411,40 @@ class Operator:
         renewal would be one per second per HA gateway, for nothing."""
         obj = new if new is not None else old
         key = owner_of(obj) if obj is not None else None
-        if key is None:
+        # Its labels name the gateway, and the pods may write their Lease whole (update): a Lease is only
+        # its gateway's when its name is that gateway's home name, a hash of kind, namespace and name (found
+        # by review: a pod relabelled its own Lease as another tenant's and froze that one's failover).
+        if key is None or obj is None or (obj.get("metadata") or {}).get("name") != key.home_name:
             return False
-        self.leases[key] = ha.observe(self.leases.get(key), new, time.monotonic())
+        self.leases[key] = ha.observe(
+            self.leases.get(key), self._trusted_lease(new), time.monotonic(), default_duration=self._lease_s
+        )
         if old is None or new is None:
             return True
         return bool(_holder(old) != _holder(new))
+
+    @property
+    def _lease_s(self) -> float:
+        return float(self.settings.ha_lease_seconds)
+
+    def _trusted_lease(self, lease: Mapping[str, Any] | None) -> Obj | None:
+        """The Lease as the controller judges it: the configured duration, not what a pod wrote there (one
+        that wrote 2^31 s would never expire), and a holder that cannot be a pod's name replaced by a
+        placeholder no pod has (it reaches status messages, Events and logs)."""
+        if lease is None:
+            return None
+        spec = dict(lease.get("spec") or {})
+        spec["leaseDurationSeconds"] = self.settings.ha_lease_seconds
+        holder = str(spec.get("holderIdentity") or "")
+        if holder and not _DNS_SUBDOMAIN.fullmatch(holder):
+            spec["holderIdentity"] = "invalid-holder-identity"
+        return {**lease, "spec": spec}
+
+    def _leases_relisted(self) -> None:
+        """The Lease informer listed anew (a watch too old to resume): the versions in between were never
+        seen, so every holder may have renewed meanwhile; each fence starts again from now, as at start."""
+        now = time.monotonic()
+        self.leases = {k: ha.refence(o, now, self._lease_s) for k, o in self.leases.items()}
 
     def _keys(self, kind: str, old: Obj | None, new: Obj | None) -> set[GatewayKey]:
         objs = [o for o in (old, new) if o is not None]
@@ -634,6 +671,7 @@ class Operator:
             self.pins.pop(key, None)
             self.pins_b.pop(key, None)
             self.leases.pop(key, None)
+            self.fip_slots.pop(key, None)
             if self.settings.namespace not in (None, key.namespace):
                 return "gone"  # not watched here: its gateway's existence is unknown
             if not self.informers[key.kind].served:
@@ -664,6 +702,7 @@ class Operator:
             self.pins.pop(key, None)
             self.pins_b.pop(key, None)
             self.leases.pop(key, None)
+            self.fip_slots.pop(key, None)
             if snap.has_finalizer:
                 await self.cloud.release(key)
                 deleted = await execute.delete_all(self.kube, cleanup(snap))
@@ -721,6 +760,10 @@ class Operator:
                 ha=ha_want,
             )
             cloud, cloud_failed = await self._ensure(key, want, snap, rendered)
+            if cloud.floating_ip_slot is not None:
+                self.fip_slots[key] = cloud.floating_ip_slot
+            elif ha_want is None:
+                self.fip_slots.pop(key, None)
         now = now_rfc3339()
         decision = decide(snap, self.settings, rendered, where, cloud, now, pair, cloud.nic_b)
         counts = execute.Counts()
@@ -754,8 +797,8 @@ class Operator:
                     move.reason,
                     f"{move.seconds:.2f}" if move.seconds is not None else "unknown",
                 )
-            if pair.decision.requeue_at is not None:  # a fence or a hold ends then: look again
-                self.queue.add_after(key, max(0.0, pair.decision.requeue_at - time.monotonic()))
+        if pair is not None and pair.decision.requeue_at is not None:  # a fence, a hold or an expiry ends
+            self.queue.add_after(key, max(0.0, pair.decision.requeue_at - time.monotonic()))
         homed = [p for p in snap.pods if p["metadata"].get("namespace") == self.settings.gateway_namespace]
         slots: list[tuple[list[Mapping[str, Any]], str | None, bool]] = [(homed, where.node, cloud.fenced)]
         if pair is not None and pair.mode == "full":  # each slot's pods against its own pin and port
@@ -806,13 +849,14 @@ class Operator:
     def _plan_ha(self, key: GatewayKey, snap: Snapshot) -> HaPlan | None:
         """The HA part of ``key``'s reconcile (``reconcile.plan_ha``) over this replica's watch of its Lease
         (first read from the cache when this replica has seen no version yet)."""
-        if not ha_involved(snap):
+        if not ha_involved(snap, self.settings):
             return None
         now = time.monotonic()
         observed = self.leases.get(key)
         if observed is None:
-            observed = self.leases[key] = ha.observe(None, snap.owned.get("Lease"), now)
-        return plan_ha(snap, self.settings, observed, now, now_rfc3339())
+            lease = self._trusted_lease(snap.owned.get("Lease"))
+            observed = self.leases[key] = ha.observe(None, lease, now, default_duration=self._lease_s)
+        return plan_ha(snap, self.settings, observed, now, now_rfc3339(), self.fip_slots.get(key))
 
     def _count_writes(self, counts: execute.Counts) -> None:
         for verb, n in (("create", counts.creates), ("replace", counts.replaces)):
@@ -990,6 +1034,10 @@ class Operator:
             tg.start_soon(self.elector.run)
             tg.start_soon(self._lead)
             task_status.started(port)
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A pod's name (RFC 1123 subdomain, at most 253 characters: checked apart)."""
 
 
 def _holder(lease: Mapping[str, Any]) -> str:

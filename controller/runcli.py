@@ -113,6 +113,18 @@ def add_run_parser(sub: Any) -> None:
         "docs/ha.md); without it such a gateway runs one pod",
     )
     r.add_argument(
+        "--ha-lease-seconds",
+        type=int,
+        default=3,
+        help="HA gateways' Lease duration: the failover's main term; longer rides out API server stalls",
+    )
+    r.add_argument(
+        "--ha-renew-seconds",
+        type=float,
+        default=1.0,
+        help="how often an HA gateway's holder renews its Lease",
+    )
+    r.add_argument(
         "--gateway-sysctls",
         choices=("pod", "privileged-init", "none"),
         default="pod",
@@ -348,6 +360,8 @@ def settings_of(args: argparse.Namespace) -> Settings:
         migrate=args.migrate,
         instance=args.instance,
         ha_allowed=args.allow_ha,
+        ha_lease_seconds=args.ha_lease_seconds,
+        ha_renew_seconds=args.ha_renew_seconds,
     )
     if args.config is not None:
         try:

@@ -160,6 +160,12 @@ class Settings:
     """namespace -> what its gateways may reach; a namespace not named gets ``default_allowance``."""
     default_allowance: Allowance = field(default_factory=Allowance)
     """For every namespace without its own entry: nothing, unless the operator says otherwise."""
+    ha_lease_seconds: int = 3
+    """HA gateways' Lease duration: a holder that stopped renewing is replaced after it (the active fences
+    itself 1 s earlier). Shorter: faster failovers; longer: API server stalls (etcd elections, API Priority
+    and Fairness queueing) do not fence a healthy active (docs/ha.md)."""
+    ha_renew_seconds: float = 1.0
+    """How often the holder renews (and the standby looks); below ``ha_lease_seconds``."""
     ha_allowed: bool = False
     """Tenants may run warm-standby HA gateways (``spec.ha.enabled``: a second pod, node slot and NIC2 per
     gateway; docs/ha.md). Off: such a gateway runs one pod and ``StandbyReady`` says why."""
@@ -583,6 +589,13 @@ def check(s: Settings) -> Settings:
         raise SettingsError(f"--instance: {s.instance!r} is not a DNS label")
     if not _DNS_LABEL.fullmatch(s.gateway_namespace):
         raise SettingsError(f"--gateway-namespace: {s.gateway_namespace!r} is not a namespace name")
+    if s.ha_lease_seconds < 2:
+        raise SettingsError(f"--ha-lease-seconds {s.ha_lease_seconds}: must be at least 2")
+    if not 0 < s.ha_renew_seconds <= s.ha_lease_seconds / 2:
+        raise SettingsError(
+            f"--ha-renew-seconds {s.ha_renew_seconds:g}: must be above 0 and at most half of "
+            f"--ha-lease-seconds ({s.ha_lease_seconds}), so a holder gets two tries before it fences itself"
+        )
     if s.pod.max_gateways_per_node < 0:
         raise SettingsError("--max-gateways-per-node: must be 0 (no cap) or more")
     check_nad_template(s.pod.nad_template)

@@ -201,8 +201,10 @@ def test_status_follows_the_lease_and_a_failover_waits_for_the_expiry(
     reasons = [e.get("reason") for e in cluster.kube.list("v1", "Event", NS)]
     assert "Failover" in reasons, reasons
 
-    # pod_b stops gracefully: its agent empties the holder, and a new slot a pod takes over at once.
+    # pod_b is deleted: its agent empties the holder as it stops, and a new slot a pod takes over at once
+    # (a release by a pod that is not going counts as an expiry: tests/unit/test_controller_ha.py).
     renewer.set(None)
+    cluster.kube.delete("v1", "Pod", pod_b, GATEWAY_NAMESPACE)
     hold(cluster, "")
     pod_a2 = run_pod(cluster, "a", "2")
     renewer.set(pod_a2)
@@ -222,18 +224,25 @@ def test_turning_ha_off_keeps_the_serving_slot_then_drops_slot_b_then_the_lease(
 
     cluster.kube.patch(VPN, "VPNGateway", "acme", {"spec": {"ha": {"enabled": False}}}, NS)
     wait_for(lambda: home(cluster, "Deployment", "b") is None, 20, "slot b's Deployment deleted")
-    assert home(cluster, "ConfigMap", "b", "v1") is None
+    wait_for(lambda: home(cluster, "ConfigMap", "b", "v1") is None, 20, "slot b's ConfigMap deleted")
     # Slot b's pod is still going: the Lease and slot a's plan section stay, so it can never take over.
     assert home(cluster, "Lease", api=COORD) is not None
     cm = home(cluster, "ConfigMap", "a", "v1")
     assert cm is not None and plan_of(cm).ha is not None
     cluster.kube.delete("v1", "Pod", pod_b, GATEWAY_NAMESPACE)
-    wait_for(
-        lambda: home(cluster, "Lease", api=COORD) is None, 20, "the Lease deleted once slot b's pods are gone"
-    )
+
+    def plan_without_ha() -> bool:
+        cm = home(cluster, "ConfigMap", "a", "v1")
+        return cm is not None and plan_of(cm).ha is None
+
+    wait_for(plan_without_ha, 20, "slot a's plan without ha once slot b's pods are gone")
     wait_for(lambda: "ha" not in (gw(cluster).get("status") or {}), 20, "status.ha removed")
-    cm = home(cluster, "ConfigMap", "a", "v1")
-    assert cm is not None and plan_of(cm).ha is None
+    # Slot a's agent renews until its plan loses ha: the Lease stays meanwhile (a holder reading a 404
+    # before its new plan would stand down); its agent then releases it, and the Lease goes.
+    assert home(cluster, "Lease", api=COORD) is not None
+    renewer.set(None)
+    hold(cluster, "")
+    wait_for(lambda: home(cluster, "Lease", api=COORD) is None, 20, "the Lease deleted once released")
     assert home(cluster, "Deployment") is not None, "slot a, serving, stays"
     assert "StandbyReady" not in {c["type"] for c in gw(cluster)["status"]["conditions"]}
 

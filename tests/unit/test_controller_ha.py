@@ -320,15 +320,36 @@ def test_a_takeover_before_expiry_by_our_clock_waits_for_the_fence() -> None:
 
 
 def test_a_released_lease_moves_at_once() -> None:
+    """a1's pod is being deleted (its agent released the Lease as it stopped): b1 gets it at once."""
     obs = watch(
         *renewals("a1", 0.0, 10.0),
         (10.2, lease("", renew="rel", duration=1)),
         (10.6, lease("b1", renew="b1-0")),
     )
-    s = serve("a", obs, 10.6, PODS, PINS)
+    pods = [pod("a1", "a", "n1", deleting=True), pod("b1", "b", "n2")]
+    s = serve("a", obs, 10.6, pods, PINS)
     assert s.move is not None
     assert (s.move.reason, s.move.from_pod, s.move.to_slot) == ("Released", "a1", "b")
     assert s.move.seconds == pytest.approx(0.6)
+
+
+def test_a_release_by_a_pod_that_runs_on_waits_like_an_expiry() -> None:
+    """a1 emptied the holder but its pod is not going (a compromised agent flapping the Lease): no move
+    before its last renewal plus the duration, as if it had stopped renewing (found by review)."""
+    obs = watch(
+        *renewals("a1", 0.0, 10.0),
+        (10.2, lease("", renew="rel", duration=1)),
+        (10.6, lease("b1", renew="b1-0")),
+    )
+    early = serve("a", obs, 10.6, PODS, PINS)
+    assert early.move is None and early.slot == "a"
+    obs = watch(
+        *renewals("a1", 0.0, 10.0),
+        (10.2, lease("", renew="rel", duration=1)),
+        *renewals("b1", 10.6, 14.6),
+    )
+    late = serve("a", obs, 14.1, PODS, PINS)
+    assert late.move is not None and late.move.to_slot == "b"
 
 
 def test_the_holder_switching_back_and_forth_follows_the_valid_holder() -> None:
@@ -341,7 +362,7 @@ def test_the_holder_switching_back_and_forth_follows_the_valid_holder() -> None:
         (20.4, lease("", renew="rel", duration=1)),
         (21.0, lease("a2", renew="a2-0")),
     )
-    pods = [pod("a2", "a", "n1"), pod("b1", "b", "n2")]
+    pods = [pod("a2", "a", "n1"), pod("b1", "b", "n2", deleting=True)]
     back = serve("b", obs, 21.0, pods, PINS)
     assert back.move is not None
     assert (back.move.from_slot, back.move.to_slot, back.move.reason) == ("b", "a", "Released")

@@ -5,6 +5,7 @@ reconcile per renewal would be a reconcile and a cloud call per HA gateway per s
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -71,3 +72,43 @@ async def test_a_lease_of_no_gateway_is_ignored() -> None:
     stray["metadata"]["labels"] = {}
     op._changed("Lease", None, stray)
     assert op.queue.waiting() == 0 and op.leases == {}
+
+
+@pytest.mark.anyio
+async def test_a_lease_relabelled_as_another_gateways_is_ignored_and_pod_written_fields_are_not_trusted() -> (
+    None
+):
+    """The pods may write their Lease whole: labels, duration, holder. A Lease counts for a gateway only
+    under that gateway's home name; its duration is the configured one; a holder that cannot be a pod's
+    name is a placeholder (found by review: a relabelled Lease with a 2^31 s duration froze another
+    tenant's failover)."""
+    op = Operator(
+        KubeClient(ClusterConfig("https://127.0.0.1:9", False)), Settings(), StaticCloud({}), AlwaysLeader()
+    )
+    other = GatewayKey("VPNGateway", "tenant-evil", "evil")
+    forged = lease("x", "2026-12-03T16:00:00.000000Z", "1")
+    forged["metadata"]["name"] = other.home_name  # tenant-evil's own Lease, labelled as acme's
+    op._changed("Lease", None, forged)
+    assert op.queue.waiting() == 0 and op.leases == {}
+
+    own = lease("pod-a\nforged log line", "2026-12-03T16:00:00.000000Z", "1")
+    own["spec"]["leaseDurationSeconds"] = 2**31 - 1
+    op._changed("Lease", None, own)
+    record = op.leases[KEY].record
+    assert record is not None
+    assert record.duration == Settings().ha_lease_seconds
+    assert record.holder == "invalid-holder-identity"
+
+
+@pytest.mark.anyio
+async def test_a_relist_of_the_leases_fences_every_gateway_again() -> None:
+    """Versions the informer never delivered (a watch too old to resume) may hide a renewal: each fence
+    starts again from now, as for a controller that just started."""
+    op = Operator(
+        KubeClient(ClusterConfig("https://127.0.0.1:9", False)), Settings(), StaticCloud({}), AlwaysLeader()
+    )
+    op._changed("Lease", None, lease("pod-a", "2026-12-03T16:00:00.000000Z", "1"))
+    before = op.leases[KEY].fence_until
+    op._leases_relisted()
+    assert op.leases[KEY].fence_until >= before
+    assert op.leases[KEY].fence_until >= time.monotonic() + Settings().ha_lease_seconds - 0.5

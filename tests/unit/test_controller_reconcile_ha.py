@@ -12,7 +12,8 @@ from controller import ha
 from controller.names import ANNOTATION_HASH, GatewayKey
 from controller.reconcile import Snapshot, plan_ha, rollout_waits
 from controller.settings import Settings
-from tests.unit.test_controller_ha import lease, node, pod
+from tests.unit.test_controller_ha import lease, node
+from tests.unit.test_controller_ha import pod as bare_pod
 
 KEY = GatewayKey("VPNGateway", "tenant-acme", "acme")
 ALLOWED = Settings(ha_allowed=True)
@@ -56,6 +57,13 @@ def held(holder: str, *, at: float = NOW - 0.5) -> ha.Observation:
 
 
 NONE = ha.observe(None, None, NOW - 100)
+
+
+def pod(name: str, slot: ha.Slot, on: str, **kw: Any) -> dict[str, Any]:
+    """A gateway pod in the gateway namespace (only those count for HA)."""
+    p = bare_pod(name, slot, on, **kw)
+    p["metadata"]["namespace"] = ALLOWED.gateway_namespace
+    return p
 
 
 def test_a_gateway_that_neither_wants_nor_had_ha_has_no_ha_part() -> None:
@@ -147,3 +155,41 @@ def test_nothing_waits_without_a_change_to_the_active_or_without_a_standby() -> 
     assert rollout_waits(same, want("h", "h"), "a") is None
     alone = {"Deployment": dep("old")}
     assert rollout_waits(alone, [("Deployment", dep("new"))], "a") is None, "no standby: roll as without HA"
+
+
+def test_pods_outside_the_gateway_namespace_never_count_for_ha() -> None:
+    """A pod in the tenant's own namespace with the gateway's labels and ha-slot b (anyone may make one
+    there) switches nothing of HA on (found by review)."""
+    decoy = bare_pod("b-decoy", "b", "node-b")
+    decoy["metadata"]["namespace"] = "tenant-acme"
+    assert plan_ha(snap(False, pods=(decoy,)), ALLOWED, NONE, NOW, WALL) is None
+
+
+def test_a_status_claiming_slot_b_without_a_slot_b_is_not_believed() -> None:
+    """status.ha.activeSlot is writable by the pod's own ServiceAccount: without a slot b the controller
+    made, a gateway without HA stays without it, and the floating IP stays on slot a (found by review)."""
+    forged = snap(False, owned={"Deployment": deployment("node-a")}, status={"ha": {"activeSlot": "b"}})
+    assert plan_ha(forged, ALLOWED, NONE, NOW, WALL) is None
+    asked = snap(True, owned={"Deployment": deployment("node-a")}, status={"ha": {"activeSlot": "b"}})
+    plan = plan_ha(asked, ALLOWED, NONE, NOW, WALL)
+    assert plan is not None and plan.active == "a"
+
+
+def test_where_the_cloud_left_the_floating_ip_beats_a_stale_status() -> None:
+    """A status write lost after a move (or one patched by the pod): this replica's own last cloud step
+    says where the floating IP is."""
+    owned = {"Deployment": deployment("node-a"), "Deployment/b": deployment("node-b")}
+    s = snap(True, owned=owned, status={"ha": {"activeSlot": "a"}})
+    plan = plan_ha(s, ALLOWED, NONE, NOW, WALL, cloud_slot="b")
+    assert plan is not None and plan.active == "b"
+
+
+def test_ha_off_keeps_the_lease_while_its_holder_renews_it() -> None:
+    """Deleting it at once, a holder that reads the 404 before its plan without ha would stand down and
+    cut every tunnel (found by review): the Lease goes once nobody renews it."""
+    owned = {"Deployment": deployment("node-a"), "Lease": {}}
+    s = snap(False, pods=(pod("a-1", "a", "node-a"),), owned=owned)
+    renewing = plan_ha(s, ALLOWED, held("a-1"), NOW, WALL)
+    assert renewing is not None and renewing.mode == "off" and renewing.keep_lease
+    stale = plan_ha(s, ALLOWED, held("a-1", at=NOW - 10), NOW, WALL)
+    assert stale is not None and not stale.keep_lease
