@@ -39,12 +39,21 @@ _GATEWAY_HEALTH: list[dict[str, Any]] = [
 ]
 _NODE: dict[str, Any] = {"name": "Node", "type": "string", "jsonPath": ".status.nodeName"}
 _PUBLIC_IP: dict[str, Any] = {"name": "Public IP", "type": "string", "jsonPath": ".status.publicIP"}
+_STANDBY: dict[str, Any] = {
+    "name": "Standby",
+    "type": "string",
+    "jsonPath": '.status.conditions[?(@.type=="StandbyReady")].status',
+    "priority": 1,
+    "description": "Warm-standby HA: the StandbyReady condition (True: a standby can take over); <none> "
+    "without spec.ha.enabled.",
+}
 _PRINTER_COLUMNS: dict[str, list[dict[str, Any]]] = {
     "VPNGateway": [
         {"name": "Type", "type": "string", "jsonPath": ".spec.type"},
         _NODE,
         _PUBLIC_IP,
         *_GATEWAY_HEALTH,
+        _STANDBY,
     ],
     "VPNPeer": [
         {"name": "Gateway", "type": "string", "jsonPath": ".spec.gatewayRef.name"},

@@ -15,6 +15,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller import ha
 from controller.names import GatewayKey
 from controller.run import Metrics
 from controller.workqueue import WorkQueue
@@ -57,6 +58,12 @@ def controller_emitted() -> set[str]:
     m.api_request("get", "pods", "200", 0.01)
     m.cloud_call("network.create_port", 0.1, RuntimeError())
     m.relisted(PODS)
+    m.ha(
+        [
+            ha.Sample(ha.FAILOVERS_TOTAL, "inc", 1.0, (("reason", "LeaseExpired"),)),
+            ha.Sample(ha.FAILOVER_SECONDS, "observe", 2.5),
+        ]
+    )
     text = generate_latest(m.registry).decode()
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 
@@ -96,6 +103,7 @@ def test_the_controller_alerts_cover_the_issue_and_use_emitted_metrics() -> None
         "VpnGatewaysNotReady",
         "VpnControllerReconcileErrors",
         "VpnControllerCloudErrors",
+        "VpnGatewayRepeatedFailovers",
     } <= set(rules)
     assert rules["VpnControllerNoLeader"]["for"] == "1m"
     have = controller_emitted()

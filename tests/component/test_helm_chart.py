@@ -529,3 +529,11 @@ def test_the_readme_says_who_owns_the_crds_how_to_skip_them_and_the_tested_helm(
     tested = run_helm(helm, "version", "--template", "{{ .Version }}").stdout.strip().removeprefix("v")
     assert f"Tested with Helm {tested} " in readme, tested
     assert "Helm 3 is untested here" in readme
+
+
+def test_the_notes_say_how_to_check_ha_only_where_it_is_allowed(helm: str) -> None:
+    ha = notes_of(helm, "-f", str(CHART / "ci" / "gateway-ha-static-values.yaml"))
+    assert "{.status.ha}" in ha and "reason=Failover" in ha and '"<namespace>/<name>#b"' in ha
+    assert "{.status.ha}" not in notes_of(helm)
+    openstack = notes_of(helm, "-f", str(CHART / "ci" / "openstack-values.yaml"), "--set", "ha.allowed=true")
+    assert "{.status.ha}" in openstack and "#b" not in openstack

@@ -152,6 +152,21 @@ def test_the_controllers_command_line_and_config_carry_the_static_values(
     assert s.static_nics["tenant-wg/acme-wg"].public_ip is None
 
 
+def test_the_controllers_command_line_carries_the_gateway_ha_values(
+    helm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ha.allowed is --allow-ha, and a static NIC keyed namespace/name#b is slot b's NIC2 (no public IP)."""
+    docs = render(helm, "-f", str(CHART / "ci" / "gateway-ha-static-values.yaml"))
+    args = controller_args(docs, tmp_path, monkeypatch)
+    s = settings_of(args)
+    assert s.ha_allowed is True and s.cloud == "static"
+    assert s.static_nics["tenant-acme/acme#b"] == StaticNic(
+        "fa:16:3e:00:00:11", "192.0.2.12/26", "192.0.2.1", None
+    )
+    assert s.static_nics["tenant-acme/acme"].public_ip == "203.0.113.10"
+    assert settings_of(controller_args(render(helm), tmp_path / "off", monkeypatch)).ha_allowed is False
+
+
 def test_the_controllers_command_line_carries_the_openstack_values(
     helm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -177,7 +192,7 @@ def test_the_controllers_command_line_carries_the_openstack_values(
 
 
 def test_the_controller_deployment(helm: str) -> None:
-    docs = render(helm, "-f", str(CHART / "ci" / "ha-values.yaml"))
+    docs = render(helm, "-f", str(CHART / "ci" / "controller-replicas-values.yaml"))
     d = one(docs, "Deployment")
     assert d["spec"]["replicas"] == 2
     pod = d["spec"]["template"]["spec"]
@@ -193,7 +208,10 @@ def test_the_controller_deployment(helm: str) -> None:
     assert listen == f"--listen=0.0.0.0:{port['containerPort']}" and port["containerPort"] == 8080
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
-    assert c["resources"] == values_of(CHART / "ci" / "ha-values.yaml")["controller"]["resources"]
+    assert (
+        c["resources"]
+        == values_of(CHART / "ci" / "controller-replicas-values.yaml")["controller"]["resources"]
+    )
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] is True and sc["runAsUser"] == sc["runAsGroup"] == 65532
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -339,6 +357,11 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
         "/cloud/static/nics/tenant-acme~1acme/address",
     ),
     (_nics({"acme": NIC}), "/cloud/static/nics"),
+    (_nics({"tenant-acme/acme#c": NIC}), "/cloud/static/nics"),  # only slot b has a key of its own
+    (
+        _nics({"tenant-acme/acme#b": {**NIC, "publicIP": "203.0.113.10"}}),
+        "publicIP",
+    ),  # the gateway's is slot a's
     ({"cloud": {"type": "openstack"}}, "/cloud/openstack/credentialsSecret"),
     (_openstack(), "/cloud/openstack/endpoints"),
     (

@@ -154,7 +154,7 @@ def test_get_shows_printer_columns_with_values_from_status(kubectl: Kubectl) -> 
             "status": {
                 "nodeName": "node-1",
                 "publicIP": "203.0.113.9",
-                "conditions": [ready],
+                "conditions": [ready, {**ready, "type": "StandbyReady", "reason": "StandbyReady"}],
                 "tunnelsSummary": "1/2 up",
             }
         }
@@ -169,7 +169,7 @@ def test_get_shows_printer_columns_with_values_from_status(kubectl: Kubectl) -> 
     assert header.split() == ["NAME", "TYPE", "NODE", "PUBLIC", "IP", "READY", "TUNNELS", "AGE"]
     assert row.split()[:7] == ["gw", "wireguard", "node-1", "203.0.113.9", "True", "1/2", "up"]
     header, row = kubectl.out("get", "vpngateways", "-n", ns, "-o", "wide").splitlines()
-    assert header.split()[-2:] == ["AGE", "REASON"] and row.split()[-1] == "Up"
+    assert header.split()[-3:] == ["AGE", "REASON", "STANDBY"] and row.split()[-2:] == ["Up", "True"]
 
 
 def test_get_all_namespaces_with_a_label_selector(kubectl: Kubectl) -> None:
