@@ -49,8 +49,11 @@ async def test_an_ike_sa_too_big_for_one_vici_message_is_still_listed_with_every
         assert {ch["remote-ts"][0] for ch in big["child-sas"].values()} == set(remote)
         assert len(by_name["small"]["child-sas"]) == 1
 
-        # The exporter sees the big tunnel up with every child, not "down".
-        snap = await Exporter(strongswan=StrongswanSource(g.vici_socket)).snapshot()
+        # The exporter sees the big tunnel up with every child, not "down". Its scrape deadline generous:
+        # under a loaded machine (a shuffled run beside six other sessions) listing 1,500 children took
+        # longer than the default 8 s, and this test is about what is listed, not how fast (bench/).
+        exporter = Exporter(strongswan=StrongswanSource(g.vici_socket), scrape_timeout=60.0)
+        snap = await exporter.snapshot()
         assert snap.strongswan is not None
         tunnels = {t.name: t for t in snap.strongswan.view.tunnels}
         assert tunnels["big"].up and tunnels["big"].children_installed == MANY
