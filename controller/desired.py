@@ -90,6 +90,10 @@ class HaInputs:
     lease: gwplan.Ha
     """The Lease's timings, for both slots' plans. Its name is always ``home_name``, whatever ``lease``
     says there: the Lease object, the pods' Role and both plans agree by construction."""
+    public_slot: HaSlot | None = None
+    """The slot the cloud put the gateway's public address on (``CloudState.floating_ip_slot``): only that
+    slot's plan says ``publicHere``, so only its pod, once active, starts anything towards the peers.
+    None: the cloud does not say (the static backend): both may."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,8 @@ def slot_plan(inputs: Inputs, slot: HaSlot = "a") -> gwplan.Plan:
     plan = inputs.plan
     ha = lease_settings(inputs)
     if ha is not None:
-        plan = dataclasses.replace(plan, ha=ha)
+        public = inputs.ha is None or inputs.ha.public_slot in (None, slot)
+        plan = dataclasses.replace(plan, ha=dataclasses.replace(ha, public_here=public))
     if slot == "a":
         return plan
     nic = inputs.ha.nic if inputs.ha is not None else None

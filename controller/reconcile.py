@@ -706,7 +706,8 @@ def decide(
             plan = with_nic(plan, nic)
         slot_b = None
         if pair is not None and pair.mode != "off":
-            slot_b = HaInputs(pair.slot_b.node if pair.mode == "full" else None, nic_b, pair.lease)
+            node_b = pair.slot_b.node if pair.mode == "full" else None
+            slot_b = HaInputs(node_b, nic_b, pair.lease, cloud.floating_ip_slot)
         inputs = Inputs(snap.key, snap.uid, plan, settings, cloud.nic, where.node, snap.secrets, slot_b)
         plan_desired = desired(inputs)
         held: set[str] = set()

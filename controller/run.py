@@ -20,6 +20,7 @@ once every informer has synced.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import re
@@ -760,6 +761,10 @@ class Operator:
                 ha=ha_want,
             )
             cloud, cloud_failed = await self._ensure(key, want, snap, rendered)
+            if ha_want is not None and cloud.floating_ip_slot is None and key in self.fip_slots:
+                # The cloud could not be asked (or failed half-way through a move): the slot it last left
+                # the floating IP on, so that no other slot's plan says publicHere before it is there.
+                cloud = dataclasses.replace(cloud, floating_ip_slot=self.fip_slots[key])
             if cloud.floating_ip_slot is not None:
                 self.fip_slots[key] = cloud.floating_ip_slot
             elif ha_want is None:

@@ -310,6 +310,12 @@ class Ha:
     stops serving by itself before that (by its own clock), so nobody serves twice."""
     renew_seconds: float = 1.0
     """How often the holder renews (and the standby checks whether the Lease expired)."""
+    public_here: bool = True
+    """The gateway's public address (its floating IP) reaches this pod's NIC2 now: the controller sets it
+    once its cloud step moved it here. An active pod starts nothing towards its peers before (IKE
+    initiations, WireGuard handshakes and keepalives): a router tracks the first packet of a flow and keeps
+    its translation, so packets sent before the floating IP's NAT is in place leave from the wrong address
+    for as long as they keep coming (found by the end-to-end failover: the tunnels never came back)."""
 
 
 @dataclass(frozen=True)
@@ -586,6 +592,7 @@ def from_dict(doc: Any) -> Plan:
             lease=h.str_("lease"),
             lease_duration_seconds=h.get("leaseDurationSeconds", int, 3),
             renew_seconds=float(h.get("renewSeconds", (int, float), 1.0)),
+            public_here=h.get("publicHere", bool, True),
         )
         if not ha.lease:
             raise PlanError("ha.lease: empty")

@@ -107,6 +107,11 @@ Connect = Callable[[Path, float], Awaitable[ViciSession]]
 EVENTS = ("ike-updown", "child-updown", "child-rekey", "ike-rekey", "log")
 
 
+def public_here(plan: Plan | None) -> bool:
+    """The gateway's public address reaches this pod (``gwplan.Ha.public_here``; always without HA)."""
+    return plan is None or plan.ha is None or plan.ha.public_here
+
+
 async def _connect(path: Path, timeout: float) -> ViciSession:
     return await ViciSession.connect(path, timeout=timeout)
 
@@ -810,6 +815,11 @@ class Keeper:
             if s.state == "Established" and s.name in self.errors:
                 self.errors.pop(s.name)
         if self.standby:  # checked with no await before the start below: a fence cannot slip between
+            return
+        if not public_here(self.plan):
+            # Active, but the public address is not on our NIC2 yet (the controller moves it, then says so
+            # in the plan): an initiation now would leave with the wrong source and the router would keep
+            # that translation for every retransmit. Answering stays possible; initiating waits.
             return
         for action in link.watchdog(
             applied.tunnels,

@@ -255,7 +255,13 @@ class WireGuardAgent:
 
             async def consume() -> None:
                 async for plan in plans:
+                    silent = self.standby
                     self.plan = plan
+                    if silent != self.standby:  # the public address came here (or went): as a role change
+                        self._kick = not self.standby
+                        self._fence = self.standby
+                        self._net_dirty = True
+                        log.info("ha.public_here now=%s", "yes" if not self.standby else "no")
                     self.wake_up()
 
             tg.start_soon(consume)
@@ -295,7 +301,13 @@ class WireGuardAgent:
 
     @property
     def standby(self) -> bool:
-        return self.role == "standby"
+        """Silent towards the peers: the HA standby, or the active before the gateway's public address is
+        on our NIC2 (``gwplan.Ha.public_here``: a handshake or keepalive sent before would leave with the
+        wrong source, and the router would keep that translation while they keep coming)."""
+        if self.role == "standby":
+            return True
+        ha = self.plan.ha if self.plan is not None else None
+        return ha is not None and not ha.public_here
 
     async def step(self) -> None:
         self.health.beat()
