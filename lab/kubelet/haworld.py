@@ -295,13 +295,23 @@ class HAWorld:
     def pinned_flows(self, slot: Slot, delete: bool = False) -> list[str]:
         """The router's conntrack entries from ``slot``'s fixed IP that were NOT given the floating IP's
         SNAT (their reply goes to the fixed IP itself): the flows that slot started while the floating IP
-        was elsewhere. ``delete``: delete them too (the lab standing in for a fix, see the test)."""
+        was elsewhere. ``delete``: delete them too (the lab standing in for a fix, see the test). Parsed
+        here from the whole UDP table (conntrack's own orig/reply filters are not relied upon)."""
         fixed = str(self.ports[slot].fixed_ips[0]["ip_address"])
-        args = ["-p", "udp", "--orig-src", fixed, "--reply-dst", fixed]
-        res = netns.run(netns.ns_exec(self.w.lab.rtr.ns, "conntrack", "-L", *args), check=False)
-        found = [line for line in res.stdout.decode(errors="replace").splitlines() if "src=" in line]
-        if found and delete:
-            netns.run(netns.ns_exec(self.w.lab.rtr.ns, "conntrack", "-D", *args), check=False)
+        rtr = self.w.lab.rtr.ns
+        res = netns.run(netns.ns_exec(rtr, "conntrack", "-L", "-p", "udp"), check=False)
+        found = []
+        for line in res.stdout.decode(errors="replace").splitlines():
+            kv = [t.split("=", 1) for t in line.split() if "=" in t]
+            src = [v for k, v in kv if k == "src"]
+            dst = [v for k, v in kv if k == "dst"]
+            ports = [v for k, v in kv if k in ("sport", "dport")]
+            if len(src) < 2 or len(dst) < 2 or len(ports) < 2 or src[0] != fixed or dst[1] != fixed:
+                continue
+            found.append(line)
+            if delete:
+                orig = ["-s", src[0], "-d", dst[0], "--sport", ports[0], "--dport", ports[1]]
+                netns.run(netns.ns_exec(rtr, "conntrack", "-D", "-p", "udp", *orig), check=False)
         return found
 
     def crash(self, timeout: float = 60.0, *, forget_pinned: bool = False) -> Failover:
