@@ -180,10 +180,14 @@ class E2EWorld:
         run_controller: bool = True,
         node_labels: Mapping[str, str] | None = None,
         node_taints: Sequence[Mapping[str, Any]] = (),
+        extra_nodes: Mapping[str, str | None] | None = None,
     ) -> None:
         """``run_controller=False``: no controller process; the test installs one (the chart's Deployment,
         which the lab kubelet then runs). ``node_labels``/``node_taints``: the node's, as its kubelet
-        would register them."""
+        would register them. ``extra_nodes``: more nodes (name -> providerID), each with its own lab
+        kubelet (``kubelets[name]``; node-a's plays the Deployment controller and scheduler for all) and
+        its own node namespace with its own NIC2 ``ens7`` on the router's NIC2 network (which becomes a
+        bridge, ``r-br``, holding the router's address; node-a's ``r-gw`` is one of its ports)."""
         self.workdir = workdir
         self.runtime = runtime
         self.refresh_delay = volume_refresh_delay
@@ -198,9 +202,14 @@ class E2EWorld:
         self.run_controller = run_controller
         self.node_labels = dict(node_labels or {})
         self.node_taints = [dict(t) for t in node_taints]
+        self.extra_nodes = dict(extra_nodes or {})
         self.cluster: Cluster | None = None
         self.controller: Controller | None = None
         self.kubelet: LabKubeletThread | None = None
+        self.kubelets: dict[str, LabKubeletThread] = {}
+        """Every node's lab kubelet by node name (``kubelet`` is node-a's)."""
+        self.node_ns: dict[str, str] = {}
+        """Every node's namespace by node name (node-a's is the lab's ``gw``)."""
         self._procs: list[subprocess.Popen[bytes]] = []
         self.targets: dict[str, subprocess.Popen[bytes]] = {}
         """The exposure targets' servers (``web``, ``db``), which must stay up while the world runs."""
@@ -230,28 +239,43 @@ class E2EWorld:
         self._stack.enter_context(self.lab)
         netns.addr(self.lab.svc.ns, "lo", f"{DB_ADDR}/32")
         netns.route(self.lab.rtr.ns, f"{DB_ADDR}/32", "via", SVC_ADDR)
+        self.node_ns[NODE] = self.lab.gw.ns
+        if self.extra_nodes:
+            self._bridge_nic2_network()
+        for i, name in enumerate(self.extra_nodes):
+            self.node_ns[name] = self._add_node_ns(name, i)
         self.cluster = self._stack.enter_context(Cluster(self.workdir / "k8s", sans=(API_ADDRESS,)))
         self.cluster.add_node(NODE, provider_id=self.provider_id, labels=self.node_labels)
-        if self.node_taints:
-            self.cluster.kube.patch("v1", "Node", NODE, {"spec": {"taints": self.node_taints}})
+        for name, provider_id in self.extra_nodes.items():
+            self.cluster.add_node(name, provider_id=provider_id, labels=self.node_labels)
+        for name in self.node_ns:
+            if self.node_taints:
+                self.cluster.kube.patch("v1", "Node", name, {"spec": {"taints": self.node_taints}})
         if self.run_controller:
             self._start_controller()
         port = int(self.cluster.kube.url.rsplit(":", 1)[1])
-        settings = KubeletSettings(
-            node=NODE,
-            node_ns=self.lab.gw.ns,
-            runtime=self.runtime,  # type: ignore[arg-type]
-            volume_refresh_delay=self.refresh_delay,
-            workdir=self.workdir,
-            api_address=API_ADDRESS,
-            dns_address=DNS_ADDRESS,
-            keep_logs=True,
-            **self.kubelet_options,
-        )
-        self.kubelet = LabKubeletThread(
-            settings, self.cluster.kubeconfig, ("127.0.0.1", port), self.cluster.kube.ca_file
-        )
-        self._stack.enter_context(self.kubelet)
+        for i, (name, ns) in enumerate(self.node_ns.items()):
+            options: dict[str, Any] = dict(self.kubelet_options)
+            if i:  # one Deployment controller per cluster (node-a's); its own pod network
+                options.update(deployments=False, pod_cidr=f"10.244.{i + 1}.0/24")
+            settings = KubeletSettings(
+                node=name,
+                node_ns=ns,
+                runtime=self.runtime,  # type: ignore[arg-type]
+                volume_refresh_delay=self.refresh_delay,
+                workdir=self.workdir if i == 0 else self.workdir / name,
+                api_address=API_ADDRESS,
+                dns_address=DNS_ADDRESS,
+                keep_logs=True,
+                **options,
+            )
+            kubelet = LabKubeletThread(
+                settings, self.cluster.kubeconfig, ("127.0.0.1", port), self.cluster.kube.ca_file
+            )
+            if i == 0:
+                self.kubelet = kubelet
+            self.kubelets[name] = kubelet
+            self._stack.enter_context(kubelet)
         self.targets["web"] = self.start(self.lab.svc, "echo", SVC_ADDR, "80", name="web")
         self.targets["db"] = self.start(self.lab.svc, "echo", DB_ADDR, "5432", name="db")
         wait_for(
@@ -259,6 +283,29 @@ class E2EWorld:
             10,
             "the exposure targets",
         )
+
+    def _bridge_nic2_network(self) -> None:
+        """The router's NIC2 network as a switch: ``r-br`` takes the router's address from ``r-gw``, which
+        becomes its port (the routes through that network are put back)."""
+        rtr = self.lab.rtr.ns
+        netns.run(["ip", "-n", rtr, "link", "add", "r-br", "type", "bridge"])
+        netns.run(["ip", "-n", rtr, "addr", "del", f"{RTR_NIC2_ADDR}/{NIC2_PREFIX}", "dev", "r-gw"])
+        netns.run(["ip", "-n", rtr, "link", "set", "r-gw", "master", "r-br"])
+        netns.addr(rtr, "r-br", f"{RTR_NIC2_ADDR}/{NIC2_PREFIX}")
+        netns.run(["ip", "-n", rtr, "link", "set", "r-br", "up"])
+        netns.route(rtr, SERVICE_CIDR, "via", GW_NIC2_ADDR)
+
+    def _add_node_ns(self, name: str, i: int) -> str:
+        """Another node (a server of the cloud): its namespace in the lab's set (removed by its close) and
+        its NIC2 ``ens7`` (a random MAC until the cloud's port is plugged) on the router's bridge."""
+        role = name.replace("node-", "n")
+        ns = f"{self.lab.prefix}-{role}"
+        netns.add_ns(ns, netns.POD_SYSCTLS)
+        self.lab.hosts[role] = Host(role=role, ns=ns, dir=self.lab.dir / role)
+        port = f"r-{role}"[:15]
+        netns.veth(ns, "ens7", self.lab.rtr.ns, port)
+        netns.run(["ip", "-n", self.lab.rtr.ns, "link", "set", port, "master", "r-br"])
+        return ns
 
     def static_nic_config(self) -> dict[str, str]:
         """The lab's NIC2 as the static cloud knows it (``staticNICs``, the chart's ``cloud.static.nics``)."""
@@ -450,7 +497,7 @@ class E2EWorld:
             for gw in self.c.kube.list(VPN, "VPNGateway"):
                 out.append(f"gateway {gw['metadata']['name']}: {json.dumps(gw.get('status'))[:3000]}")
         with contextlib.suppress(Exception):
-            for w in list(self.k.kubelet.workers.values()):
+            for w in [w for k in self.kubelets.values() for w in list(k.kubelet.workers.values())]:
                 out.append(
                     f"pod {w.name}: {json.dumps(self.c.get('v1', 'Pod', w.name, w.namespace) or {})[-3000:]}"
                 )
