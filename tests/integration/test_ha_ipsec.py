@@ -27,7 +27,7 @@ from agent.health import HealthState
 from agent.ipsec.keeper import Keeper, Timing
 from agent.runtime import Role, RoleSource, SecretError
 from gwkit.vici import ViciSession
-from gwplan import IkeSecret, Ipsec, Plan, SecretRef, dumps
+from gwplan import Ha, IkeSecret, Ipsec, Plan, SecretRef, dumps
 from lab.wait import wait_for, wait_for_async
 from lab.world import Host, Lab
 from tests.integration.test_agent_ipsec import PSK, TENANT_PSK, gw_tunnel, setup_site, site_id
@@ -253,4 +253,61 @@ async def test_without_init_nats_drop_a_standby_cuts_what_a_peer_set_up_with_it(
         await wait_for_async(gone, 10, "the answered SA cut at both ends")
         assert keeper.fenced >= 1, "by the standby's sweep"
         await wait_for_async(lambda: tunnel_states(sink) == {site.role: "Standby"}, 10, "Standby again")
+        tg.cancel_scope.cancel()
+
+
+class PushedPlans:
+    """A ``PlanSource`` the test pushes plans into, as the agent's plan follower would hand them on."""
+
+    def __init__(self, first: Plan) -> None:
+        self.last_error: str | None = None
+        self._send, self._receive = anyio.create_memory_object_stream[Plan](max_buffer_size=8)
+        self._send.send_nowait(first)
+
+    def push(self, plan: Plan) -> None:
+        self._send.send_nowait(plan)
+
+    async def _it(self) -> AsyncIterator[Plan]:
+        async for plan in self._receive:
+            yield plan
+
+    def __aiter__(self) -> AsyncIterator[Plan]:
+        return self._it()
+
+
+async def test_an_active_pod_initiates_only_once_its_plan_says_the_public_address_is_here(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """The promoted pod's first IKE packets must not leave before the floating IP's NAT is in place (a
+    router keeps the first packet's translation for every retransmit: the end-to-end failover's tunnels
+    never came back). Active with ``publicHere`` false: nothing initiated for seconds; the plan saying it
+    (the controller's, after its cloud step): the tunnel up at once, initiated by the gateway."""
+    site = lab.add_site()
+    plan = ha_plan(lab, [site])
+    lease = Ha("gw-lease", public_here=False)
+    plans = PushedPlans(dataclasses.replace(plan, ha=lease))
+    lab.start_charon(lab.gw)
+    lab.start_charon(site)
+    await setup_site(lab, site)
+    sink = ListSink()
+    keeper = Keeper(
+        lab.gw.charon.vici_socket,  # type: ignore[union-attr]
+        plans,
+        PskSecrets(PSK.encode()),
+        sink,
+        HealthState(stale_after=60),
+        timing=Timing(poll_interval=0.2, resync_seconds=2),
+        role=ManualRole("active"),
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper.run)
+        await wait_for_async(lambda: tunnel_states(sink), 15, "the first status")
+        assert await conns(lab.gw) == [site.role]
+        for _ in range(15):  # 3 s of an active pod whose public address is elsewhere
+            assert await ike_sas(lab.gw) == {} and await ike_sas(site) == {}, "initiated too early"
+            await anyio.sleep(0.2)
+        plans.push(dataclasses.replace(plan, ha=dataclasses.replace(lease, public_here=True)))
+        await wait_for_async(lambda: tunnel_states(sink) == {site.role: "Established"}, 20, "the tunnel up")
+        gw_up = [sa for sa in (await ike_sas(lab.gw)).values() if sa["state"] == "ESTABLISHED"]
+        assert len(gw_up) == 1 and gw_up[0]["initiator"] == "yes"
         tg.cancel_scope.cancel()
