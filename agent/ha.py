@@ -26,7 +26,11 @@ this is the loop around them: read the Lease, decide, write it, sleep, and tell 
   the tests use it).
 * **Never created.** An absent Lease is standby, logged (``ha.lease_absent``) and read again every
   ``renewSeconds``: the controller creates it with no holder, and the pod's Role grants only ``get`` and
-  ``update`` on that name (RBAC cannot limit ``create`` to a name).
+  ``update`` on that name (RBAC cannot limit ``create`` to a name). For the pod that serves a 404 is a
+  failed read (read again at half the period): it stays active until its fence deadline, so a Lease
+  deleted under its holder (HA turned off, or by hand) does not terminate every tunnel at once; a Lease
+  re-created free meanwhile is taken back by that pod at once and by no other before a whole duration
+  (``agent.election``).
 
 Logs: ``ha.promoted``, ``ha.fenced`` (with why), ``ha.standby``, ``ha.released``, ``ha.lease_absent``,
 ``ha.read_failed``/``ha.write_failed`` (once per reason). The identity and the Lease are named; no token is
@@ -214,9 +218,12 @@ class LeaseElector:
         self._ok("read")
         if lease is None and "absent" not in self._errors:
             log.warning(
-                "ha.lease_absent identity=%s lease=%s/%s: standby until the controller creates it "
-                "(the agent never creates it); reading again every %gs",
-                self.identity, api.namespace, ha.lease, ha.renew_seconds,
+                "ha.lease_absent identity=%s lease=%s/%s role=%s: %s (the agent never creates it); "
+                "reading again every %gs",
+                self.identity, api.namespace, ha.lease, self._role,
+                "serving until its deadline, as after a failed read" if self._role == "active"
+                else "standby until the controller creates it",
+                ha.renew_seconds,
             )  # fmt: skip
             self._errors["absent"] = "absent"
         elif lease is not None:
@@ -226,7 +233,9 @@ class LeaseElector:
         )
         self._mem = step.memory
         self._set(step.role, step.why)
-        if step.action not in ("take", "renew") or lease is None:
+        if lease is None:  # for a holder a failed read: tried again at half the period
+            return election.next_wait(self._mem, ha, self._mono(), "failed")
+        if step.action not in ("take", "renew"):
             return election.next_wait(self._mem, ha, self._mono())
         outcome = await self._write(api, ha, lease, step.action)
         return election.next_wait(self._mem, ha, self._mono(), outcome)
