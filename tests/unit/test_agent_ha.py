@@ -5,9 +5,14 @@ format."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import re
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from agent.election import (
@@ -28,7 +33,9 @@ from agent.election import (
     valid_holder,
     view,
 )
+from agent.ha import ROLE_FILE_RETRY, Api, LeaseElector
 from gwplan import Ha
+from initnat import rules as initnat_rules
 
 HA = Ha(lease="gw-ha")  # duration 3 s, renew 1 s: margin 1 s, deadline 2 s
 ME, OTHER = "gw-a-7d9f-x1", "gw-b-5c4e-y2"
@@ -440,3 +447,85 @@ def test_a_partitioned_holder_is_fenced_a_margin_before_the_contender_takes_over
     assert took >= fenced + margin(ha) - 1e-9, (fenced, took)
     # The contender sees the last renewal at its next read, and takes at its first read a duration later.
     assert took <= fenced + margin(ha) + latency + 2 * ha.renew_seconds + 1e-9, "and no later than it must"
+
+
+# --- the role file init-nat reads: never a stale "active" ------------------------------------------------
+
+
+def _failing_writes(monkeypatch: pytest.MonkeyPatch, errno_: int = errno.ENOSPC) -> list[Path]:
+    """Every write_text fails as on a full emptyDir (the temp file is where the agent writes)."""
+    tried: list[Path] = []
+
+    def write_text(self: Path, *args: Any, **kwargs: Any) -> int:
+        tried.append(self)
+        raise OSError(errno_, os.strerror(errno_), str(self))
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    return tried
+
+
+async def _no_api() -> Api:
+    raise RuntimeError("no API in this test")
+
+
+def test_a_standby_that_cannot_write_the_role_file_empties_a_stale_active(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent restarted (or went standby) on a full emptyDir: the old ``active`` must not stay for
+    init-nat, which reads an empty file as standby."""
+    role_file = tmp_path / "ha-role"
+    role_file.write_text("active\n")  # the previous container's word
+    tried = _failing_writes(monkeypatch)
+    caplog.set_level(logging.WARNING, "agent.ha")
+    elector = LeaseElector(_no_api, ME, HA, role_file=role_file)
+    assert elector.current == "standby" and tried
+    assert role_file.read_bytes() == b"", "emptied, not left saying active"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=True).role == "standby"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=False).role == "standby"
+    assert not (tmp_path / ".ha-role.tmp").exists()
+    assert any(
+        "ha.role_file_failed" in r.getMessage() and "emptied" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_standby_with_no_role_file_that_cannot_write_it_leaves_an_empty_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    role_file = tmp_path / "ha-role"
+    _failing_writes(monkeypatch)
+    LeaseElector(_no_api, ME, HA, role_file=role_file)
+    assert role_file.read_bytes() == b"", "a standby even for an init-nat whose plan has no ha yet"
+
+
+def test_a_failed_role_file_write_is_retried_also_without_ha(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod serving without HA whose start-up write failed must still get ``active`` into the file before
+    its plan gains ``ha`` (init-nat reads a missing file under ``ha`` as standby: a blip on a serving pod)."""
+    role_file = tmp_path / "ha-role"
+    with monkeypatch.context() as m:
+        _failing_writes(m)
+        elector = LeaseElector(_no_api, ME, None, role_file=role_file)
+    assert elector.current == "active" and not role_file.exists()
+
+    async def run() -> None:
+        with anyio.move_on_after(ROLE_FILE_RETRY + 0.5):
+            await elector.run()
+
+    anyio.run(run)
+    assert role_file.read_text() == "active\n"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=True).role == "active"
+
+
+def test_a_serving_pod_has_written_active_before_its_plan_gains_ha(tmp_path: Path) -> None:
+    """The order at a serving pod: the agent wrote ``active`` when it started (its first plan had no
+    ``ha``), long before the live plan file, which init-nat's watch reads too, gains ``ha``; whichever of
+    the two reads the new plan first, init-nat finds ``active``. Then the elector, following the plan,
+    stays active (``Memory.serving``) and rewrites ``active``."""
+    role_file = tmp_path / "ha-role"
+    elector = LeaseElector(_no_api, ME, None, role_file=role_file)
+    before = initnat_rules.role_of(role_file.read_bytes(), ha=True)
+    assert before.role == "active" and not before.absent, "init-nat first: active"
+    elector.follow(HA)
+    assert elector.current == "active"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=True).role == "active", "the agent first: active"
