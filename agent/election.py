@@ -9,15 +9,27 @@ The rules (docs/ha.md, "Fencing"), as client-go's leaderelection has them:
   of it is no older than that), ``deadline = leaseDurationSeconds - margin`` (``renew_deadline``). Past it
   the holder is standby whatever the API says, even when the API never answers again.
 * **Expiry by observation.** A contender takes a Lease that another pod holds only once the holder and
-  ``renewTime`` it reads have stayed the same for ``leaseDurationSeconds`` measured on ITS OWN monotonic
-  clock from when it first saw that pair (client-go's ``observedTime``). ``renewTime`` is the holder's wall
-  clock and is never compared with ours: clocks skew. A Lease with no holder (created so by the
-  controller, or released) is taken at once.
+  ``renewTime`` it reads have stayed the same for the PLAN's ``lease_duration_seconds`` measured on ITS OWN
+  monotonic clock from when it first saw that pair (client-go's ``observedTime``). ``renewTime`` is the
+  holder's wall clock and is never compared with ours: clocks skew. The Lease's own
+  ``leaseDurationSeconds`` is never read for this: every pod that can write the Lease could set it to
+  2^31-1 and no standby would ever take over (the holder still writes the plan's value, for readers).
+* **A free Lease.** Taken at once only by a pod that serves (the holder, or a pod whose plan just gained
+  ``ha``), or by a contender that SAW it released: the same object (``metadata.uid``) read held, then
+  with the holder emptied. Any other free Lease (created so by the controller, re-created after a
+  deletion, first seen free) is taken only after it stayed unchanged for a whole duration by our clock,
+  like an expired one: a holder whose Lease was deleted keeps serving until its own fence deadline (the
+  404 is a failed read for it), and a Lease re-created free meanwhile must not make a second pod active.
+* **The holder is untrusted text.** ``holderIdentity`` is whatever a pod with ``update`` wrote. One that is
+  not a DNS-1123 subdomain (pod names are) is some other holder, never a free Lease, and is only ever
+  shown escaped (``shown``): never raw in a log line.
 * **Optimistic concurrency.** Takes, renewals and the release are updates carrying the resourceVersion
   read (``lease_update``): a 409 on a take means another pod won; on a renewal it means the Lease changed
   under us, and the next read says by whom (the fence clock keeps running meanwhile: ``settle``).
 * **Never created here.** An absent Lease means standby (the controller creates it with no holder; the
-  pod's Role cannot be limited to one name for ``create``).
+  pod's Role cannot be limited to one name for ``create``), except for the pod that serves: for it a 404
+  is a failed read, it stays active until its fence deadline (nobody can hold a deleted Lease, and a
+  re-created one is not taken by anyone else before that deadline: above).
 
 Why a contender can never serve while a cut-off holder still does: the contender's first sight of the
 holder's last renewal comes after the server stored it, which is after the holder sent it; it then waits
@@ -31,13 +43,14 @@ that is its own lateness too, and a holder that missed one renewal still has one
 and stops serving at +2 s, 1 s before a contender may take over.
 
 A pod whose plan gains ``ha`` while it serves starts as if it had just renewed (``Memory.serving``): it
-keeps serving while it takes the free Lease, and goes standby at once when someone else holds it or the
-Lease is absent (it cannot prove that holder dead without watching it for a whole duration). A pod whose
-first plan has ``ha`` starts standby (``Memory()``).
+keeps serving while it takes the free Lease, goes standby at once when someone else holds it (it cannot
+prove that holder dead without watching it for a whole duration), and is fenced at its deadline when the
+Lease is absent. A pod whose first plan has ``ha`` starts standby (``Memory()``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -75,28 +88,52 @@ def micro_time(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+SHOWN_MAX = 63
+"""The most characters of an invalid holderIdentity a log line shows (escaped)."""
+
+
+def valid_holder(holder: str) -> bool:
+    """A DNS-1123 subdomain, as every pod name is (at most 253 characters)."""
+    return len(holder) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(holder) is not None
+
+
+def shown(holder: str) -> str:
+    """A holderIdentity for a log line: a valid one as it is, anything else escaped and cut (it is text a
+    pod wrote: a newline in it must not forge a log line, a megabyte of it must not flood the log)."""
+    if valid_holder(holder):
+        return holder
+    cut = holder[:SHOWN_MAX]
+    more = f"... ({len(holder)} characters)" if len(holder) > SHOWN_MAX else ""
+    return f"invalid holderIdentity {cut!a}{more}"
+
+
 @dataclass(frozen=True)
 class LeaseView:
     """What the elector reads of a Lease."""
 
     holder: str
-    """``spec.holderIdentity``; "" when nobody holds it."""
+    """``spec.holderIdentity``; "" when nobody holds it. Untrusted (any pod with ``update`` writes it): a
+    value that is not :func:`valid_holder` is some other holder, and only :func:`shown` goes to a log."""
     renew_time: str | None
-    duration: int | None
-    """``spec.leaseDurationSeconds`` (the holder's promise), if set."""
     transitions: int
     resource_version: str
+    uid: str = ""
+    """``metadata.uid``: a deleted and re-created Lease is another object (a release is told from a
+    re-creation by it)."""
 
 
 def view(lease: Mapping[str, Any]) -> LeaseView:
+    """The Lease as read. Its ``leaseDurationSeconds`` is not kept: expiry is judged by the plan's."""
     spec = lease.get("spec") or {}
-    duration = spec.get("leaseDurationSeconds")
+    meta = lease.get("metadata") or {}
+    holder = spec.get("holderIdentity")
     return LeaseView(
-        holder=str(spec.get("holderIdentity") or ""),
+        holder="" if holder is None else str(holder),
         renew_time=None if spec.get("renewTime") is None else str(spec["renewTime"]),
-        duration=duration if isinstance(duration, int) and duration > 0 else None,
         transitions=int(spec.get("leaseTransitions") or 0),
-        resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        uid=str(meta.get("uid") or ""),
     )
 
 
@@ -107,10 +144,12 @@ class Memory:
     renewed_at: float | None = None
     """When its last successful take or renewal was sent (or when a serving pod's plan gained ``ha``);
     None: it does not hold the Lease."""
-    seen: tuple[str, str | None] | None = None
-    """The (holder, renewTime) last read."""
+    seen: tuple[str, str, str | None] | None = None
+    """The (uid, holder, renewTime) last read; None after a read that found no Lease."""
     seen_at: float = 0.0
     """When ``seen`` was first read with that value."""
+    released: bool = False
+    """``seen`` is free and the read before it showed the same object held: its holder released it."""
 
     @staticmethod
     def serving(now: float) -> Memory:
@@ -146,24 +185,45 @@ def role_why(mem: Memory, ha: Ha, now: float) -> str:
 def decide(mem: Memory, lease: LeaseView | None, me: str, ha: Ha, now: float) -> Step:
     """The role and the next action after reading ``lease`` (None: it does not exist) at ``now``."""
     if lease is None:
+        if role(mem, ha, now) == "active":
+            # Deleted under the pod that serves (HA turned off, or by hand): nobody can hold a deleted
+            # Lease and a re-created one is not taken before this pod's deadline (below), so it is a
+            # failed read: the clock decides. ``seen`` forgotten: a re-created Lease is a new object.
+            why = (
+                f"the Lease {ha.lease} does not exist: serving until the deadline ({role_why(mem, ha, now)})"
+            )
+            return Step(replace(mem, seen=None, released=False), "active", "none", why)
         return Step(
             Memory(), "standby", "none", f"the Lease {ha.lease} does not exist (the controller creates it)"
         )
-    record = (lease.holder, lease.renew_time)
+    record = (lease.uid, lease.holder, lease.renew_time)
     if record != mem.seen:
-        mem = replace(mem, seen=record, seen_at=now)
-    if lease.holder == me:
+        released = (
+            not lease.holder and mem.seen is not None and mem.seen[0] == lease.uid and mem.seen[1] != ""
+        )
+        mem = replace(mem, seen=record, seen_at=now, released=released)
+    if lease.holder and lease.holder == me:
         return Step(mem, role(mem, ha, now), "renew", role_why(mem, ha, now))
+    duration = ha.lease_duration_seconds  # the plan's, never the Lease's (anyone may write that)
+    unchanged = now - mem.seen_at
     if not lease.holder:
-        return Step(mem, role(mem, ha, now), "take", "the Lease is free")
-    # Somebody else holds it (they took it from us, or never gave it): we do not.
+        if role(mem, ha, now) == "active":
+            return Step(mem, "active", "take", "the Lease is free and this pod serves")
+        if mem.released:
+            return Step(mem, "standby", "take", "the Lease was released by its holder")
+        if unchanged >= duration:
+            why = f"the Lease is free, unchanged for {unchanged:.2f} s >= {duration} s by this pod's clock"
+            return Step(mem, "standby", "take", why)
+        why = f"the Lease is free but was not seen released: waiting {duration} s from first sight"
+        return Step(mem, "standby", "none", why)
+    # Somebody else holds it (they took it from us, or never gave it; or an invalid holderIdentity, which
+    # is a holder all the same, never a free Lease): we do not.
     mem = replace(mem, renewed_at=None)
-    duration = lease.duration or ha.lease_duration_seconds
-    unrenewed = now - mem.seen_at
-    if unrenewed >= duration:
-        why = f"held by {lease.holder}, unrenewed for {unrenewed:.2f} s >= {duration} s by this pod's clock"
+    if unchanged >= duration:
+        who = shown(lease.holder)
+        why = f"held by {who}, unrenewed for {unchanged:.2f} s >= {duration} s by this pod's clock"
         return Step(mem, "standby", "take", why)
-    return Step(mem, "standby", "none", f"held by {lease.holder}")
+    return Step(mem, "standby", "none", f"held by {shown(lease.holder)}")
 
 
 def settle(mem: Memory, action: Action, outcome: Outcome, sent_at: float, ha: Ha, now: float) -> Step:

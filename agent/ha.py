@@ -11,8 +11,13 @@ this is the loop around them: read the Lease, decide, write it, sleep, and tell 
   of every round, so a holder cut off from the API turns standby on time by itself.
 * **The role.** ``current`` and ``async for role in elector`` (the current role, then each change, never
   the same twice in a row). Each change is also written to ``<live dir>/ha-role`` (``active`` or
-  ``standby``, atomically: temp file + rename), which init-nat reads (absent = active); it is written once
-  at start too, so a restarted container never leaves an old word behind.
+  ``standby``, atomically: temp file + rename), which init-nat reads (absent: standby when init-nat's plan
+  has ``ha``, active without); it is written once at start too, so a restarted container never leaves an
+  old word behind, and a pod serving without HA has said ``active`` there since its start, before its
+  live plan (which init-nat reads as well) can gain ``ha``. A write that fails (ENOSPC on a full
+  emptyDir) is logged (``ha.role_file_failed``) and retried every round (every ``ROLE_FILE_RETRY``
+  seconds without ``ha``); a standby whose write failed truncates the file to empty (init-nat reads that
+  as standby), so an old ``active`` never outlives the role.
 * **Following the plan.** ``follow(ha)`` (``FollowHa`` calls it for every plan the backend gets): ``ha``
   appearing on a serving pod keeps it active while it takes the free Lease (``Memory.serving``); changed
   timings apply at the next round; another Lease name releases the old one first; ``ha`` gone releases the
@@ -26,7 +31,11 @@ this is the loop around them: read the Lease, decide, write it, sleep, and tell 
   the tests use it).
 * **Never created.** An absent Lease is standby, logged (``ha.lease_absent``) and read again every
   ``renewSeconds``: the controller creates it with no holder, and the pod's Role grants only ``get`` and
-  ``update`` on that name (RBAC cannot limit ``create`` to a name).
+  ``update`` on that name (RBAC cannot limit ``create`` to a name). For the pod that serves a 404 is a
+  failed read (read again at half the period): it stays active until its fence deadline, so a Lease
+  deleted under its holder (HA turned off, or by hand) does not terminate every tunnel at once; a Lease
+  re-created free meanwhile is taken back by that pod at once and by no other before a whole duration
+  (``agent.election``).
 
 Logs: ``ha.promoted``, ``ha.fenced`` (with why), ``ha.standby``, ``ha.released``, ``ha.lease_absent``,
 ``ha.read_failed``/``ha.write_failed`` (once per reason). The identity and the Lease are named; no token is
@@ -35,7 +44,10 @@ ever logged (the client holds it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -56,6 +68,9 @@ log = logging.getLogger(__name__)
 
 ROLE_FILE = "ha-role"
 """The role file's name in the live directory (init-nat reads it)."""
+ROLE_FILE_RETRY = 1.0
+"""Seconds between two tries to write a role file whose write failed, while the plan has no ``ha`` (with
+``ha`` every round tries)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,9 @@ class LeaseElector:
         self._changed = anyio.Event()
         self._configured = anyio.Event()
         self._errors: dict[str, str] = {}
+        self._role_file_ok = True
+        """The role file says :attr:`current` (False: the last write failed; retried every round and, without
+        ``ha``, every ``ROLE_FILE_RETRY`` seconds)."""
         self.changes: deque[tuple[float, Role]] = deque(maxlen=64)
         """Each role change, with its monotonic instant (tests and bench compare them)."""
         self._write_role_file()
@@ -163,7 +181,9 @@ class LeaseElector:
                     current = None
                     self._mem = Memory()
                     self._set("active", "the plan has no ha")
-                    await self._configured.wait()
+                    self._retry_role_file()
+                    with anyio.move_on_after(math.inf if self._role_file_ok else ROLE_FILE_RETRY):
+                        await self._configured.wait()
                     continue
                 if current is None or wanted.lease != current.lease:
                     # A pod serving without HA (or another Lease) keeps serving while it takes the new one.
@@ -202,6 +222,7 @@ class LeaseElector:
     async def _round(self, api: Api, ha: Ha) -> float:
         """One read (and maybe one write); returns the seconds until the next."""
         self._judge(ha)
+        self._retry_role_file()
         try:
             with anyio.fail_after(election.request_budget(self._mem, ha, self._mono())):
                 lease: dict[str, Any] | None = await api.kube.get(LEASES, ha.lease, api.namespace)
@@ -214,9 +235,12 @@ class LeaseElector:
         self._ok("read")
         if lease is None and "absent" not in self._errors:
             log.warning(
-                "ha.lease_absent identity=%s lease=%s/%s: standby until the controller creates it "
-                "(the agent never creates it); reading again every %gs",
-                self.identity, api.namespace, ha.lease, ha.renew_seconds,
+                "ha.lease_absent identity=%s lease=%s/%s role=%s: %s (the agent never creates it); "
+                "reading again every %gs",
+                self.identity, api.namespace, ha.lease, self._role,
+                "serving until its deadline, as after a failed read" if self._role == "active"
+                else "standby until the controller creates it",
+                ha.renew_seconds,
             )  # fmt: skip
             self._errors["absent"] = "absent"
         elif lease is not None:
@@ -226,7 +250,9 @@ class LeaseElector:
         )
         self._mem = step.memory
         self._set(step.role, step.why)
-        if step.action not in ("take", "renew") or lease is None:
+        if lease is None:  # for a holder a failed read: tried again at half the period
+            return election.next_wait(self._mem, ha, self._mono(), "failed")
+        if step.action not in ("take", "renew"):
             return election.next_wait(self._mem, ha, self._mono())
         outcome = await self._write(api, ha, lease, step.action)
         return election.next_wait(self._mem, ha, self._mono(), outcome)
@@ -288,16 +314,40 @@ class LeaseElector:
         old.set()
 
     def _write_role_file(self) -> None:
+        """The role to the role file, atomically (temp file + rename). When that fails (ENOSPC on a full
+        emptyDir, EROFS, ...) a standby never leaves an old ``active`` behind: the file is truncated to
+        empty (created empty if absent), which init-nat reads as standby (fail closed), and the write is
+        retried (:meth:`_retry_role_file`). An active pod whose write failed leaves the file as it is and
+        retries: init-nat may stand by meanwhile, which is safe."""
         if self.role_file is None:
             return
+        tmp = self.role_file.with_name(f".{self.role_file.name}.tmp")
         try:
             self.role_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.role_file.with_name(f".{self.role_file.name}.tmp")
             tmp.write_text(self._role + "\n")
             tmp.chmod(0o644)
             tmp.replace(self.role_file)
         except OSError as exc:
-            self._error("role_file", str(exc))
+            self._role_file_ok = False
+            with contextlib.suppress(OSError):  # a half-written temp file holds the space that was missing
+                tmp.unlink(missing_ok=True)
+            reason = _why(exc)
+            if self._role == "standby":
+                try:
+                    fd = os.open(self.role_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.close(fd)
+                except OSError as again:
+                    reason += f"; emptying it failed too: {_why(again)}"
+                else:
+                    reason += "; emptied it (init-nat stands by)"
+            self._error("role_file", f"role={self._role}: {reason}")
+            return
+        self._role_file_ok = True
+        self._ok("role_file")
+
+    def _retry_role_file(self) -> None:
+        if not self._role_file_ok:
+            self._write_role_file()
 
     def _error(self, what: str, reason: str) -> None:
         if self._errors.get(what) != reason:

@@ -132,6 +132,8 @@ class Gateway:
     """The target hosts' answers the last apply used (after rules.keep_last), with its kept names: a
     role-only apply (``resolve=False``) reuses them instead of waiting on DNS."""
     kept: tuple[rules.Kept, ...] = ()
+    role_absent: bool = False
+    """The role file is missing and the plan has ``ha``: standby (logged once per time)."""
 
     def apply(self, plan: Plan, *, resolve: bool = True) -> None:
         """Apply ``plan`` with :attr:`role`. ``resolve`` False: a role change alone, applied with the target
@@ -330,32 +332,43 @@ def _write(status: StatusFile | None, gw: Gateway, last_error: str | None = None
         status.write(gw.status(last_error))
 
 
-def read_role(path: Path | None) -> rules.RoleReading:
-    """The role file's verdict (rules.role_of): no file (or no ``path``: not given) is ``active``; a file
-    that cannot be read stands by, with the reason (fail closed)."""
+def read_role(path: Path | None, *, ha: bool) -> rules.RoleReading:
+    """The role file's verdict (rules.role_of) for a plan with (``ha``) or without an ``ha`` section: no
+    file (or no ``path``: not given) is ``standby`` with ``ha`` and ``active`` without; a file that cannot
+    be read stands by, with the reason (fail closed)."""
     if path is None:
-        return rules.role_of(None)
+        return rules.role_of(None, ha=ha)
     try:
-        return rules.role_of(path.read_bytes())
+        return rules.role_of(path.read_bytes(), ha=ha)
     except FileNotFoundError:
-        return rules.role_of(None)
+        return rules.role_of(None, ha=ha)
     except OSError as exc:
         return rules.RoleReading("standby", f"{path}: cannot read: {exc.strerror or exc}: standing by")
 
 
+def has_ha(plan: Plan | None) -> bool:
+    return plan is not None and plan.ha is not None
+
+
 def _take_role(gw: Gateway, reading: rules.RoleReading, noted: list[str | None]) -> None:
-    """Set the role the next apply puts in force; log an unreadable role file once per distinct reason."""
+    """Set the role the next apply puts in force; log an unreadable role file once per distinct reason, and
+    a missing one under ``ha`` (standby) once per time it goes missing."""
     gw.role = reading.role
     if reading.error != noted[0]:
         noted[0] = reading.error
         if reading.error:
             log.error("initnat.role_unreadable error=%r role=standby", reading.error)
+    absent_standby = reading.absent and reading.role == "standby"
+    if absent_standby != gw.role_absent:
+        gw.role_absent = absent_standby
+        if absent_standby:
+            log.info("initnat.role_absent role=standby why='the plan has ha and there is no role file (yet)'")
 
 
 def run_once(gw: Gateway, path: Path, status: StatusFile | None = None, role_file: Path | None = None) -> int:
-    _take_role(gw, read_role(role_file), [None])
     try:
         _, plan = read_plan(path)
+        _take_role(gw, read_role(role_file, ha=has_ha(plan)), [None])
         gw.apply(plan)
     except BAD_INPUT as exc:
         log.error("initnat.rejected plan=%s error=%r", path, _describe(exc))
@@ -399,7 +412,9 @@ def watch(
     role_retry = 0.0
     while not stop.is_set():
         now = time.monotonic()
-        _take_role(gw, read_role(role_file), noted)
+        # The role for the plan in force (a role-only apply reapplies it); a new plan's apply below takes
+        # the role again for that plan (a missing file is standby with ha, active without).
+        _take_role(gw, read_role(role_file, ha=has_ha(gw.applied)), noted)
         try:
             data = path.read_bytes()
             digest = hashlib.sha256(data).hexdigest()[:16]
@@ -420,7 +435,9 @@ def watch(
                 next_sync = now + resync
             try:
                 if full or gw.applied is None:
-                    gw.apply(loads(data))
+                    plan = loads(data)
+                    _take_role(gw, read_role(role_file, ha=has_ha(plan)), noted)
+                    gw.apply(plan)
                 else:  # the role alone changed: the plan in force, with the hosts' last answers
                     gw.apply(gw.applied, resolve=False)
             except NicError as exc:  # NIC2 may still be on its way (a slow attachment): look again
@@ -464,7 +481,7 @@ def _pause(stop: threading.Event, poll: float, role_poll: float, gw: Gateway, ro
     while not stop.wait(max(0.0, min(role_poll, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:
             return
-        if role_file is not None and read_role(role_file).role != gw.role:
+        if role_file is not None and read_role(role_file, ha=has_ha(gw.applied)).role != gw.role:
             return
 
 
@@ -531,7 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--role-file",
         type=Path,
         help=f"the HA role file (docs/ha.md: 'active' or 'standby', written by the status-agent; absent: "
-        f"active); 'standby' drops IKE, ESP and the WireGuard port on NIC2. Default: {rules.ROLE_FILE} "
+        f"standby when the plan has ha, else active); 'standby' drops IKE, ESP and the WireGuard port on "
+        f"NIC2. Default: {rules.ROLE_FILE} "
         "next to the status file (in the pod: the live directory)",
     )
     p.add_argument(

@@ -1072,15 +1072,21 @@ class RoleReading:
     role: Role
     error: str | None = None
     """Why the file could not be taken at its word (init-nat then stands by: fail closed)."""
+    absent: bool = False
+    """There is no role file (the role then follows the plan: :func:`role_of`)."""
 
 
-def role_of(content: bytes | None) -> RoleReading:
-    """The role the file's ``content`` gives (None: there is no file). No file is ``active`` (a gateway
-    without HA never has one); ``active`` or ``standby`` (surrounding whitespace allowed) is that role;
-    anything else (empty, a half-written file, garbage) is ``standby``, with the reason: serving twice is
-    worse than not serving for a moment, and the agent writes the file by atomic rename."""
+def role_of(content: bytes | None, *, ha: bool) -> RoleReading:
+    """The role the file's ``content`` gives (None: there is no file) for a plan with (``ha``) or without
+    an ``ha`` section. No file is ``active`` without ``ha`` (a gateway without HA never needs one) and
+    ``standby`` with it (fail closed: a fresh pod's agent has not written it yet, or could not; its
+    first plan with ``ha`` starts it standby anyway; a serving pod whose plan gains ``ha`` has had the
+    file, ``active``, since its agent started). ``active`` or ``standby`` (surrounding whitespace allowed)
+    is that role; anything else (empty, a half-written file, garbage) is ``standby``, with the reason:
+    serving twice is worse than not serving for a moment, and the agent writes the file by atomic rename
+    (and empties it when it cannot write it as a standby)."""
     if content is None:
-        return RoleReading("active")
+        return RoleReading("standby" if ha else "active", absent=True)
     text = content.strip()
     if text == b"active":
         return RoleReading("active")

@@ -21,6 +21,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,6 +67,10 @@ class World(Protocol):
         ...
 
     def lease(self) -> dict[str, Any] | None: ...
+
+    def delete_lease(self) -> None:
+        """Delete the Lease as the admin (the controller, or someone by hand)."""
+        ...
 
     def partition(self, pod: str) -> None:
         """From now on every request of ``pod`` hangs (it never gets an answer)."""
@@ -125,6 +130,9 @@ class EmulatorWorld:
 
     def lease(self) -> dict[str, Any] | None:
         return self.api.get("coordination.k8s.io/v1", "Lease", LEASE, self.namespace)
+
+    def delete_lease(self) -> None:
+        self.api.delete("coordination.k8s.io/v1", "Lease", LEASE, self.namespace)
 
     def post_lease(self, name: str, spec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         doc = {**lease_doc(self.namespace, spec), "metadata": {"name": name, "namespace": self.namespace}}
@@ -311,7 +319,8 @@ def test_a_graceful_stop_releases_and_the_standby_takes_over_without_waiting(
     world: World, tmp_path: Path
 ) -> None:
     slow = Ha(LEASE, lease_duration_seconds=60, renew_seconds=0.25)  # expiry alone would take a minute
-    world.create_lease({"leaseDurationSeconds": slow.lease_duration_seconds})
+    # pod-a holds it already (a Lease first seen free is taken only after a duration too: a minute).
+    world.create_lease({"holderIdentity": "pod-a", "renewTime": MICRO, "leaseDurationSeconds": 60})
 
     async def scenario() -> None:
         async with pods(world, tmp_path, "pod-a", ha=slow) as (a,):
@@ -393,6 +402,63 @@ def test_an_absent_lease_is_standby_and_never_created(world: World, tmp_path: Pa
             assert a.elector.current == "standby" and world.lease() is None
             world.create_lease({"leaseDurationSeconds": HA.lease_duration_seconds})  # the controller's part
             await active(a)
+            assert holder(world) == "pod-a"
+
+    anyio.run(scenario)
+
+
+def test_a_deleted_lease_keeps_its_holder_until_its_deadline_and_a_recreated_one_is_no_release(
+    world: World, tmp_path: Path
+) -> None:
+    """HA turned off (or the Lease deleted by hand) while pod-a holds it: pod-a serves on until its own
+    fence deadline (a 404 is a failed read for the holder: nobody can hold a deleted Lease), not one
+    tunnel terminated at the 404. Re-created free meanwhile: pod-a, still serving, takes it back at
+    once; pod-b, which saw it held, then gone, then free, does not take it before a whole duration."""
+    world.create_lease({"holderIdentity": "pod-a", "renewTime": MICRO, "leaseDurationSeconds": 3})
+
+    async def scenario() -> None:
+        async with pods(world, tmp_path, "pod-a", "pod-b") as (a, b):
+            await active(a)
+            await wait_for_async(lambda: b.elector.memory.seen is not None, 10, "pod-b reading the Lease")
+            deleted = time.monotonic()
+            world.delete_lease()
+            await wait_for_async(lambda: a.elector.lease_absent, 5, "pod-a reading the 404")
+            assert a.seen[-1:] == ["active"] and a.file_role() == "active", "not standby at the 404"
+            # Gone for longer than the deadline: pod-a is fenced by its own clock, never earlier.
+            await wait_for_async(lambda: a.elector.current == "standby", 10, "pod-a fenced")
+            fenced = a.instant("standby")
+            assert fenced is not None
+            assert fenced - deleted >= 1.0, fenced - deleted
+            assert b.seen == ["standby"]
+            # Re-created free (the controller's CREATE_ONLY): no release seen, so a whole duration.
+            world.create_lease({"leaseDurationSeconds": 3})
+            recreated = time.monotonic()
+            await wait_for_async(
+                lambda: holder(world) != "", 15, "someone taking the re-created Lease after a duration"
+            )
+            took = max(a.instant("active", recreated) or 0.0, b.instant("active", recreated) or 0.0)
+            assert took - recreated >= HA.lease_duration_seconds - 0.05, took - recreated
+
+    anyio.run(scenario)
+
+
+def test_a_lease_recreated_before_its_holders_deadline_is_taken_back_at_once_by_the_holder_alone(
+    world: World, tmp_path: Path
+) -> None:
+    world.create_lease({"holderIdentity": "pod-a", "renewTime": MICRO, "leaseDurationSeconds": 3})
+
+    async def scenario() -> None:
+        async with pods(world, tmp_path, "pod-a", "pod-b") as (a, b):
+            await active(a)
+            await wait_for_async(lambda: b.elector.memory.seen is not None, 10, "pod-b reading the Lease")
+            served = len(a.elector.changes)
+            world.delete_lease()
+            await wait_for_async(lambda: a.elector.lease_absent, 5, "pod-a reading the 404")
+            world.create_lease({"leaseDurationSeconds": 3})
+            await wait_for_async(lambda: holder(world) == "pod-a", 5, "pod-a taking it back")
+            await anyio.sleep(HA.lease_duration_seconds + 1)
+            assert len(a.elector.changes) == served and a.elector.current == "active", "no blip"
+            assert b.seen == ["standby"], "never two active"
             assert holder(world) == "pod-a"
 
     anyio.run(scenario)

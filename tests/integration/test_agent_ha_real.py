@@ -26,6 +26,7 @@ from tests.component.test_agent_ha import (
     World,
     lease_doc,
     role_binding,
+    test_a_deleted_lease_keeps_its_holder_until_its_deadline_and_a_recreated_one_is_no_release,
     test_a_graceful_stop_releases_and_the_standby_takes_over_without_waiting,
     test_a_killed_holder_is_taken_over_only_after_its_duration,
     test_a_partitioned_holder_turns_standby_before_the_other_turns_active,
@@ -33,6 +34,7 @@ from tests.component.test_agent_ha import (
 )
 
 __all__ = [  # the emulator's tests, collected here again with this module's ``world``
+    "test_a_deleted_lease_keeps_its_holder_until_its_deadline_and_a_recreated_one_is_no_release",
     "test_a_graceful_stop_releases_and_the_standby_takes_over_without_waiting",
     "test_a_killed_holder_is_taken_over_only_after_its_duration",
     "test_a_partitioned_holder_turns_standby_before_the_other_turns_active",
@@ -102,6 +104,10 @@ class RealWorld:
             return None
         got: dict[str, Any] = self._ok(r)
         return got
+
+    def delete_lease(self) -> None:
+        with self.cp.client() as c:
+            self._ok(c.delete(f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{LEASE}"))
 
     def partition(self, pod: str) -> None:
         self.proxies[pod].add(None, r"/leases", Fault.hang(60.0))

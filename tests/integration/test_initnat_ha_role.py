@@ -1,7 +1,8 @@
 """init-nat's --watch following the HA role file (docs/ha.md) in the lab's gateway namespace: ``standby``
 drops the WireGuard port on NIC2 (IKE and ESP for an IPsec plan: tests/integration/test_ha_ipsec.py, with
-traffic), ``active`` and a missing file lift the drop, an unreadable word stands by (fail closed), the
-drop survives drift repair, and the status file says which role is in force. Real iptables, real
+traffic), ``active`` and a missing file (a plan without ``ha``) lift the drop, an unreadable word or a
+missing file under ``ha`` stands by (fail closed), the drop survives drift repair, the status file says
+which role is in force, and a serving pod whose plan gains ``ha`` never blips. Real iptables, real
 ``python -m initnat``, a real WireGuard handshake refused and then completed."""
 
 from __future__ import annotations
@@ -9,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from gwplan import Grant, SecretRef, WireGuard, dumps
+from agent.ha import Api, LeaseElector
+from gwplan import Grant, Ha, Plan, SecretRef, WireGuard, dumps, plan_hash
 from lab.wait import wait_for
 from lab.world import Lab
 from tests.integration.test_initnat_traffic import (
@@ -48,7 +52,7 @@ def status_role(path: Path) -> str | None:
         return None
 
 
-def test_the_role_file_toggles_the_nic2_drop_and_absence_is_active(
+def test_the_role_file_toggles_the_nic2_drop_and_absence_without_ha_is_active(
     pod_lab: Lab, procs: Procs, tmp_path: Path
 ) -> None:
     lab = pod_lab
@@ -110,3 +114,80 @@ def test_the_role_file_toggles_the_nic2_drop_and_absence_is_active(
     wait_for(lambda: "initnat.rejected" in procs.output("initnat"), 5, "the bad plan refused")
     write_role(role, "standby\n")
     wait_for(lambda: standby_lines(lab), 5, "the drop, on the plan in force")
+
+
+def status_hash(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text()).get("planHash")  # type: ignore[no-any-return]
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+async def _no_api() -> Api:
+    raise RuntimeError("no API in this test")
+
+
+def test_a_plan_gaining_ha_on_a_serving_pod_never_stands_by_and_a_missing_file_under_ha_does(
+    pod_lab: Lab, procs: Procs, tmp_path: Path
+) -> None:
+    """HA turned on for a serving gateway: the live plan file (which init-nat's watch reads as well as the
+    agent) gains ``ha``. The agent wrote ``active`` when it started (its first plan had no ``ha``), so
+    init-nat, whether it sees the new plan before or after the agent, never drops (sampled every 10 ms
+    across the change). A missing role file under ``ha`` stands by (fail closed); without ``ha`` it is
+    active; and the init container's one-shot run with an ``ha`` plan and no file starts standby."""
+    lab = pod_lab
+    s1 = lab.add_site()
+    wg_plan = dataclasses.replace(
+        plan(lab, (Grant("s1", "web", "exposure", (s1.lans[0],), GRANT_S1_WEB),)),
+        type="wireguard",
+        wireguard=WireGuard("wg0", 51820, f"{GW_TUNNEL}/24", SecretRef("gw-wg", "privateKey")),
+    )
+    with_ha = dataclasses.replace(wg_plan, ha=Ha("gw-ha"))
+    plan_file, status, role = tmp_path / "plan.json", tmp_path / "initnat-status.json", tmp_path / "ha-role"
+
+    def publish(p: Plan) -> None:  # as the agent's PlanFollower does: temp file and rename
+        tmp = plan_file.with_name(".plan.tmp")
+        tmp.write_bytes(dumps(p))
+        os.replace(tmp, plan_file)
+
+    # The init container: a plan with ha, nothing written yet: standby from the first rule on.
+    publish(with_ha)
+    once = lab.gw.run(PY, "-m", "initnat", "--plan", str(plan_file), "--status-file", str(status))
+    assert once.returncode == 0, once.stderr
+    assert len(standby_lines(lab)) == 1 and status_role(status) == "standby"
+
+    publish(wg_plan)
+    LeaseElector(_no_api, "gw-a-0", None, role_file=role)  # the agent's start (no ha): writes active
+    assert role.read_text() == "active\n"
+    procs.start(
+        lab.gw, PY, "-m", "initnat", "--plan", str(plan_file), "--watch", "--resync", "2",
+        "--status-file", str(status), name="initnat",
+    )  # fmt: skip
+    wait_for(lambda: status_role(status) == "active" and not standby_lines(lab), 20, "serving without ha")
+
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen.append(len(standby_lines(lab)))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        publish(with_ha)
+        wait_for(lambda: status_hash(status) == plan_hash(with_ha), 10, "the plan with ha applied")
+        time.sleep(0.5)  # and a few role polls after it
+    finally:
+        stop.set()
+        sampler.join()
+    assert len(seen) > 10 and set(seen) == {0}, "no standby blip on a serving pod gaining ha"
+    assert status_role(status) == "active"
+
+    role.unlink()  # the file gone (or never written) while the plan has ha: fail closed
+    wait_for(lambda: standby_lines(lab), 5, "a missing role file under ha stands by")
+    wait_for(lambda: status_role(status) == "standby", 5, "the status file to say standby")
+    assert "initnat.role_absent" in procs.output("initnat")
+    publish(wg_plan)  # ha gone, still no file: a gateway without HA serves
+    wait_for(lambda: not standby_lines(lab), 10, "no ha, no file: active")

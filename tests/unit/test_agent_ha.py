@@ -5,9 +5,14 @@ format."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import re
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from agent.election import (
@@ -24,20 +29,28 @@ from agent.election import (
     request_budget,
     role,
     settle,
+    shown,
+    valid_holder,
     view,
 )
+from agent.ha import ROLE_FILE_RETRY, Api, LeaseElector
 from gwplan import Ha
+from initnat import rules as initnat_rules
 
 HA = Ha(lease="gw-ha")  # duration 3 s, renew 1 s: margin 1 s, deadline 2 s
 ME, OTHER = "gw-a-7d9f-x1", "gw-b-5c4e-y2"
 
 
 def lease(
-    holder: str = "", renew: str | None = "2026-12-03T16:00:00.123456Z", rv: str = "10", **spec: Any
+    holder: str = "",
+    renew: str | None = "2026-12-03T16:00:00.123456Z",
+    rv: str = "10",
+    uid: str = "uid-1",
+    **spec: Any,
 ) -> LeaseView:
     return view(
         {
-            "metadata": {"name": "gw-ha", "resourceVersion": rv},
+            "metadata": {"name": "gw-ha", "resourceVersion": rv, "uid": uid},
             "spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": 3, **spec},
         }
     )
@@ -186,15 +199,120 @@ def test_a_new_holder_restarts_the_wait_even_with_the_same_renew_time() -> None:
     assert [a for _, _, a in got] == ["none", "none", "none"]
 
 
-def test_the_holders_own_duration_is_waited_for() -> None:
-    long = lease(OTHER, leaseDurationSeconds=10)
-    got = walk([(0.0, long), (3.0, long), (9.9, long), (10.0, long)])
+@pytest.mark.parametrize("stored", [1, 10, 2**31 - 1], ids=["shorter", "longer", "int32-max"])
+def test_expiry_is_judged_by_the_plans_duration_never_the_one_stored_in_the_lease(stored: int) -> None:
+    """Any gateway pod may update its Lease: one that writes leaseDurationSeconds 2^31-1 (and dies, or
+    stops renewing) must not keep the standby from ever taking over; one that writes 1 must not make it
+    take over early."""
+    held = lease(OTHER, leaseDurationSeconds=stored)
+    got = walk([(0.0, held), (1.0, held), (2.999, held), (3.0, held)])
     assert [a for _, _, a in got] == ["none", "none", "none", "take"]
 
 
-def test_a_free_lease_is_taken_at_once_and_an_absent_one_never() -> None:
-    assert walk([(0.0, lease(""))]) == [(0.0, "standby", "take")]
-    step = decide(Memory(renewed_at=100.0), None, ME, HA, 100.5)
+@pytest.mark.parametrize(
+    "holder",
+    [
+        "evil\nha.promoted identity=forged lease=x",
+        "UPPER-case",
+        " ",
+        "-leading-dash",
+        "a" * 254,
+        "gw_a",
+        "\x1b[31mred",
+    ],
+    ids=["newline", "uppercase", "blank", "leading-dash", "too-long", "underscore", "escape-sequence"],
+)
+def test_an_invalid_holder_is_some_other_holder_never_a_free_lease_and_never_shown_raw(holder: str) -> None:
+    assert not valid_holder(holder)
+    got = []
+    mem = Memory()
+    for now in (0.0, 0.5, 3.0):
+        step = decide(mem, lease(holder), ME, HA, now)
+        mem = step.memory
+        got.append((step.role, step.action))
+        assert shown(holder) in step.why, "only ever shown escaped (and cut)"
+        assert step.why.isprintable() and len(step.why) < 250, "no newline, no escape sequence, no flood"
+    assert got == [("standby", "none"), ("standby", "none"), ("standby", "take")], "not taken at once"
+    assert shown(holder).startswith("invalid holderIdentity ")
+
+
+def test_valid_holders_are_pod_names_and_shown_as_they_are() -> None:
+    for name in (ME, OTHER, "a", "gw.example-1", "x" * 253):
+        assert valid_holder(name) and shown(name) == name
+
+
+# --- a free Lease: released, or first seen free (created, or re-created after a deletion) ------------------
+
+
+def test_a_released_lease_is_taken_at_once_a_lease_first_seen_free_after_a_whole_duration() -> None:
+    released = walk([(0.0, lease(OTHER, rv="1")), (0.5, lease("", "2026-12-03T16:00:01.000000Z", rv="2"))])
+    assert released[-1] == (0.5, "standby", "take"), "seen held, then emptied: its holder released it"
+    fresh = lease("", None)  # as the controller creates it
+    got = walk([(10.0, fresh), (11.0, fresh), (12.999, fresh), (13.0, fresh)])
+    assert [a for _, _, a in got] == ["none", "none", "none", "take"]
+
+
+def test_a_lease_deleted_and_recreated_free_is_not_a_release() -> None:
+    """The holder keeps serving until its deadline when its Lease is deleted (below): a contender that
+    saw it held, then absent (or, between two reads, a new object), then free must wait a duration."""
+    held, recreated = lease(OTHER, uid="uid-1"), lease("", None, uid="uid-2")
+    via_404 = walk([(0.0, held), (1.0, None), (2.0, recreated), (4.999, recreated), (5.0, recreated)])
+    assert [a for _, _, a in via_404] == ["none", "none", "none", "none", "take"]
+    unseen = walk([(0.0, held), (1.0, recreated), (3.999, recreated), (4.0, recreated)])
+    assert [a for _, _, a in unseen] == ["none", "none", "none", "take"]
+
+
+def test_a_holder_whose_lease_is_deleted_serves_until_its_deadline_and_takes_a_recreated_one_at_once() -> (
+    None
+):
+    mem = Memory(renewed_at=100.0, seen=("uid-1", ME, "t"), seen_at=100.0)
+    gone = decide(mem, None, ME, HA, 100.5)
+    assert (gone.role, gone.action, gone.memory.renewed_at) == ("active", "none", 100.0)
+    assert "does not exist" in gone.why
+    assert decide(gone.memory, None, ME, HA, 101.999).role == "active"
+    fenced = decide(gone.memory, None, ME, HA, 102.0)
+    assert (fenced.role, fenced.memory) == ("standby", Memory())
+    # Re-created free before its deadline: the pod that serves takes it at once (nobody else may yet).
+    back = decide(gone.memory, lease("", None, uid="uid-2"), ME, HA, 101.0)
+    assert (back.role, back.action) == ("active", "take")
+    assert next_wait(gone.memory, HA, 100.5, "failed") == 0.5
+
+
+@pytest.mark.parametrize("recreated_after", [0.0, 0.4, 1.0, 1.9, 2.5])
+@pytest.mark.parametrize("phase", [0.0, 0.3, 0.99])
+def test_no_two_active_when_the_lease_is_deleted_and_recreated_free(
+    recreated_after: float, phase: float
+) -> None:
+    """The holder renews every second; its last successful renewal was sent at 10.0 (stored at once); the
+    Lease is deleted at
+    10.2 and re-created free ``recreated_after`` later, the holder cut off from the API meanwhile. The
+    contender (reading every second from ``phase``) takes it only after the holder's fence instant."""
+    deleted, recreated = 10.2, 10.2 + recreated_after
+    holder = Memory(renewed_at=10.0)
+    fenced = 10.0 + renew_deadline(HA)
+
+    def stored(now: float) -> LeaseView | None:
+        if now < deleted:  # renewed every second until 10.0
+            return lease(OTHER, micro_time(1796313600 + int(min(now, 10.0))), uid="uid-1")
+        if now < recreated:
+            return None
+        return lease("", None, uid="uid-2")
+
+    mem, k, took = Memory(), 0, None
+    while took is None:
+        now = phase + k * HA.renew_seconds
+        step = decide(mem, stored(now), ME, HA, now)
+        mem = step.memory
+        if step.action == "take":
+            took = now
+        k += 1
+        assert k < 100
+    assert role(holder, HA, fenced - 1e-6) == "active"
+    assert took >= fenced + margin(HA) - 1e-9, (fenced, took)
+
+
+def test_an_absent_lease_is_never_taken_and_a_standby_forgets_what_it_saw() -> None:
+    step = decide(Memory(seen=("u", OTHER, "t"), seen_at=1.0), None, ME, HA, 100.5)
     assert (step.role, step.action, step.memory) == ("standby", "none", Memory())
     assert "does not exist" in step.why
 
@@ -252,10 +370,9 @@ def test_the_update_carries_the_resource_version_read_and_the_lease_fields() -> 
 
 
 def test_view_reads_what_the_controller_created_and_what_a_holder_wrote() -> None:
-    empty = view({"metadata": {"resourceVersion": "7"}, "spec": {}})
-    assert empty == LeaseView(holder="", renew_time=None, duration=None, transitions=0, resource_version="7")
-    assert view({}).holder == ""
-    assert view({"spec": {"leaseDurationSeconds": 0}}).duration is None
+    empty = view({"metadata": {"resourceVersion": "7", "uid": "u-1"}, "spec": {}})
+    assert empty == LeaseView(holder="", renew_time=None, transitions=0, resource_version="7", uid="u-1")
+    assert view({}).holder == "" and view({}).uid == ""
 
 
 # --- rule 4: ha appearing on a serving pod ------------------------------------------------------------------
@@ -330,3 +447,85 @@ def test_a_partitioned_holder_is_fenced_a_margin_before_the_contender_takes_over
     assert took >= fenced + margin(ha) - 1e-9, (fenced, took)
     # The contender sees the last renewal at its next read, and takes at its first read a duration later.
     assert took <= fenced + margin(ha) + latency + 2 * ha.renew_seconds + 1e-9, "and no later than it must"
+
+
+# --- the role file init-nat reads: never a stale "active" ------------------------------------------------
+
+
+def _failing_writes(monkeypatch: pytest.MonkeyPatch, errno_: int = errno.ENOSPC) -> list[Path]:
+    """Every write_text fails as on a full emptyDir (the temp file is where the agent writes)."""
+    tried: list[Path] = []
+
+    def write_text(self: Path, *args: Any, **kwargs: Any) -> int:
+        tried.append(self)
+        raise OSError(errno_, os.strerror(errno_), str(self))
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    return tried
+
+
+async def _no_api() -> Api:
+    raise RuntimeError("no API in this test")
+
+
+def test_a_standby_that_cannot_write_the_role_file_empties_a_stale_active(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent restarted (or went standby) on a full emptyDir: the old ``active`` must not stay for
+    init-nat, which reads an empty file as standby."""
+    role_file = tmp_path / "ha-role"
+    role_file.write_text("active\n")  # the previous container's word
+    tried = _failing_writes(monkeypatch)
+    caplog.set_level(logging.WARNING, "agent.ha")
+    elector = LeaseElector(_no_api, ME, HA, role_file=role_file)
+    assert elector.current == "standby" and tried
+    assert role_file.read_bytes() == b"", "emptied, not left saying active"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=True).role == "standby"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=False).role == "standby"
+    assert not (tmp_path / ".ha-role.tmp").exists()
+    assert any(
+        "ha.role_file_failed" in r.getMessage() and "emptied" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_standby_with_no_role_file_that_cannot_write_it_leaves_an_empty_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    role_file = tmp_path / "ha-role"
+    _failing_writes(monkeypatch)
+    LeaseElector(_no_api, ME, HA, role_file=role_file)
+    assert role_file.read_bytes() == b"", "a standby even for an init-nat whose plan has no ha yet"
+
+
+def test_a_failed_role_file_write_is_retried_also_without_ha(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod serving without HA whose start-up write failed must still get ``active`` into the file before
+    its plan gains ``ha`` (init-nat reads a missing file under ``ha`` as standby: a blip on a serving pod)."""
+    role_file = tmp_path / "ha-role"
+    with monkeypatch.context() as m:
+        _failing_writes(m)
+        elector = LeaseElector(_no_api, ME, None, role_file=role_file)
+    assert elector.current == "active" and not role_file.exists()
+
+    async def run() -> None:
+        with anyio.move_on_after(ROLE_FILE_RETRY + 0.5):
+            await elector.run()
+
+    anyio.run(run)
+    assert role_file.read_text() == "active\n"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=True).role == "active"
+
+
+def test_a_serving_pod_has_written_active_before_its_plan_gains_ha(tmp_path: Path) -> None:
+    """The order at a serving pod: the agent wrote ``active`` when it started (its first plan had no
+    ``ha``), long before the live plan file, which init-nat's watch reads too, gains ``ha``; whichever of
+    the two reads the new plan first, init-nat finds ``active``. Then the elector, following the plan,
+    stays active (``Memory.serving``) and rewrites ``active``."""
+    role_file = tmp_path / "ha-role"
+    elector = LeaseElector(_no_api, ME, None, role_file=role_file)
+    before = initnat_rules.role_of(role_file.read_bytes(), ha=True)
+    assert before.role == "active" and not before.absent, "init-nat first: active"
+    elector.follow(HA)
+    assert elector.current == "active"
+    assert initnat_rules.role_of(role_file.read_bytes(), ha=True).role == "active", "the agent first: active"

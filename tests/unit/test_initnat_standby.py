@@ -71,7 +71,6 @@ def test_the_standby_keeps_grants_dnat_and_revocation_as_they_are() -> None:
 @pytest.mark.parametrize(
     "content, role, error",
     [
-        pytest.param(None, "active", False, id="absent-is-active"),
         pytest.param(b"active", "active", False, id="active"),
         pytest.param(b"active\n", "active", False, id="active-newline"),
         pytest.param(b"standby\n", "standby", False, id="standby"),
@@ -82,8 +81,16 @@ def test_the_standby_keeps_grants_dnat_and_revocation_as_they_are() -> None:
         pytest.param(b"\xff\xfe", "standby", True, id="binary-stands-by"),
     ],
 )
-def test_the_role_file_fails_closed(content: bytes | None, role: str, error: bool) -> None:
-    got = rules.role_of(content)
-    assert got.role == role and (got.error is not None) == error
+@pytest.mark.parametrize("ha", [True, False], ids=["plan-with-ha", "plan-without-ha"])
+def test_the_role_file_fails_closed(content: bytes, role: str, error: bool, ha: bool) -> None:
+    got = rules.role_of(content, ha=ha)
+    assert got.role == role and (got.error is not None) == error and not got.absent
     if got.error:
         assert "standing by" in got.error
+
+
+def test_a_missing_role_file_is_standby_when_the_plan_has_ha_and_active_without() -> None:
+    """Fail closed: a pod whose plan has ``ha`` and whose agent has not written (or could not write) the
+    role file does not serve; a gateway without HA never has the file and serves."""
+    assert rules.role_of(None, ha=True) == rules.RoleReading("standby", absent=True)
+    assert rules.role_of(None, ha=False) == rules.RoleReading("active", absent=True)
