@@ -6,7 +6,7 @@ writes it (merge patches of the status subresource, in turn, as they happen in a
 read back must be exactly the merge of what was written:
 
 * the controller (``controller.reconcile.outcome``: every condition it can set, ``OwnedObjects`` included,
-  observedGeneration, nodeName, publicIP), through ``controller.execute``'s status write;
+  observedGeneration, nodeName, publicIP, ha), through ``controller.execute``'s status write;
 * the IPsec status-agent (``agent.ipsec.keeper.Keeper.status_document`` over ``tunnels_status`` of a
   list-sas snapshot: an Established tunnel with counters and a rekeying child, a Failed one with nulls),
   and the WireGuard one (``WireGuardAgent._publish``: Connected, NeverConnected and Failed peers), each with
@@ -93,6 +93,7 @@ def controller_status(generation: int) -> dict[str, Any]:
             Condition("SecurityGroupScoped", False, "PeerByHostname", "UDP 500/4500 open to 0.0.0.0/0"),
             Condition("PodReady", True, "Running", "pod gw-0 on node n1"),
             Condition("DeployedPlan", True, "Deployed", "plan sha256:ab"),
+            Condition("StandbyReady", True, "StandbyReady", "pod gw-b-0 (slot b) stands by on node n2"),
         ),
         foreign=("ConfigMap/gateways/ipsecgw-gw",),
         seen={},
@@ -100,6 +101,15 @@ def controller_status(generation: int) -> dict[str, Any]:
         node="n1",
         public_ip="203.0.113.10",
         now="2026-12-01T10:00:00Z",
+        ha={
+            "activeSlot": "a",
+            "activePod": "gw-0",
+            "activeNode": "n1",
+            "standbyPod": "gw-b-0",
+            "standbyNode": "n2",
+            "lastFailoverTime": "2026-12-01T09:00:00Z",
+            "lastFailoverReason": "LeaseExpired",
+        },
     )
     failure = WriteFailure("Secret", "gateways/x", "create", 403, "Forbidden", "secrets is forbidden")
     patch, _ = outcome(report, [failure])
@@ -201,6 +211,7 @@ async def wireguard_agent_status(*, failing: bool) -> dict[str, Any]:
         settings=SimpleNamespace(resync_seconds=30.0),
         sink=sink,
         role="active",
+        plan=None,
     )
     left_out = {"laptop-c": "Secret wg-c key psk: not found"} if failing else {}
     await agent._publish(cast(Any, SimpleNamespace(peers=peers)), left_out)

@@ -941,8 +941,9 @@ async def test_server_side_tables_with_crd_printer_columns(kube: Kube) -> None:
         "Tunnels",
         "Age",
         "Reason",
+        "Standby",
     ]
-    assert [c["priority"] for c in table["columnDefinitions"]] == [0] * 7 + [1]
+    assert [c["priority"] for c in table["columnDefinitions"]] == [0] * 7 + [1, 1]
     (row,) = table["rows"]
     assert row["cells"][:6] == ["gw", "wireguard", "n1", "203.0.113.7", "True", "2/2 up"]
     assert row["cells"][6].endswith("s") and row["object"]["kind"] == "PartialObjectMetadata"

@@ -13,12 +13,13 @@ slot b's port in Neutron, both tunnels are Established again (a new ``establishe
 in slot b's charon, traffic flows again, and slot a's restarted charon holds no IKE_SA. Timings are
 printed (``-s``), never asserted; bench/bench_ha_e2e.py measures them.
 
-KNOWN BUG (found here, not fixed yet): slot b's agent initiates as soon as it takes the Lease, before
-the controller moved the floating IP to slot b's port; the router's conntrack then pins slot b's IKE flows
-without the floating IP's SNAT, the sites refuse them (NO_PROPOSAL_CHOSEN: no config for the fixed
-address), and the tunnels never come back. ``crash(forget_pinned=True)`` stands in for a fix: once the
-floating IP is on slot b's port it deletes those entries (``Failover.pinned``), and the test ends XFAIL
-when it had to, after asserting everything else; fixed, nothing is pinned and it passes.
+Found here and fixed: slot b's agent initiated as soon as it took the Lease, before the controller moved
+the floating IP to slot b's port; the router's conntrack then pinned slot b's IKE flows without the
+floating IP's SNAT, the sites refused them (NO_PROPOSAL_CHOSEN: no config for the fixed address), and the
+tunnels never came back. Now an active pod initiates only once its plan says the public address is here
+(``gwplan.Ha.public_here``, set by the controller after its cloud step). ``crash(forget_pinned=True)``
+still looks for such router flows once the floating IP is on slot b's port (and deletes them, so that the
+rest can be checked): any found fails the test, naming them.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def test_the_ha_gateway_fails_over_to_slot_b_when_slot_a_s_pod_is_killed(ha: HAW
     f = ha.crash(timeout=60, forget_pinned=True)
     print(f"\nha.e2e crash 2 of slot a's pod: serving {f.serving}: {f.line()}")
     print(f"ha.e2e router flows of slot b's IKE without the floating IP's NAT: {f.pinned}")
+    assert not f.pinned, f"slot b's IKE flows pinned at the router without the floating IP's NAT: {f.pinned}"
     assert f.serving == "b", f
     assert ha.holder() == b.name
     assert ha.ha().get("activeSlot") == "b" and ha.ha().get("activePod") == b.name, ha.ha()
@@ -86,15 +88,6 @@ def test_the_ha_gateway_fails_over_to_slot_b_when_slot_a_s_pod_is_killed(ha: HAW
     again = ha.slot_pod("a")
     assert again is not None and again.name == a.name, "the same pod, its containers restarted"
     assert ha.holder() == b.name and ha.ha().get("activeSlot") == "b", "slot a came back as standby"
-    if f.pinned:
-        pytest.xfail(
-            "the failover works only with the lab's stand-in: slot b's agent initiates IKE as soon as it "
-            "takes the Lease, before the controller has moved the floating IP to its port, so the router's "
-            "conntrack pins slot b's IKE flows (UDP 500) without the floating IP's SNAT; the sites answer "
-            "NO_PROPOSAL_CHOSEN to the fixed address and every retry keeps the entry alive (Neutron's L3 "
-            "agent flushes conntrack when a floating IP goes, not when it comes). Seen: "
-            + "; ".join(f.pinned)
-        )
 
 
 def _text(v: object) -> str:
