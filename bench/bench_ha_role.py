@@ -35,7 +35,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the lab helpers live in tests/
 
-from agent.fakes import ListSink, StaticPlans
+from agent.fakes import ListSink, ManualRole, StaticPlans
 from agent.health import HealthState
 from agent.ipsec.keeper import Keeper, Timing
 from agent.runtime import Settings
@@ -49,7 +49,7 @@ from lab.peers import keypair
 from lab.wait import wait_for, wait_for_async
 from lab.world import Host, Lab
 from tests.integration.test_agent_ipsec import PSK, setup_site
-from tests.integration.test_ha_ipsec import ManualRole, PskSecrets, ha_plan
+from tests.integration.test_ha_ipsec import PskSecrets, ha_plan
 from tests.integration.test_ha_wireguard import GW_TUNNEL, KeySecrets, wg_plan
 from tests.integration.test_initnat_traffic import Procs
 

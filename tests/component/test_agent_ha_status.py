@@ -1,7 +1,7 @@
 """A failover as the gateway CR sees it (``agent.sink.StatusGate``): two pods' status writers, each with its
 own user, write the same VPNGateway on the API emulator. Only the active one writes; the fenced one never
 writes again (a write of its in flight at the fence is cancelled, its later ``Standby``/``Down`` stay held),
-so the new active's ``Established`` is what the CR says. The roles are flipped by hand (``FlipRole``): the
+so the new active's ``Established`` is what the CR says. The roles are flipped by hand (``ManualRole``): the
 elector's own order (fenced before the other is active) is tests/component/test_agent_ha.py's."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 import anyio
 import pytest
 
+from agent.fakes import ManualRole
 from agent.sink import KubeStatusApi, KubeStatusSink, StatusGate
 from controller.api.crds import crds
 from gwkit.kube import KubeClient, load
 from lab.kubeapi import KubeAPI
 from lab.wait import wait_for_async
 from tests.component.test_agent_runtime import GW, GW_DOC
-from tests.unit.test_agent_status_gate import FlipRole
 
 pytestmark = pytest.mark.anyio
 
@@ -32,7 +32,7 @@ def status(state: str, pod: str) -> dict[str, Any]:
 
 
 class Pod:
-    def __init__(self, api: KubeAPI, tmp: Path, name: str, role: FlipRole) -> None:
+    def __init__(self, api: KubeAPI, tmp: Path, name: str, role: ManualRole) -> None:
         self.name = name
         self.role = role
         token = api.user_token(name, ("system:masters",))
@@ -62,8 +62,8 @@ async def test_the_fenced_pod_never_writes_over_the_new_actives_status(tmp_path:
             return api.requests(user=pod, verb="patch")
 
         a, b = (
-            Pod(api, tmp_path, "pod-a", FlipRole("active")),
-            Pod(api, tmp_path, "pod-b", FlipRole("standby")),
+            Pod(api, tmp_path, "pod-a", ManualRole("active")),
+            Pod(api, tmp_path, "pod-b", ManualRole("standby")),
         )
         try:
             async with anyio.create_task_group() as tg:

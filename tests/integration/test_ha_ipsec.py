@@ -13,7 +13,6 @@ up; demotion takes the SAs down at both ends; promotion again brings it back.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,10 +21,10 @@ from typing import Any
 import anyio
 import pytest
 
-from agent.fakes import ListSink, StaticPlans
+from agent.fakes import ListSink, ManualRole, StaticPlans
 from agent.health import HealthState
 from agent.ipsec.keeper import Keeper, Timing
-from agent.runtime import Role, RoleSource, SecretError
+from agent.runtime import SecretError
 from gwkit.vici import ViciSession
 from gwplan import Ha, IkeSecret, Ipsec, Plan, SecretRef, dumps
 from lab.wait import wait_for, wait_for_async
@@ -38,53 +37,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.anyio]
 
 PY = sys.executable
 STANDBY_COMMENT = "vpngw HA standby: not serving"
-
-
-class ManualRole:
-    """A hand-flipped ``runtime.RoleSource``: it stands in for ``agent.ha``'s elector (the Lease contender,
-    built in its own worktree). Like the elector, it writes the role file init-nat follows (atomic
-    rename) before the backend hears of the change."""
-
-    def __init__(self, role: Role, role_file: Path | None = None) -> None:
-        self._role: Role = role
-        self._changed = anyio.Event()
-        self.role_file = role_file
-        self._write()
-
-    def _write(self) -> None:
-        if self.role_file is not None:
-            tmp = self.role_file.with_name(f".{self.role_file.name}.tmp")
-            tmp.write_text(f"{self._role}\n")
-            os.replace(tmp, self.role_file)
-
-    @property
-    def current(self) -> Role:
-        return self._role
-
-    def set(self, role: Role) -> None:
-        if role == self._role:
-            return
-        self._role = role
-        self._write()
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
-
-    async def _iterate(self) -> AsyncIterator[Role]:
-        seen = self._role
-        yield seen
-        while True:
-            changed = self._changed
-            if self._role != seen:
-                seen = self._role
-                yield seen
-                continue
-            await changed.wait()
-
-    def __aiter__(self) -> AsyncIterator[Role]:
-        return self._iterate()
-
-
-_conforms: RoleSource = ManualRole("active")
 
 
 class PskSecrets:

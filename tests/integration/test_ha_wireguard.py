@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.fakes import ListSink, StaticPlans
+from agent.fakes import ListSink, ManualRole, StaticPlans
 from agent.health import HealthState
 from agent.runtime import SecretError, Settings
 from agent.wireguard.run import WireGuardAgent
@@ -31,7 +31,6 @@ from lab import netns
 from lab.peers import keypair
 from lab.wait import wait_for_async
 from lab.world import Host, Lab
-from tests.integration.test_ha_ipsec import ManualRole
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from agent.fakes import ListSink
+from agent.fakes import ListSink, ManualRole
 from agent.runtime import ALWAYS_ACTIVE, Role, RoleSource
 from agent.sink import (
     CopiedRole,
@@ -32,40 +32,6 @@ pytestmark = pytest.mark.anyio
 
 GW = GatewayRef("VPNGateway", "vpn.bnerd.net/v1alpha1", "tenant-a", "gw1")
 A, B = b"{a}", b"{b}"
-
-
-class FlipRole:
-    """A hand-flipped ``runtime.RoleSource`` (it stands in for ``agent.ha.LeaseElector``)."""
-
-    def __init__(self, role: Role) -> None:
-        self._role: Role = role
-        self._changed = anyio.Event()
-
-    @property
-    def current(self) -> Role:
-        return self._role
-
-    def set(self, role: Role) -> None:
-        if role != self._role:
-            self._role = role
-            changed, self._changed = self._changed, anyio.Event()
-            changed.set()
-
-    async def _iterate(self) -> AsyncIterator[Role]:
-        seen: Role | None = None
-        while True:
-            changed = self._changed
-            if self._role != seen:
-                seen = self._role
-                yield seen
-                continue
-            await changed.wait()
-
-    def __aiter__(self) -> AsyncIterator[Role]:
-        return self._iterate()
-
-
-_conforms: RoleSource = FlipRole("active")
 
 
 @pytest.mark.parametrize(
@@ -108,7 +74,7 @@ def states(api: FakeStatusApi) -> list[Any]:
 
 
 async def test_a_standby_holds_its_status_and_writes_the_latest_at_once_when_promoted() -> None:
-    role, api = FlipRole("standby"), FakeStatusApi()
+    role, api = ManualRole("standby"), FakeStatusApi()
     run = Run(role, api)
     async with anyio.create_task_group() as tg:
         tg.start_soon(run.gate.follow)
@@ -127,7 +93,7 @@ async def test_a_standby_holds_its_status_and_writes_the_latest_at_once_when_pro
 
 
 async def test_a_fenced_writer_holds_until_promoted_then_writes_even_an_unchanged_status() -> None:
-    role, api = FlipRole("active"), FakeStatusApi()
+    role, api = ManualRole("active"), FakeStatusApi()
     run = Run(role, api, min_interval=0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(run.gate.follow)
@@ -175,7 +141,7 @@ class BlockingApi(FakeStatusApi):
 
 
 async def test_a_write_in_flight_at_the_fence_is_cancelled_and_not_retried_while_standby() -> None:
-    role, api = FlipRole("active"), BlockingApi()
+    role, api = ManualRole("active"), BlockingApi()
     run = Run(role, api, min_interval=0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(run.gate.follow)
@@ -194,7 +160,7 @@ async def test_a_write_in_flight_at_the_fence_is_cancelled_and_not_retried_while
 
 
 async def test_the_peer_writers_share_the_gate() -> None:
-    role, api = FlipRole("standby"), FakeStatusApi()
+    role, api = ManualRole("standby"), FakeStatusApi()
     gate = StatusGate(role)
     inner = ListSink()
     async with anyio.create_task_group() as tg:
@@ -229,7 +195,7 @@ async def test_the_role_is_copied_for_the_exporter_atomically(
 ) -> None:
     path = tmp_path / "ro" / "ha-role"
     copy = CopiedRole(path)
-    role = FlipRole("standby")
+    role = ManualRole("standby")
     async with anyio.create_task_group() as tg:
         tg.start_soon(copy.follow, role)
         await wait_for_async(lambda: path.exists() and path.read_text() == "standby\n", 5, "standby", 0.001)
