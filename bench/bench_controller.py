@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.desired import plan_of
-from lab.cluster import Cluster, home_of
+from lab.cluster import Cluster, home_of, secrets_for
 from lab.wait import wait_for
 
 VPN = "vpn.bnerd.net/v1alpha1"
@@ -111,7 +111,9 @@ def main() -> int:
             c.add_node(f"node-{n:02d}")
         t0 = time.monotonic()
         for i in range(a.gateways):
-            c.apply(gateway_docs(i, a.peers, a.ha))
+            docs = gateway_docs(i, a.peers, a.ha)
+            c.apply(secrets_for(docs))  # the PSK Secrets, opted in for gateways (the tenant's part)
+            c.apply(docs)
         print(f"stored {a.gateways} gateways x {a.peers} peers in {time.monotonic() - t0:.1f} s")
         keys = [(f"tenant-{i // 10}", f"gw{i}") for i in range(a.gateways)]
 
