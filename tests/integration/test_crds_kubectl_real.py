@@ -132,8 +132,12 @@ def test_printer_columns_show_a_gateway_with_a_status(installed: ControlPlane) -
         _status(installed, plural, name, agent)
         out = installed.kubectl("get", plural, name, "-n", NS, "-o", "wide").stdout
         header, row = out.splitlines()
-        assert header.split()[-4:] == ["READY", "TUNNELS", "AGE", "REASON"], out
+        # VPNGateway's wide columns end with Standby (StandbyReady's status: True in controller_status).
+        standby = ["STANDBY"] if plural == "vpngateways" else []
+        assert header.split()[-4 - len(standby) :] == ["READY", "TUNNELS", "AGE", "REASON", *standby], out
         cells = row.split()
+        if standby:
+            assert cells.pop() == "True", out
         assert cells[-1] == "PartlyRendered", out  # Ready's reason: the first failing condition's
         assert cells[-5:-2] == ["False", "1/2", "up"], out
         assert "n1" in cells and "203.0.113.10" in cells, out

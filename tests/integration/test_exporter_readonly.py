@@ -509,6 +509,8 @@ async def test_the_unprivileged_exporter_reads_every_peer_metric_through_the_age
     build = {k: v for k, v in a.items() if k[0] == "vpngw_build_info"}
     assert [dict(labels)["program"] for _, labels in build] == ["exporter"] and set(build.values()) == {1}
     a = {k: v for k, v in a.items() if k not in build}
+    # And the HA role its agent copied beside the plan: active (0), the agent runs without ha.
+    assert a.pop(("vpngw_ha_standby", ()), None) == 0, "the role the agent copied for the exporter"
     assert set(a) == set(b), sorted(set(a) ^ set(b))
     assert a == b, "every metric, value for value"
     alice = (("interface", "wg0"), ("peer", "alice"))
