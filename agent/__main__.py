@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from agent.follow import PlanFollower
 from agent.ha import ROLE_FILE, Api, FollowHa, LeaseElector
@@ -270,14 +271,19 @@ async def main_async(settings: Settings) -> int:
     elector: LeaseElector | None = None
     async with anyio.create_task_group() as tg:
 
-        async def stop_on_signal() -> None:
+        async def stop_on_signal(
+            *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        ) -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                task_status.started()
                 async for signum in signals:
                     log.info("agent.stopping signal=%s", signal.Signals(signum).name)
                     tg.cancel_scope.cancel()
                     return
 
-        tg.start_soon(stop_on_signal)
+        # Started, not only scheduled: the handler is in place before anything the agent does can be seen
+        # from outside (a SIGTERM right after the first log line killed the process: exit -15, a rehearsal).
+        await tg.start(stop_on_signal)
         if settings.health_listen:
             await tg.start(serve, settings.health_listen, health)
         client: KubeClient | None = None

@@ -1375,6 +1375,8 @@ async def test_unreachable_over_the_control_endpoint(api: KubeAPI, kube: Kube) -
             await probe.http.get("/version")
         except httpx.ConnectError:
             return True
+        except httpx.RemoteProtocolError:
+            return False  # accepted just before the window closed it (seen under load): not refused yet
         finally:
             await probe.aclose()
         return False
